@@ -1,0 +1,1 @@
+"""The echo environment's server side."""

@@ -1,0 +1,31 @@
+"""The echo environment's ASGI app: `uvicorn server.app:app` from this folder.
+
+`OPENENV_MAX_CONCURRENT_ENVS` sets the session cap (default 64) and
+`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: none).
+"""
+
+import os
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
+
+app = create_app(
+    EchoEnvironment,
+    EchoAction,
+    EchoObservation,
+    ConcurrencyConfig.from_env(max_concurrent_envs=64),
+)
+
+
+def main() -> None:
+    """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""What the async and sync clients share: URLs, model classes, reply decoding."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ConfigDict
+
+from openenv import protocol
+from openenv.errors import server_error
+from openenv.types import Action, Observation, State, StepResult
+
+__all__ = ["ActT", "AnyObservation", "ClientCore", "ObsT", "StateT", "http_url", "ws_url"]
+
+ActT = TypeVar("ActT", bound=Action)
+ObsT = TypeVar("ObsT", bound=Observation)
+StateT = TypeVar("StateT", bound=State)
+
+
+class AnyObservation(Observation):
+    """The observation class of an untyped client: keeps whatever fields arrive."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+_Reply = TypeVar("_Reply", protocol.ObservationReply, protocol.StateReply)
+
+_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
+
+def ws_url(base_url: str, path: str = "/ws") -> str:
+    """Turn ``http(s)://`` or ``ws(s)://`` base URLs into a session URL.
+
+    >>> ws_url("http://localhost:8000")
+    'ws://localhost:8000/ws'
+    >>> ws_url("https://envs.example.com/echo/")
+    'wss://envs.example.com/echo/ws'
+    >>> ws_url("ws://localhost:8000/ws")
+    'ws://localhost:8000/ws'
+    """
+    parts = urlsplit(base_url)
+    scheme = _SCHEMES.get(parts.scheme)
+    if scheme is None or not parts.netloc:
+        raise ValueError(
+            f"{base_url!r} isn't a valid environment URL; "
+            f"use http://host:port, https://..., ws://... or wss://..."
+        )
+    route = parts.path.rstrip("/")
+    if not route.endswith(path):
+        route += path
+    return urlunsplit((scheme, parts.netloc, route, parts.query, ""))
+
+
+def http_url(base_url: str) -> str:
+    """The HTTP root of a server, from any URL form ``ws_url`` accepts.
+
+    >>> http_url("ws://localhost:8000/ws")
+    'http://localhost:8000'
+    """
+    parts = urlsplit(ws_url(base_url))
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return urlunsplit((scheme, parts.netloc, parts.path.removesuffix("/ws"), "", ""))
+
+
+class ClientCore(Generic[ActT, ObsT, StateT]):
+    """Model classes and reply decoding, shared by every client shell.
+
+    A subclass declares its classes once, as generic arguments, and never
+    writes parsing code:
+
+    >>> from openenv import Action, Observation, State
+    >>> class Say(Action):
+    ...     text: str
+    >>> class Heard(Observation):
+    ...     text: str
+    >>> class ParrotCore(ClientCore[Say, Heard, State]):
+    ...     pass
+    >>> ParrotCore.observation_cls.__name__
+    'Heard'
+    """
+
+    action_cls: type[Action] = Action
+    observation_cls: type[Observation] = Observation
+    state_cls: type[State] = State
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = typing.get_args(base)
+            if len(args) != 3:
+                continue
+            for name, arg, root in zip(
+                ("action_cls", "observation_cls", "state_cls"),
+                args,
+                (Action, Observation, State),
+                strict=True,
+            ):
+                if isinstance(arg, type) and issubclass(arg, root):
+                    setattr(cls, name, arg)
+
+    def encode_action(self, action: ActT | dict[str, Any]) -> dict[str, Any]:
+        if isinstance(action, dict):
+            return action
+        if not isinstance(action, self.action_cls):
+            raise TypeError(
+                f"step() takes a {self.action_cls.__name__} (or a dict of its fields), "
+                f"got {type(action).__name__}"
+            )
+        return action.model_dump(mode="json")
+
+    def decode_result(self, frame: str | bytes) -> StepResult[ObsT]:
+        reply = self._decode(frame, protocol.ObservationReply)
+        observation = protocol.observation_from_payload(self.observation_cls, reply.data)
+        return StepResult(
+            observation=typing.cast(ObsT, observation),
+            reward=reply.data.reward,
+            done=reply.data.done,
+        )
+
+    def decode_state(self, frame: str | bytes) -> StateT:
+        reply = self._decode(frame, protocol.StateReply)
+        return typing.cast(StateT, self.state_cls.model_validate(reply.data))
+
+    @staticmethod
+    def _decode(frame: str | bytes, expected: type[_Reply]) -> _Reply:
+        message = protocol.parse_server_message(frame)
+        if isinstance(message, protocol.ErrorReply):
+            details = message.data.model_extra or {}
+            raise server_error(message.data.code, message.data.message, details)
+        if not isinstance(message, expected):
+            raise ValueError(
+                f"expected a {expected.model_fields['type'].default!r} reply, got {message.type!r}"
+            )
+        return message

@@ -1,0 +1,213 @@
+"""The asyncio client: one WebSocket connection, one session on the server."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from openenv import protocol
+from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
+from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
+from openenv.types import Action, Observation, State, StepResult
+
+if TYPE_CHECKING:
+    from openenv.client.sync import SyncEnvClient
+
+__all__ = ["EnvClient", "WebSocketEnvClient"]
+
+
+class EnvClient(ClientCore[ActT, ObsT, StateT]):
+    """A typed async client for one environment session.
+
+    Subclass it with your models as generic arguments; replies are parsed
+    into them for you. The connection opens on first use or on ``async with``.
+
+    >>> import asyncio
+    >>> from openenv import EnvClient, State
+    >>> from echo_env.models import EchoAction, EchoObservation
+    >>> class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
+    ...     pass
+    >>> async def play(url: str) -> float | None:
+    ...     async with EchoEnv(url) as env:
+    ...         await env.reset(seed=1)
+    ...         result = await env.step(EchoAction(message="hello"))
+    ...         return result.reward
+    >>> asyncio.run(play(ECHO_URL))  # doctest: +SKIP
+    0.5
+
+    Args:
+        base_url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``.
+        connect_timeout: Seconds to open the connection before giving up.
+        message_timeout: Seconds to wait for each reply (``None``: forever).
+        ping_interval: Seconds between keepalive pings (``None``: off).
+        ping_timeout: Seconds to wait for a pong before the connection is
+            considered dead.
+        max_size: Largest reply frame accepted, in bytes.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 10.0,
+        message_timeout: float | None = 60.0,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        max_size: int | None = 2**24,
+    ) -> None:
+        self.url = ws_url(base_url)
+        self.connect_timeout = connect_timeout
+        self.message_timeout = message_timeout
+        self._connect_options: dict[str, Any] = {
+            "ping_interval": ping_interval,
+            "ping_timeout": ping_timeout,
+            "max_size": max_size,
+            "open_timeout": connect_timeout,
+            "close_timeout": 5,
+            # Replies are small and latency-bound; compression only costs CPU here.
+            "compression": None,
+        }
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def connect(self) -> Self:
+        """Open the connection (and with it a server-side session)."""
+        if self._ws is not None:
+            return self
+        if self._closed:
+            raise SessionClosedError("this client was closed; create a new one")
+        try:
+            self._ws = await connect(self.url, **self._connect_options)
+        except TimeoutError:
+            raise ConnectionFailedError(
+                self.url, f"no answer within {self.connect_timeout}s"
+            ) from None
+        except InvalidURI as exc:
+            raise ConnectionFailedError(self.url, str(exc)) from None
+        except (OSError, InvalidHandshake) as exc:
+            raise ConnectionFailedError(self.url, str(exc) or type(exc).__name__) from None
+        return self
+
+    async def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> StepResult[ObsT]:
+        """Start a new episode; extra keyword arguments go to the environment's ``reset``."""
+        data: dict[str, Any] = dict(kwargs)
+        if seed is not None:
+            data["seed"] = seed
+        if episode_id is not None:
+            data["episode_id"] = episode_id
+        return self.decode_result(await self._request("reset", data))
+
+    async def step(self, action: ActT | dict[str, Any]) -> StepResult[ObsT]:
+        """Apply one action and return the observation, reward and done flag."""
+        return self.decode_result(await self._request("step", self.encode_action(action)))
+
+    async def state(self) -> StateT:
+        """The environment's current state."""
+        return self.decode_state(await self._request("state"))
+
+    async def close(self) -> None:
+        """End the session; the server closes the environment. Idempotent."""
+        self._closed = True
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            async with self._lock:
+                await ws.send(protocol.request_frame("close"))
+        except ConnectionClosed:
+            pass
+        finally:
+            await ws.close()
+
+    def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """A blocking client with the same methods, for code that is not async."""
+        from openenv.client.sync import SyncEnvClient
+
+        return SyncEnvClient(self)
+
+    async def __aenter__(self) -> Self:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _request(
+        self, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None = None
+    ) -> str | bytes:
+        await self.connect()
+        ws = self._ws
+        if ws is None:
+            raise SessionClosedError("this client was closed; create a new one")
+        frame = protocol.request_frame(kind, data)
+        async with self._lock:
+            try:
+                await ws.send(frame)
+            except ConnectionClosed as exc:
+                # The server may have said why (e.g. at capacity) before closing.
+                return await self._last_words(ws, exc)
+            try:
+                async with asyncio.timeout(self.message_timeout):
+                    return await ws.recv()
+            except TimeoutError:
+                raise EnvTimeoutError(
+                    f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
+                ) from None
+            except ConnectionClosed as exc:
+                raise _closed_error(exc) from None
+
+    async def _last_words(self, ws: ClientConnection, exc: ConnectionClosed) -> str | bytes:
+        try:
+            async with asyncio.timeout(1.0):
+                return await ws.recv()
+        except (ConnectionClosed, TimeoutError):
+            raise _closed_error(exc) from None
+
+
+_CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}
+_CLOSE_NAMES[1012] = "server restarting"
+
+
+def _closed_error(exc: ConnectionClosed) -> SessionClosedError:
+    close = exc.rcvd or exc.sent
+    if close is None:
+        return SessionClosedError("the connection dropped without a close frame")
+    reason = close.reason or _CLOSE_NAMES.get(close.code, "closed by the server")
+    return SessionClosedError(reason, close_code=close.code)
+
+
+class WebSocketEnvClient(EnvClient[Action, Observation, State]):
+    """An ``EnvClient`` whose model classes are passed in rather than declared.
+
+    >>> from openenv import WebSocketEnvClient
+    >>> from echo_env.models import EchoAction, EchoObservation
+    >>> client = WebSocketEnvClient("http://localhost:8000",
+    ...                             action_cls=EchoAction, observation_cls=EchoObservation)
+    >>> client.url
+    'ws://localhost:8000/ws'
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        action_cls: type[Action] = Action,
+        observation_cls: type[Observation] = AnyObservation,
+        state_cls: type[State] = State,
+        **options: Any,
+    ) -> None:
+        super().__init__(base_url, **options)
+        self.action_cls = action_cls
+        self.observation_cls = observation_cls
+        self.state_cls = state_cls

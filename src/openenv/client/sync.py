@@ -1,0 +1,93 @@
+"""The blocking client: the async client, driven from a background event loop.
+
+One daemon thread runs one event loop for every sync client in the process,
+so the blocking API works anywhere, including inside a running event loop
+(a notebook), and opening many sync clients costs no extra threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+
+from openenv.client._base import ActT, ObsT, StateT
+from openenv.types import StepResult
+
+if TYPE_CHECKING:
+    from openenv.client.async_ import EnvClient
+
+__all__ = ["SyncEnvClient", "run_sync"]
+
+_T = TypeVar("_T")
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="openenv-sync-client", daemon=True
+            )
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine on the shared background loop and wait for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
+
+
+class SyncEnvClient(Generic[ActT, ObsT, StateT]):
+    """Blocking twin of ``EnvClient``; get one with ``EnvClient(...).sync()``.
+
+    >>> from echo_env.client import EchoEnv
+    >>> from echo_env.models import EchoAction
+    >>> with EchoEnv(ECHO_URL).sync() as env:  # doctest: +SKIP
+    ...     env.reset()
+    ...     env.step(EchoAction(message="hi")).observation.echoed_message
+    'hi'
+    """
+
+    def __init__(self, client: EnvClient[ActT, ObsT, StateT]) -> None:
+        self.client = client
+
+    def connect(self) -> Self:
+        """Open the connection (and with it a server-side session)."""
+        run_sync(self.client.connect())
+        return self
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> StepResult[ObsT]:
+        """Start a new episode; see ``EnvClient.reset``."""
+        return run_sync(self.client.reset(seed=seed, episode_id=episode_id, **kwargs))
+
+    def step(self, action: ActT | dict[str, Any]) -> StepResult[ObsT]:
+        """Apply one action; see ``EnvClient.step``."""
+        return run_sync(self.client.step(action))
+
+    def state(self) -> StateT:
+        """The environment's current state."""
+        return run_sync(self.client.state())
+
+    def close(self) -> None:
+        """End the session. Idempotent."""
+        run_sync(self.client.close())
+
+    def __enter__(self) -> Self:
+        return self.connect()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

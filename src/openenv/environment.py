@@ -1,0 +1,73 @@
+"""The ``Environment`` base class that environment authors subclass."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from openenv.types import Action, Observation, State
+
+__all__ = ["Environment"]
+
+ActT = TypeVar("ActT", bound=Action)
+ObsT = TypeVar("ObsT", bound=Observation)
+StateT = TypeVar("StateT", bound=State)
+
+
+class Environment(Generic[ActT, ObsT, StateT]):
+    """One episode-playing instance, owned by exactly one session.
+
+    ``reset``, ``step`` and ``close`` may each be ``def`` or ``async def``.
+    The server awaits an ``async def`` on its event loop and runs a plain
+    ``def`` in a worker thread, so a slow or blocking environment never stalls
+    other sessions. Calls of one session never overlap.
+
+    Set ``SUPPORTS_CONCURRENT_SESSIONS = True`` only when many instances can
+    live in one process at once (no shared mutable globals); the server
+    refuses to start with ``max_concurrent_envs > 1`` otherwise.
+
+    >>> from openenv import Action, Observation, State
+    >>> class Add(Action):
+    ...     n: int
+    >>> class Total(Observation):
+    ...     total: int
+    >>> class Adder(Environment[Add, Total, State]):
+    ...     SUPPORTS_CONCURRENT_SESSIONS = True
+    ...     def reset(self, seed=None, episode_id=None, **kwargs):
+    ...         self._state = State(episode_id=episode_id)
+    ...         self.total = 0
+    ...         return Total(total=0)
+    ...     def step(self, action, **kwargs):
+    ...         self.total += action.n
+    ...         self._state.step_count += 1
+    ...         return Total(total=self.total, reward=float(action.n), done=self.total >= 10)
+    ...     @property
+    ...     def state(self):
+    ...         return self._state
+    >>> env = Adder()
+    >>> env.reset().total
+    0
+    >>> env.step(Add(n=10)).done
+    True
+    """
+
+    SUPPORTS_CONCURRENT_SESSIONS: ClassVar[bool] = False
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> ObsT | Awaitable[ObsT]:
+        """Start a new episode and return its first observation."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+
+    def step(self, action: ActT, **kwargs: Any) -> ObsT | Awaitable[ObsT]:
+        """Apply one action and return the resulting observation."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    @property
+    def state(self) -> StateT:
+        """The current episode's state (``episode_id``, ``step_count``, ...)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement the state property")
+
+    def close(self) -> Awaitable[None] | None:
+        """Release what the instance holds; called exactly once per instance."""
+        return None

@@ -1,0 +1,77 @@
+"""``create_app``: an ASGI application that serves one environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from openenv.server.config import ConcurrencyConfig, ServerSettings
+from openenv.server.factory import check_concurrency, check_factory
+from openenv.server.routes import routes
+from openenv.server.service import EnvService
+from openenv.types import Action, EnvironmentMetadata, Observation, State
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    env_factory: Any,
+    action_cls: type[Action],
+    observation_cls: type[Observation],
+    concurrency: ConcurrencyConfig | None = None,
+    *,
+    state_cls: type[State] | None = None,
+    metadata: EnvironmentMetadata | None = None,
+    **settings: Any,
+) -> FastAPI:
+    """Build a FastAPI app that serves an environment over WebSocket sessions.
+
+    Each connection to ``/ws`` gets its own environment instance, made by
+    ``env_factory``, within ``concurrency.max_concurrent_envs`` slots. HTTP
+    serves ``/health``, ``/metadata`` and ``/schema``.
+
+    Args:
+        env_factory: The environment class, or any zero-argument callable that
+            returns a new instance (e.g. ``functools.partial(MyEnv, level=3)``).
+        action_cls: The ``Action`` model that ``step`` accepts.
+        observation_cls: The ``Observation`` model that ``reset``/``step`` return.
+        concurrency: The session cap and idle timeout (default: one session).
+        state_cls: The ``State`` model; read from the environment's generic
+            arguments when omitted.
+        metadata: What ``/metadata`` reports; derived from the class otherwise.
+        **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``.
+
+    Raises:
+        TypeError: ``env_factory`` is an instance instead of a factory.
+        ConcurrencyConfigurationError: ``max_concurrent_envs > 1`` for an
+            environment that does not declare ``SUPPORTS_CONCURRENT_SESSIONS``.
+
+    >>> from openenv import create_app, ConcurrencyConfig
+    >>> from echo_env.models import EchoAction, EchoObservation
+    >>> from echo_env.server.environment import EchoEnvironment
+    >>> app = create_app(EchoEnvironment, EchoAction, EchoObservation,
+    ...                  ConcurrencyConfig(max_concurrent_envs=64))
+    >>> sorted(r.path for r in app.routes if r.path in {"/ws", "/health", "/schema"})
+    ['/health', '/schema', '/ws']
+    """
+    check_factory(env_factory)
+    concurrency = concurrency or ConcurrencyConfig()
+    check_concurrency(env_factory, concurrency)
+    service = EnvService(
+        env_factory,
+        action_cls,
+        observation_cls,
+        concurrency,
+        ServerSettings(**settings),
+        state_cls=state_cls,
+        metadata=metadata,
+    )
+    app = FastAPI(
+        title=service.metadata.name,
+        description=service.metadata.description,
+        routes=routes(),
+        lifespan=service.lifespan,
+    )
+    app.state.openenv = service
+    return app

@@ -1,0 +1,133 @@
+"""The ``/ws`` endpoint: one WebSocket connection, one session, one environment."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from openenv import protocol
+from openenv.protocol import CloseCode, ErrorCode
+from openenv.server.service import EnvService
+from openenv.server.sessions import Session, SessionState
+
+__all__ = ["Connection", "SessionEndpoint"]
+
+logger = logging.getLogger("openenv.server")
+
+# What a send to a socket whose peer is gone raises, depending on the ASGI server.
+_GONE = (WebSocketDisconnect, OSError, RuntimeError)
+
+
+class SessionEndpoint:
+    """ASGI app for a session route; the environment comes from ``app.state.openenv``."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        service: EnvService = scope["app"].state.openenv
+        websocket = WebSocket(scope, receive, send)
+        await websocket.accept()
+        if not service.registry.acquire():
+            await _refuse(
+                websocket,
+                ErrorCode.CAPACITY_REACHED,
+                f"server at capacity ({service.registry.max_sessions} sessions); retry later",
+                CloseCode.TRY_AGAIN_LATER,
+                active_sessions=service.registry.active,
+                max_sessions=service.registry.max_sessions,
+            )
+            return
+        try:
+            env = await service.create_env()
+        except Exception as exc:
+            service.registry.release()
+            logger.exception("environment factory raised")
+            await _refuse(
+                websocket,
+                ErrorCode.FACTORY_ERROR,
+                f"could not create the environment: {type(exc).__name__}: {exc}",
+                CloseCode.INTERNAL_ERROR,
+            )
+            return
+        session = Session(env, service.action_cls, service.registry, service.executor)
+        connection = Connection(websocket, session)
+        service.connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            service.connections.discard(connection)
+
+
+class Connection:
+    """The I/O around one ``Session``: receive a frame, handle it, send the reply."""
+
+    def __init__(self, websocket: WebSocket, session: Session) -> None:
+        self.websocket = websocket
+        self.session = session
+        self._expired_for: str | None = None
+
+    async def run(self) -> None:
+        reason = "disconnect"
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if self.session.state is not SessionState.OPEN:
+                    break  # expired by the reaper or a shutdown while this frame was in flight
+                frame = message.get("text")
+                reply = await self.session.handle(frame if frame is not None else message["bytes"])
+                if reply is None:
+                    # Free the slot before the close handshake completes, so a
+                    # client whose close() returned can reconnect at once.
+                    reason = "client_close"
+                    await self.session.aclose(reason)
+                    await self.websocket.close(CloseCode.NORMAL)
+                    break
+                await self.websocket.send_text(reply)
+        except _GONE:
+            pass  # the peer vanished mid-exchange; the slot is freed below
+        except Exception:
+            reason = "internal_error"
+            logger.exception("session %s: internal error", self.session.id)
+            await self._close(
+                ErrorCode.SESSION_ERROR, "internal server error", CloseCode.INTERNAL_ERROR
+            )
+        finally:
+            await self.session.aclose(self._expired_for or reason)
+
+    async def expire(self, reason: str) -> None:
+        """End the session from outside (idle timeout, shutdown) and free its slot."""
+        if self.session.state is not SessionState.OPEN:
+            return
+        self.session.state = SessionState.CLOSING
+        self._expired_for = reason
+        if reason == "idle_timeout":
+            message = "session closed after being idle too long"
+        else:
+            message = "server shutting down"
+        await self._close(ErrorCode.SESSION_ERROR, message, CloseCode.GOING_AWAY)
+        if not self.session.busy:
+            await self.session.aclose(reason)
+        # else: a call is in flight; ``run`` frees the slot once it returns, so
+        # ``close()`` never overlaps another call of the same environment.
+
+    async def _close(self, code: ErrorCode, message: str, close_code: CloseCode) -> None:
+        if self.websocket.application_state is WebSocketState.DISCONNECTED:
+            return
+        try:
+            await self.websocket.send_text(protocol.error_frame(code, message))
+            await self.websocket.close(close_code)
+        except _GONE:
+            pass
+
+
+async def _refuse(
+    websocket: WebSocket, code: ErrorCode, message: str, close_code: CloseCode, **details: Any
+) -> None:
+    try:
+        await websocket.send_text(protocol.error_frame(code, message, **details))
+        await websocket.close(close_code)
+    except _GONE:
+        pass

@@ -1,0 +1,70 @@
+"""The HTTP introspection routes. Episodes run over WebSocket only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.routing import BaseRoute, WebSocketRoute
+
+from openenv.protocol import PROTOCOL_VERSION
+from openenv.server.endpoint import SessionEndpoint
+from openenv.server.service import EnvService
+from openenv.types import EnvironmentMetadata
+
+__all__ = ["HealthResponse", "SchemaResponse", "routes"]
+
+
+class HealthResponse(BaseModel):
+    status: str
+    active_sessions: int
+    max_sessions: int
+    protocol_version: int
+
+
+class SchemaResponse(BaseModel):
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+
+
+def _service(request: Request) -> EnvService:
+    service: EnvService = request.app.state.openenv
+    return service
+
+
+async def health(request: Request) -> HealthResponse:
+    """Liveness, and how many session slots are taken."""
+    service = _service(request)
+    return HealthResponse(
+        status="healthy",
+        active_sessions=service.registry.active,
+        max_sessions=service.registry.max_sessions,
+        protocol_version=PROTOCOL_VERSION,
+    )
+
+
+async def metadata(request: Request) -> EnvironmentMetadata:
+    """The environment's name, description and concurrency support."""
+    return _service(request).metadata
+
+
+async def schema(request: Request) -> SchemaResponse:
+    """JSON Schemas of the action, the observation and the state."""
+    service = _service(request)
+    return SchemaResponse(
+        action=service.action_cls.model_json_schema(),
+        observation=service.observation_cls.model_json_schema(),
+        state=service.state_cls.model_json_schema(),
+    )
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        APIRoute("/health", health, methods=["GET"], response_model=HealthResponse),
+        APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
+        APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
+        WebSocketRoute("/ws", SessionEndpoint()),
+    ]

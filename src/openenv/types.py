@@ -1,0 +1,99 @@
+"""The data an environment exchanges with its agents: actions, observations, state.
+
+Every class here is a pydantic v2 model, so an environment's wire schema, its
+validation and its documentation all come from one declaration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Action",
+    "EnvironmentMetadata",
+    "Observation",
+    "State",
+    "StepResult",
+]
+
+
+class Action(BaseModel):
+    """Base class for what an agent sends to an environment.
+
+    Unknown fields are rejected so that a typo in an agent's action is a
+    validation error instead of a silently ignored field.
+
+    >>> class Move(Action):
+    ...     direction: str
+    >>> Move(direction="up").direction
+    'up'
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Observation(BaseModel):
+    """Base class for what an environment returns from ``reset`` and ``step``.
+
+    The reward and the end-of-episode flag travel with the observation, so a
+    step result is one object rather than a Gym tuple.
+
+    >>> class Seen(Observation):
+    ...     text: str
+    >>> Seen(text="hi", reward=1.0, done=True).done
+    True
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float | None = Field(default=None, description="Reward for the last action.")
+    done: bool = Field(default=False, description="Whether the episode has ended.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form extra data.")
+
+
+class State(BaseModel):
+    """An environment's episode bookkeeping; subclasses add their own fields.
+
+    >>> State(episode_id="e1", step_count=3, level=2).model_dump()
+    {'episode_id': 'e1', 'step_count': 3, 'level': 2}
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    episode_id: str | None = Field(default=None, description="Identifier of the current episode.")
+    step_count: int = Field(default=0, ge=0, description="Steps taken in the current episode.")
+
+
+ObsT = TypeVar("ObsT", bound=Observation)
+
+
+class StepResult(BaseModel, Generic[ObsT]):
+    """What a client gets back from ``reset`` and ``step``.
+
+    >>> class Seen(Observation):
+    ...     text: str
+    >>> StepResult[Seen](observation=Seen(text="hi"), reward=0.5, done=False).reward
+    0.5
+    """
+
+    observation: ObsT
+    reward: float | None = None
+    done: bool = False
+
+
+class EnvironmentMetadata(BaseModel):
+    """What ``GET /metadata`` says about an environment.
+
+    >>> EnvironmentMetadata(name="echo", description="Echoes messages.").name
+    'echo'
+    """
+
+    name: str
+    description: str = ""
+    version: str | None = None
+    author: str | None = None
+    documentation_url: str | None = None
+    readme_content: str | None = None
+    supports_concurrent_sessions: bool = False

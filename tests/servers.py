@@ -1,0 +1,102 @@
+"""Real servers for tests: uvicorn on a free loopback port, and small test environments."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from openenv import Action, Environment, Observation, State
+
+
+class Tracker:
+    """Counts environment instances created and closed, across threads."""
+
+    def __init__(self) -> None:
+        self.created: list[int] = []
+        self.closed: list[int] = []
+        self._cond = threading.Condition()
+
+    def on_create(self, env: object) -> None:
+        with self._cond:
+            self.created.append(id(env))
+
+    def on_close(self, env: object) -> None:
+        with self._cond:
+            self.closed.append(id(env))
+            self._cond.notify_all()
+
+    def wait_closed(self, count: int, timeout: float = 10.0) -> None:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: len(self.closed) >= count, timeout)
+        assert ok, f"expected {count} environments closed, got {len(self.closed)}"
+
+    async def until_closed(self, count: int, wait: float = 10.0) -> None:
+        """``wait_closed`` without blocking the caller's event loop."""
+        await asyncio.to_thread(self.wait_closed, count, wait)
+
+
+class Ping(Action):
+    message: str = "ping"
+    fail: bool = False
+    block: bool = False
+
+
+class Pong(Observation):
+    message: str = ""
+    count: int = 0
+
+
+class PingState(State):
+    last: str = ""
+
+
+class PingEnvironment(Environment[Ping, Pong, PingState]):
+    """A test environment: counts steps, raises on request, blocks on request."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, tracker: Tracker | None = None, gate: threading.Event | None = None) -> None:
+        self.tracker = tracker
+        self.gate = gate
+        self._state = PingState()
+        if tracker is not None:
+            tracker.on_create(self)
+
+    def reset(  # type: ignore[override]
+        self, seed: int | None = None, episode_id: str | None = None, difficulty: int = 0
+    ) -> Pong:
+        self._state = PingState(episode_id=episode_id or f"seed-{seed}")
+        return Pong(message=f"reset:{seed}" + (f":{difficulty}" if difficulty else ""))
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        if action.fail:
+            raise ValueError("asked to fail")
+        if action.block:
+            assert self.gate is not None
+            self.gate.wait(30)
+        self._state.step_count += 1
+        self._state.last = action.message
+        return Pong(message=action.message, count=self._state.step_count, reward=1.0)
+
+    @property
+    def state(self) -> PingState:
+        return self._state
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.on_close(self)
+
+
+class AsyncPingEnvironment(PingEnvironment):
+    """The same, with ``async def`` reset and step."""
+
+    async def reset(  # type: ignore[override]
+        self, seed: int | None = None, episode_id: str | None = None, difficulty: int = 0
+    ) -> Pong:
+        return PingEnvironment.reset(self, seed, episode_id, difficulty)
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        if action.block:
+            raise ValueError("async environments do not block")
+        return PingEnvironment.step(self, action)

@@ -1,0 +1,122 @@
+"""Client behaviour that does not depend on a particular environment."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+from servers import Ping, PingEnvironment, Pong
+
+from echo_env import EchoAction, EchoEnv
+from openenv import (
+    ConnectionFailedError,
+    EnvTimeoutError,
+    SessionClosedError,
+    WebSocketEnvClient,
+    create_app,
+)
+from openenv.client import http_url, ws_url
+from openenv.testing import run_server
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ("http://h:1", "ws://h:1/ws"),
+        ("http://h:1/", "ws://h:1/ws"),
+        ("https://h", "wss://h/ws"),
+        ("ws://h:1/ws", "ws://h:1/ws"),
+        ("wss://h/envs/echo/ws", "wss://h/envs/echo/ws"),
+        ("http://h:1/prefix", "ws://h:1/prefix/ws"),
+    ],
+)
+def test_url_forms(base: str, expected: str) -> None:
+    assert ws_url(base) == expected
+
+
+def test_http_url_from_a_session_url() -> None:
+    assert http_url("wss://h/envs/echo/ws") == "https://h/envs/echo"
+
+
+@pytest.mark.parametrize("bad", ["localhost:8000", "ftp://h", "http://"])
+def test_bad_urls_are_refused_up_front(bad: str) -> None:
+    with pytest.raises(ValueError, match="isn't a valid environment URL"):
+        EchoEnv(bad)
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_nothing_listening_is_a_clear_connection_error() -> None:
+    url = f"http://127.0.0.1:{_unused_port()}"
+    with pytest.raises(ConnectionFailedError, match=r"cannot connect to ws://127\.0\.0\.1"):
+        await EchoEnv(url, connect_timeout=5).reset()
+
+
+async def test_connect_timeout_when_the_server_never_answers() -> None:
+    # A listening socket that never accepts: the handshake cannot complete.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ConnectionFailedError, match=r"no answer within 0.2s"):
+            await EchoEnv(url, connect_timeout=0.2).connect()
+
+
+async def test_message_timeout_raises_instead_of_hanging() -> None:
+    gate = threading.Event()
+    app = create_app(lambda: PingEnvironment(gate=gate), Ping, Pong)
+    with run_server(app) as url:
+        client = WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=0.2)
+        await client.reset()
+        with pytest.raises(EnvTimeoutError, match=r"no reply to 'step' within 0\.2s"):
+            await client.step(Ping(block=True))
+        gate.set()
+        await client.close()
+
+
+async def test_dropped_connection_is_a_clear_error() -> None:
+    app = create_app(PingEnvironment, Ping, Pong)
+    with run_server(app) as url:
+        client = WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong)
+        await client.reset()
+    with pytest.raises(SessionClosedError, match="session closed"):
+        await client.state()
+
+
+async def test_closed_client_cannot_be_reused(echo_url: str) -> None:
+    env = EchoEnv(echo_url)
+    await env.reset()
+    await env.close()
+    with pytest.raises(SessionClosedError, match="create a new one"):
+        await env.step(EchoAction(message="x"))
+
+
+async def test_wrong_action_type_is_refused_locally(echo_url: str) -> None:
+    async with EchoEnv(echo_url) as env:
+        with pytest.raises(TypeError, match="step\\(\\) takes a EchoAction"):
+            await env.step(Ping())  # type: ignore[arg-type]
+
+
+async def test_one_client_serialises_concurrent_calls(echo_url: str) -> None:
+    async with EchoEnv(echo_url) as env:
+        await env.reset()
+        results = await asyncio.gather(*(env.step(EchoAction(message=str(i))) for i in range(10)))
+    assert sorted(r.observation.echoed_message for r in results) == [str(i) for i in range(10)]
+
+
+def test_client_does_not_import_the_server() -> None:
+    code = (
+        "import sys, openenv, openenv.client, echo_env.client; "
+        "loaded = {'fastapi', 'starlette', 'uvicorn'} & set(sys.modules); "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

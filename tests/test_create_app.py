@@ -1,0 +1,143 @@
+"""What ``create_app`` checks at startup, and its HTTP introspection routes."""
+
+from __future__ import annotations
+
+import functools
+
+import httpx
+import pytest
+from servers import Ping, PingEnvironment, PingState, Pong
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import (
+    ConcurrencyConfig,
+    ConcurrencyConfigurationError,
+    Environment,
+    EnvironmentMetadata,
+    State,
+    create_app,
+)
+from openenv.testing import run_server
+
+
+class Unsafe(Environment[Ping, Pong, State]):
+    """Shares a global; not safe to run twice in one process."""
+
+
+def make_unsafe() -> Unsafe:
+    return Unsafe()
+
+
+def make_safe() -> PingEnvironment:
+    return PingEnvironment()
+
+
+def make_unknown():  # type: ignore[no-untyped-def]
+    return PingEnvironment()
+
+
+MANY = ConcurrencyConfig(max_concurrent_envs=8)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [Unsafe, functools.partial(Unsafe), functools.partial(functools.partial(Unsafe)), make_unsafe],
+    ids=["class", "partial", "nested-partial", "function"],
+)
+def test_unsafe_environment_refused_with_many_sessions(factory: object) -> None:
+    with pytest.raises(ConcurrencyConfigurationError, match="SUPPORTS_CONCURRENT_SESSIONS = True"):
+        create_app(factory, Ping, Pong, MANY)
+
+
+def test_unsafe_environment_allowed_with_one_session() -> None:
+    assert create_app(Unsafe, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=1))
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [PingEnvironment, functools.partial(PingEnvironment, None), make_safe],
+    ids=["class", "partial", "function"],
+)
+def test_safe_environment_accepted_with_many_sessions(factory: object) -> None:
+    assert create_app(factory, Ping, Pong, MANY)
+
+
+def test_factory_of_unknown_class_must_be_annotated() -> None:
+    with pytest.raises(ConcurrencyConfigurationError, match="Annotate its return type"):
+        create_app(make_unknown, Ping, Pong, MANY)
+    make_unknown.SUPPORTS_CONCURRENT_SESSIONS = True  # type: ignore[attr-defined]
+    try:
+        assert create_app(make_unknown, Ping, Pong, MANY)
+    finally:
+        del make_unknown.SUPPORTS_CONCURRENT_SESSIONS  # type: ignore[attr-defined]
+
+
+def test_instance_instead_of_factory_says_what_to_pass() -> None:
+    with pytest.raises(TypeError, match=r"Pass the class \(PingEnvironment\)"):
+        create_app(PingEnvironment(), Ping, Pong)
+    with pytest.raises(TypeError, match="zero-argument callable"):
+        create_app(42, Ping, Pong)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"max_concurrent_envs": 0}, {"max_concurrent_envs": -3}, {"session_timeout": 0}],
+)
+def test_concurrency_config_rejects_nonsense(values: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="greater than"):
+        ConcurrencyConfig(**values)
+
+
+def test_unknown_setting_is_an_error() -> None:
+    with pytest.raises(ValueError, match="max_thread"):
+        create_app(PingEnvironment, Ping, Pong, max_thread=3)
+
+
+def test_concurrency_config_from_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENENV_MAX_CONCURRENT_ENVS", "12")
+    monkeypatch.setenv("OPENENV_SESSION_TIMEOUT", "30")
+    config = ConcurrencyConfig.from_env(max_concurrent_envs=64)
+    assert (config.max_concurrent_envs, config.session_timeout) == (12, 30.0)
+    monkeypatch.delenv("OPENENV_MAX_CONCURRENT_ENVS")
+    assert ConcurrencyConfig.from_env(max_concurrent_envs=64).max_concurrent_envs == 64
+
+
+def test_health_metadata_and_schema(echo_url: str) -> None:
+    with httpx.Client(base_url=echo_url) as http:
+        health = http.get("/health").json()
+        metadata = http.get("/metadata").json()
+        schema = http.get("/schema").json()
+    assert health == {
+        "status": "healthy",
+        "active_sessions": 0,
+        "max_sessions": 64,
+        "protocol_version": 1,
+    }
+    assert metadata["name"] == "EchoEnvironment"
+    assert metadata["description"].startswith("Echoes every message back")
+    assert metadata["supports_concurrent_sessions"] is True
+    assert schema["action"] == EchoAction.model_json_schema()
+    assert schema["observation"] == EchoObservation.model_json_schema()
+    assert schema["state"]["properties"].keys() >= {"episode_id", "step_count"}
+    assert schema["action"]["required"] == ["message"]
+
+
+def test_state_schema_comes_from_the_generic_arguments() -> None:
+    app = create_app(PingEnvironment, Ping, Pong)
+    with run_server(app) as url:
+        schema = httpx.get(f"{url}/schema").json()
+    assert schema["state"] == PingState.model_json_schema()
+
+
+def test_explicit_metadata_is_served() -> None:
+    meta = EnvironmentMetadata(name="custom", description="A custom description.", version="2")
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, metadata=meta)
+    with run_server(app) as url:
+        assert httpx.get(f"{url}/metadata").json()["version"] == "2"
+
+
+def test_no_http_episode_routes(echo_url: str) -> None:
+    # Episodes run over WebSocket only; HTTP is introspection.
+    assert httpx.post(f"{echo_url}/step", json={"message": "x"}).status_code in {404, 405}
+    assert httpx.post(f"{echo_url}/reset").status_code in {404, 405}

@@ -1,0 +1,21 @@
+import openenv
+import openenv.client
+import openenv.server
+
+
+def test_all_is_complete_and_sorted() -> None:
+    for module in (openenv, openenv.client, openenv.server):
+        public = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_") and getattr(value, "__module__", "").startswith("openenv")
+        }
+        assert public <= set(module.__all__), (module.__name__, public - set(module.__all__))
+        assert module.__all__ == sorted(module.__all__, key=str.lower) or module.__all__ == sorted(
+            module.__all__
+        )
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in openenv.__all__:
+        assert getattr(openenv, name) is not None, name

@@ -1,0 +1,111 @@
+"""The wire format, with no sockets: decoding client frames and encoding replies."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from openenv import protocol
+from openenv.protocol import ErrorCode, FrameError
+from openenv.types import Observation, State
+
+
+class Seen(Observation):
+    text: str
+
+
+@pytest.mark.parametrize(
+    ("frame", "kind"),
+    [
+        ('{"type": "reset"}', protocol.ResetRequest),
+        ('{"type": "reset", "data": {"seed": 3, "level": 2}}', protocol.ResetRequest),
+        ('{"type": "step", "data": {"x": 1}}', protocol.StepRequest),
+        ('{"type": "state"}', protocol.StateRequest),
+        ('{"type": "close"}', protocol.CloseRequest),
+        (b'{"type": "close", "id": "c"}', protocol.CloseRequest),
+    ],
+)
+def test_valid_client_frames_decode(frame: str | bytes, kind: type) -> None:
+    assert isinstance(protocol.parse_client_message(frame), kind)
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "request_id"),
+    [
+        ("{", ErrorCode.INVALID_JSON, None),
+        ("null", ErrorCode.INVALID_JSON, None),
+        ('"step"', ErrorCode.INVALID_JSON, None),
+        ('{"type": "stpe", "id": 1}', ErrorCode.UNKNOWN_TYPE, 1),
+        ('{"type": 5}', ErrorCode.UNKNOWN_TYPE, None),
+        ('{"type": "step", "id": "s"}', ErrorCode.VALIDATION_ERROR, "s"),
+        ('{"type": "step", "data": []}', ErrorCode.VALIDATION_ERROR, None),
+        ('{"type": "state", "data": {}, "extra": 1}', ErrorCode.VALIDATION_ERROR, None),
+    ],
+)
+def test_bad_client_frames_name_the_problem(
+    frame: str, code: ErrorCode, request_id: object
+) -> None:
+    with pytest.raises(FrameError) as info:
+        protocol.parse_client_message(frame)
+    assert info.value.code is code
+    assert info.value.request_id == request_id
+    assert info.value.message
+
+
+def test_unknown_type_suggests_the_closest() -> None:
+    with pytest.raises(FrameError, match="did you mean 'step'"):
+        protocol.parse_client_message('{"type": "stpe"}')
+
+
+def test_observation_frame_puts_reward_and_done_beside_the_fields() -> None:
+    frame = orjson.loads(protocol.observation_frame(Seen(text="hi", reward=0.5, done=True), 3))
+    assert frame == {
+        "type": "observation",
+        "data": {"observation": {"text": "hi"}, "reward": 0.5, "done": True},
+        "id": 3,
+    }
+
+
+def test_observation_metadata_travels_only_when_set() -> None:
+    frame = orjson.loads(protocol.observation_frame(Seen(text="", metadata={"k": 1})))
+    assert frame["data"]["metadata"] == {"k": 1}
+
+
+def test_server_frames_round_trip_into_typed_models() -> None:
+    obs = Seen(text="hi", reward=1.0, done=False, metadata={"a": 1})
+    message = protocol.parse_server_message(protocol.observation_frame(obs))
+    assert isinstance(message, protocol.ObservationReply)
+    assert protocol.observation_from_payload(Seen, message.data) == obs
+
+    state = protocol.parse_server_message(protocol.state_frame(State(step_count=2, x=1)))
+    assert isinstance(state, protocol.StateReply)
+    assert state.data == {"episode_id": None, "step_count": 2, "x": 1}
+
+    error = protocol.parse_server_message(
+        protocol.error_frame(ErrorCode.CAPACITY_REACHED, "full", max_sessions=4)
+    )
+    assert isinstance(error, protocol.ErrorReply)
+    assert error.data.code is ErrorCode.CAPACITY_REACHED
+    assert error.data.model_extra == {"max_sessions": 4}
+
+
+def test_malformed_server_frame_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="malformed frame"):
+        protocol.parse_server_message('{"type": "observation"}')
+
+
+def test_request_frame_leaves_out_what_is_unset() -> None:
+    assert orjson.loads(protocol.request_frame("state")) == {"type": "state"}
+    assert orjson.loads(protocol.request_frame("step", {"a": None}, 9)) == {
+        "type": "step",
+        "data": {"a": None},
+        "id": 9,
+    }
+
+
+def test_fatal_codes_are_exactly_the_session_ending_ones() -> None:
+    assert protocol.FATAL_CODES == {
+        ErrorCode.CAPACITY_REACHED,
+        ErrorCode.FACTORY_ERROR,
+        ErrorCode.SESSION_ERROR,
+    }

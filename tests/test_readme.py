@@ -1,0 +1,38 @@
+"""The README's example runs as written, against a real server."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import sys
+from pathlib import Path
+
+from openenv.testing import run_server
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_readme_environment_serves_and_its_client_plays(tmp_path: Path) -> None:
+    env_code, client_code = _python_blocks()
+    (tmp_path / "my_env.py").write_text(env_code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("my_env")
+        with run_server(module.app) as url:
+            code = client_code.replace("http://localhost:8000", url)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_env", None)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("mean steps to solve: ")
+    assert 1 <= float(lines[0].split(": ")[1]) <= 7  # binary search over 100 numbers
+    assert lines[1] == "lower"
