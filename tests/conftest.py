@@ -12,6 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from echo_env.server.app import app as echo_app
 from openenv.testing import run_server
 
+# Apps that the tests start in their own processes, with their own settings.
+collect_ignore = ["apps"]
+
 
 @pytest.fixture(scope="session")
 def echo_url() -> Iterator[str]:

@@ -20,6 +20,7 @@ class Tracker:
     def on_create(self, env: object) -> None:
         with self._cond:
             self.created.append(id(env))
+            self._cond.notify_all()
 
     def on_close(self, env: object) -> None:
         with self._cond:
@@ -34,6 +35,14 @@ class Tracker:
     async def until_closed(self, count: int, wait: float = 10.0) -> None:
         """``wait_closed`` without blocking the caller's event loop."""
         await asyncio.to_thread(self.wait_closed, count, wait)
+
+    async def until_created(self, count: int, wait: float = 10.0) -> None:
+        def created() -> None:
+            with self._cond:
+                ok = self._cond.wait_for(lambda: len(self.created) >= count, wait)
+            assert ok, f"expected {count} environments created, got {len(self.created)}"
+
+        await asyncio.to_thread(created)
 
 
 class Ping(Action):
@@ -100,3 +109,29 @@ class AsyncPingEnvironment(PingEnvironment):
         if action.block:
             raise ValueError("async environments do not block")
         return PingEnvironment.step(self, action)
+
+
+async def until(predicate: Any, wait: float = 10.0, what: str = "condition") -> None:
+    """Poll an async predicate until it holds, failing after ``wait`` seconds."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} did not hold within {wait}s")
+        await asyncio.sleep(0.01)
+
+
+async def health(url: str) -> dict[str, Any]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url) as http:
+        reply: dict[str, Any] = (await http.get("/health")).json()
+        return reply
+
+
+async def slots_free(url: str, wait: float = 10.0) -> None:
+    """Wait until the server reports no session holding a slot."""
+
+    async def free() -> bool:
+        return (await health(url))["active_sessions"] == 0
+
+    await until(free, wait, "all session slots free")

@@ -112,6 +112,7 @@ def test_health_metadata_and_schema(echo_url: str) -> None:
         "status": "healthy",
         "active_sessions": 0,
         "max_sessions": 64,
+        "queued_sessions": 0,
         "protocol_version": 1,
     }
     assert metadata["name"] == "EchoEnvironment"

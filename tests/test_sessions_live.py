@@ -9,7 +9,7 @@ import threading
 import httpx
 import orjson
 import pytest
-from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker
+from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, slots_free
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -134,6 +134,7 @@ async def test_client_that_vanishes_frees_its_slot() -> None:
         await raw_exchange(ws, {"type": "reset"})
         ws.transport.abort()  # no close frame: the peer just disappears
         await tracker.until_closed(1)
+        await slots_free(url)
         async with ping_client(url) as client:
             assert (await client.step(Ping(message="again"))).observation.count == 1
 

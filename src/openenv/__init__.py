@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 from openenv.client import AnyObservation, EnvClient, SyncEnvClient, WebSocketEnvClient
 from openenv.environment import Environment
 from openenv.errors import (
+    AuthenticationError,
     CapacityError,
     ConcurrencyConfigurationError,
     ConnectionFailedError,
+    DeadlineError,
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
@@ -44,18 +46,20 @@ from openenv.protocol import CloseCode, ErrorCode
 from openenv.types import Action, EnvironmentMetadata, Observation, State, StepResult
 
 if TYPE_CHECKING:
-    from openenv.server import ConcurrencyConfig, ServerSettings, create_app
+    from openenv.server import ConcurrencyConfig, ServerSettings, create_app, serve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Action",
     "AnyObservation",
+    "AuthenticationError",
     "CapacityError",
     "CloseCode",
     "ConcurrencyConfig",
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
+    "DeadlineError",
     "EnvClient",
     "EnvExecutionError",
     "EnvTimeoutError",
@@ -76,12 +80,14 @@ __all__ = [
     "SyncEnvClient",
     "WebSocketEnvClient",
     "create_app",
+    "serve",
 ]
 
 _LAZY = {
     "ConcurrencyConfig": "openenv.server",
     "ServerSettings": "openenv.server",
     "create_app": "openenv.server",
+    "serve": "openenv.server",
 }
 
 

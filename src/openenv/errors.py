@@ -3,12 +3,14 @@
     OpenEnvError
     ├── ConcurrencyConfigurationError   the server would share unsafe environments
     ├── ConnectionFailedError           could not open a session (refused, timed out, bad URL)
+    │   └── AuthenticationError         the server refused the API key or the Origin
     ├── SessionClosedError              the connection dropped or the session ended
     ├── EnvTimeoutError                 no reply within the client's message timeout
     └── ServerError                     the server answered with an ``error`` frame
         ├── ProtocolError               INVALID_JSON, UNKNOWN_TYPE
         ├── EnvValidationError          VALIDATION_ERROR
         ├── EnvExecutionError           EXECUTION_ERROR
+        ├── DeadlineError               TIMEOUT: the environment overran the server's deadline
         └── SessionError                the session cannot go on (SESSION_ERROR)
             ├── CapacityError           CAPACITY_REACHED: retry later
             └── FactoryError            FACTORY_ERROR
@@ -23,9 +25,11 @@ from typing import Any
 from openenv.protocol import ErrorCode
 
 __all__ = [
+    "AuthenticationError",
     "CapacityError",
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
+    "DeadlineError",
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
@@ -54,6 +58,10 @@ class ConnectionFailedError(OpenEnvError):
         super().__init__(f"cannot connect to {url}: {reason}")
         self.url = url
         self.reason = reason
+
+
+class AuthenticationError(ConnectionFailedError):
+    """The server refused the handshake: a missing or wrong API key, or a foreign Origin."""
 
 
 class SessionClosedError(OpenEnvError):
@@ -99,6 +107,17 @@ class EnvExecutionError(ServerError):
     """The environment raised while handling the request; the session goes on."""
 
 
+class DeadlineError(ServerError, TimeoutError):
+    """The environment overran the server's ``step_timeout``/``reset_timeout``.
+
+    ``fatal`` is true when the call was blocking and the session was ended.
+    """
+
+    @property
+    def fatal(self) -> bool:
+        return bool(self.details.get("fatal", False))
+
+
 class SessionError(ServerError):
     """The server ended the session; it cannot be used again."""
 
@@ -129,6 +148,7 @@ _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     ErrorCode.CAPACITY_REACHED: CapacityError,
     ErrorCode.FACTORY_ERROR: FactoryError,
     ErrorCode.SESSION_ERROR: SessionError,
+    ErrorCode.TIMEOUT: DeadlineError,
 }
 
 

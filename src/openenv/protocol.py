@@ -69,10 +69,12 @@ class ErrorCode(StrEnum):
     CAPACITY_REACHED = "CAPACITY_REACHED"
     FACTORY_ERROR = "FACTORY_ERROR"
     SESSION_ERROR = "SESSION_ERROR"
+    TIMEOUT = "TIMEOUT"
 
 
 # After one of these the server closes the socket; after any other code the
-# session goes on and the next message is served as usual.
+# session goes on and the next message is served as usual. A TIMEOUT is fatal
+# only when its frame says ``"fatal": true`` (a blocking call that overran).
 FATAL_CODES = frozenset(
     {ErrorCode.CAPACITY_REACHED, ErrorCode.FACTORY_ERROR, ErrorCode.SESSION_ERROR}
 )
@@ -83,7 +85,7 @@ class CloseCode(IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001  # server shutting down, or the session idled out
-    UNAUTHORIZED = 1008
+    POLICY_VIOLATION = 1008  # a bad API key or Origin, or too many bad frames
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013  # at capacity

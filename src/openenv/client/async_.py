@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+import orjson
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from openenv import protocol
 from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
-from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
+from openenv.errors import (
+    AuthenticationError,
+    ConnectionFailedError,
+    EnvTimeoutError,
+    SessionClosedError,
+)
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
@@ -47,6 +54,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         ping_timeout: Seconds to wait for a pong before the connection is
             considered dead.
         max_size: Largest reply frame accepted, in bytes.
+        api_key: The server's API key (default: ``$OPENENV_API_KEY``).
     """
 
     def __init__(
@@ -58,6 +66,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         ping_interval: float | None = 20.0,
         ping_timeout: float | None = 20.0,
         max_size: int | None = 2**24,
+        api_key: str | None = None,
     ) -> None:
         self.url = ws_url(base_url)
         self.connect_timeout = connect_timeout
@@ -71,6 +80,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
+        api_key = api_key or os.environ.get("OPENENV_API_KEY")
+        if api_key:
+            self._connect_options["additional_headers"] = {"Authorization": f"Bearer {api_key}"}
         self._ws: ClientConnection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -89,6 +101,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             ) from None
         except InvalidURI as exc:
             raise ConnectionFailedError(self.url, str(exc)) from None
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                raise AuthenticationError(self.url, _denial_reason(exc)) from None
+            raise ConnectionFailedError(self.url, f"HTTP {status}: {_denial_reason(exc)}") from None
         except (OSError, InvalidHandshake) as exc:
             raise ConnectionFailedError(self.url, str(exc) or type(exc).__name__) from None
         return self
@@ -173,6 +190,15 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 return await ws.recv()
         except (ConnectionClosed, TimeoutError):
             raise _closed_error(exc) from None
+
+
+def _denial_reason(exc: InvalidStatus) -> str:
+    """The server's ``detail`` from a refused handshake, else the HTTP status."""
+    try:
+        detail = orjson.loads(exc.response.body or b"{}").get("detail")
+    except (orjson.JSONDecodeError, AttributeError):
+        detail = None
+    return str(detail) if detail else f"HTTP {exc.response.status_code}"
 
 
 _CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import check_concurrency, check_factory
 from openenv.server.routes import routes
+from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
@@ -74,4 +75,9 @@ def create_app(
         lifespan=service.lifespan,
     )
     app.state.openenv = service
+    app.add_middleware(
+        AccessGuard,
+        api_key=service.settings.api_key,
+        allowed_origins=service.settings.allowed_origins,
+    )
     return app

@@ -33,12 +33,20 @@ class ConcurrencyConfig(BaseModel):
         gt=0,
         description="Seconds a session may stay idle before it is closed; None = never.",
     )
+    queue_timeout: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Seconds a new connection waits for a free slot when the server is full, "
+            "first come first served; 0 refuses at once with CAPACITY_REACHED."
+        ),
+    )
 
     @classmethod
     def from_env(
         cls, max_concurrent_envs: int = 1, session_timeout: float | None = None
     ) -> ConcurrencyConfig:
-        """Read ``OPENENV_MAX_CONCURRENT_ENVS`` / ``OPENENV_SESSION_TIMEOUT``, else the defaults.
+        """Read ``OPENENV_MAX_CONCURRENT_ENVS``, ``_SESSION_TIMEOUT``, ``_QUEUE_TIMEOUT``.
 
         ``openenv serve --max-sessions`` and container deployments set these.
         """
@@ -50,11 +58,19 @@ class ConcurrencyConfig(BaseModel):
             values["max_concurrent_envs"] = raw
         if raw := os.environ.get("OPENENV_SESSION_TIMEOUT"):
             values["session_timeout"] = None if raw.lower() in {"none", "0"} else raw
+        if raw := os.environ.get("OPENENV_QUEUE_TIMEOUT"):
+            values["queue_timeout"] = raw
         return cls.model_validate(values)
 
 
 class ServerSettings(BaseModel):
-    """The keyword settings of ``create_app`` besides the session cap."""
+    """The keyword settings of ``create_app`` besides the session cap.
+
+    Deadlines are in seconds; ``None`` means no deadline.
+
+    >>> ServerSettings(step_timeout=30).max_message_size
+    1048576
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -67,4 +83,53 @@ class ServerSettings(BaseModel):
         default=None,
         gt=0,
         description="Seconds between idle-session sweeps; default: a quarter of session_timeout.",
+    )
+    step_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Deadline of one step(). An async step is cancelled (TIMEOUT, the session goes "
+            "on); a blocking step cannot be killed, so its session ends (TIMEOUT, fatal) and "
+            "its slot stays taken until the thread returns."
+        ),
+    )
+    reset_timeout: float | None = Field(
+        default=None, gt=0, description="Deadline of one reset(); the same rules as step."
+    )
+    factory_timeout: float | None = Field(
+        default=60.0, gt=0, description="Deadline for creating an environment."
+    )
+    close_timeout: float | None = Field(
+        default=10.0,
+        gt=0,
+        description="Deadline of close(); past it the failure is logged and the slot freed.",
+    )
+    max_message_size: int = Field(
+        default=2**20,
+        ge=1,
+        description="Largest client frame in bytes; larger ones get close code 1009.",
+    )
+    max_bad_frames: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "Consecutive malformed or invalid frames after which a session is closed (1008)."
+        ),
+    )
+    api_key: str | None = Field(
+        default_factory=lambda: os.environ.get("OPENENV_API_KEY") or None,
+        description="When set, every route but /health requires it (Bearer token).",
+        repr=False,
+    )
+    allowed_origins: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Origins (scheme://host[:port]) whose pages may open sessions, besides the "
+            "server's own; '*' allows any. Requests without an Origin (programs) pass."
+        ),
+    )
+    shutdown_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a graceful shutdown waits for environments to close.",
     )

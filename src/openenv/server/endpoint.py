@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -10,10 +11,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from openenv import protocol
 from openenv.protocol import CloseCode, ErrorCode
-from openenv.server.service import EnvService
+from openenv.server.service import EnvService, FactoryTimeout
 from openenv.server.sessions import Session, SessionState
 
-__all__ = ["Connection", "SessionEndpoint"]
+__all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
+
+SUBPROTOCOL = "openenv"
 
 logger = logging.getLogger("openenv.server")
 
@@ -27,9 +30,21 @@ class SessionEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service: EnvService = scope["app"].state.openenv
         websocket = WebSocket(scope, receive, send)
-        await websocket.accept()
-        if not service.registry.acquire():
+        # Browsers insist the server picks one of the subprotocols they offer.
+        offered = scope.get("subprotocols") or ()
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        if service.draining:
             await _refuse(
+                service,
+                websocket,
+                ErrorCode.SESSION_ERROR,
+                "server shutting down; connect to another instance or retry later",
+                CloseCode.GOING_AWAY,
+            )
+            return
+        if not await service.registry.acquire(service.concurrency.queue_timeout):
+            await _refuse(
+                service,
                 websocket,
                 ErrorCode.CAPACITY_REACHED,
                 f"server at capacity ({service.registry.max_sessions} sessions); retry later",
@@ -39,19 +54,19 @@ class SessionEndpoint:
             )
             return
         try:
-            env = await service.create_env()
+            env = await service.create_env()  # frees the slot itself if it fails
         except Exception as exc:
-            service.registry.release()
-            logger.exception("environment factory raised")
+            if isinstance(exc, FactoryTimeout):
+                logger.error("%s", exc)
+                message = f"could not create the environment: {exc}"
+            else:
+                logger.exception("environment factory raised")
+                message = f"could not create the environment: {type(exc).__name__}: {exc}"
             await _refuse(
-                websocket,
-                ErrorCode.FACTORY_ERROR,
-                f"could not create the environment: {type(exc).__name__}: {exc}",
-                CloseCode.INTERNAL_ERROR,
+                service, websocket, ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR
             )
             return
-        session = Session(env, service.action_cls, service.registry, service.executor)
-        connection = Connection(websocket, session)
+        connection = Connection(websocket, Session(env, service), service)
         service.connections.add(connection)
         try:
             await connection.run()
@@ -62,40 +77,61 @@ class SessionEndpoint:
 class Connection:
     """The I/O around one ``Session``: receive a frame, handle it, send the reply."""
 
-    def __init__(self, websocket: WebSocket, session: Session) -> None:
+    def __init__(self, websocket: WebSocket, session: Session, service: EnvService) -> None:
         self.websocket = websocket
         self.session = session
+        self.closed = asyncio.Event()
+        self._max_size = service.settings.max_message_size
         self._expired_for: str | None = None
 
     async def run(self) -> None:
         reason = "disconnect"
+        session = self.session
         try:
             while True:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
-                if self.session.state is not SessionState.OPEN:
+                if session.state is not SessionState.OPEN:
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 frame = message.get("text")
-                reply = await self.session.handle(frame if frame is not None else message["bytes"])
+                if frame is None:
+                    frame = message.get("bytes") or b""
+                if len(frame) > self._max_size:
+                    # Measured in characters for text frames: a cheap, safe
+                    # lower bound on the bytes that arrived.
+                    session.log.warning(
+                        "frame of %d exceeds %d; closing", len(frame), self._max_size
+                    )
+                    reason = "message_too_big"
+                    await self.websocket.close(CloseCode.MESSAGE_TOO_BIG)
+                    break
+                reply = await session.handle(frame)
                 if reply is None:
                     # Free the slot before the close handshake completes, so a
                     # client whose close() returned can reconnect at once.
                     reason = "client_close"
-                    await self.session.aclose(reason)
+                    await session.aclose(reason)
                     await self.websocket.close(CloseCode.NORMAL)
                     break
                 await self.websocket.send_text(reply)
+                if session.state is not SessionState.OPEN:
+                    reason = "error"
+                    await self.websocket.close(session.close_code)
+                    break
         except _GONE:
             pass  # the peer vanished mid-exchange; the slot is freed below
         except Exception:
             reason = "internal_error"
-            logger.exception("session %s: internal error", self.session.id)
+            session.log.exception("internal error")
             await self._close(
                 ErrorCode.SESSION_ERROR, "internal server error", CloseCode.INTERNAL_ERROR
             )
         finally:
-            await self.session.aclose(self._expired_for or reason)
+            try:
+                await session.aclose(self._expired_for or reason)
+            finally:
+                self.closed.set()
 
     async def expire(self, reason: str) -> None:
         """End the session from outside (idle timeout, shutdown) and free its slot."""
@@ -124,8 +160,14 @@ class Connection:
 
 
 async def _refuse(
-    websocket: WebSocket, code: ErrorCode, message: str, close_code: CloseCode, **details: Any
+    service: EnvService,
+    websocket: WebSocket,
+    code: ErrorCode,
+    message: str,
+    close_code: CloseCode,
+    **details: Any,
 ) -> None:
+    service.metrics.errors.labels(code.value).inc()
     try:
         await websocket.send_text(protocol.error_frame(code, message, **details))
         await websocket.close(close_code)

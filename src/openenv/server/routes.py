@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
+from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from openenv.protocol import PROTOCOL_VERSION
 from openenv.server.endpoint import SessionEndpoint
+from openenv.server.metrics import CONTENT_TYPE
 from openenv.server.service import EnvService
 from openenv.types import EnvironmentMetadata
 
@@ -21,6 +22,7 @@ class HealthResponse(BaseModel):
     status: str
     active_sessions: int
     max_sessions: int
+    queued_sessions: int
     protocol_version: int
 
 
@@ -39,11 +41,17 @@ async def health(request: Request) -> HealthResponse:
     """Liveness, and how many session slots are taken."""
     service = _service(request)
     return HealthResponse(
-        status="healthy",
+        status="draining" if service.draining else "healthy",
         active_sessions=service.registry.active,
         max_sessions=service.registry.max_sessions,
+        queued_sessions=service.registry.queued,
         protocol_version=PROTOCOL_VERSION,
     )
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics: sessions, queue, steps, step latency, errors by code."""
+    return Response(_service(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def metadata(request: Request) -> EnvironmentMetadata:
@@ -66,5 +74,6 @@ def routes() -> list[BaseRoute]:
         APIRoute("/health", health, methods=["GET"], response_model=HealthResponse),
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
+        APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
         WebSocketRoute("/ws", SessionEndpoint()),
     ]

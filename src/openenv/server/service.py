@@ -7,22 +7,33 @@ import contextlib
 import inspect
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from openenv.environment import Environment
+from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
+from openenv.server.metrics import Metrics
 from openenv.server.sessions import SessionRegistry, SessionState
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
     from openenv.server.endpoint import Connection
 
-__all__ = ["EnvService"]
+__all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout"]
 
 logger = logging.getLogger("openenv.server")
+
+
+# The services running in this process, for a graceful shutdown to drain.
+LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
+
+
+class FactoryTimeout(Exception):
+    """The environment factory overran ``factory_timeout``."""
 
 
 class EnvService:
@@ -48,22 +59,56 @@ class EnvService:
         self.settings = settings
         self.metadata = metadata or _default_metadata(env_factory, env_cls)
         self.registry = SessionRegistry(concurrency.max_concurrent_envs)
+        self.metrics = Metrics(self.registry)
+        self.draining = False
+        self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Connection] = set()
         self.executor = self._new_executor()
         self._executor_stopped = False
         self.started_at = time.time()
 
     async def create_env(self) -> Environment[Any, Any, Any]:
-        """Run the factory off the event loop (constructors may be slow)."""
-        loop = asyncio.get_running_loop()
-        env = await loop.run_in_executor(self.executor, self.env_factory)
-        if inspect.isawaitable(env):
-            env = await env
+        """Run the factory off the event loop (constructors may be slow), within its deadline.
+
+        The caller holds a slot. If a blocking factory overruns, the slot stays
+        taken until it returns; then its environment is closed and the slot freed.
+        """
+        try:
+            env = await calls.call(
+                self.env_factory, executor=self.executor, timeout=self.settings.factory_timeout
+            )
+        except calls.DeadlineExceeded as exc:
+            if exc.stuck is None:
+                self.registry.release()
+            else:
+                exc.stuck.add_done_callback(self._reclaim_late_env)
+            raise FactoryTimeout(f"the environment factory {exc}") from None
+        except BaseException:
+            self.registry.release()
+            raise
         if not isinstance(env, Environment):
+            self.registry.release()
             raise TypeError(
                 f"the environment factory returned {type(env).__name__}, expected an Environment"
             )
         return env
+
+    def _reclaim_late_env(self, future: asyncio.Future[Any]) -> None:
+        async def reclaim() -> None:
+            try:
+                env = future.result()
+                if isinstance(env, Environment):
+                    await calls.call(
+                        env.close, executor=self.executor, timeout=self.settings.close_timeout
+                    )
+            except Exception:
+                logger.exception("closing an environment whose factory overran failed")
+            finally:
+                self.registry.release()
+
+        task = asyncio.get_running_loop().create_task(reclaim())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -76,6 +121,8 @@ class EnvService:
         if self._executor_stopped:
             self.executor = self._new_executor()
             self._executor_stopped = False
+        self.draining = False
+        LIVE_SERVICES.add(self)
         reaper = None
         if self.concurrency.session_timeout is not None:
             reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
@@ -86,12 +133,33 @@ class EnvService:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reaper
-            await self._close_all("shutdown")
+            await self.drain()
+            LIVE_SERVICES.discard(self)
             self.executor.shutdown(wait=False, cancel_futures=True)
             self._executor_stopped = True
 
-    async def _close_all(self, reason: str) -> None:
-        await _gather_logged(c.expire(reason) for c in list(self.connections))
+    async def drain(self) -> None:
+        """Refuse new sessions, end every open one (close code 1001), close their environments.
+
+        Bounded by ``shutdown_timeout``: an environment stuck in a blocking call
+        is left behind (and logged) rather than holding the shutdown forever.
+        """
+        self.draining = True
+        ending: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(c.expire("shutdown")) for c in list(self.connections)
+        ]
+        ending += [asyncio.ensure_future(c.closed.wait()) for c in list(self.connections)]
+        if not ending:
+            return
+        _, pending = await asyncio.wait(ending, timeout=self.settings.shutdown_timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            logger.error(
+                "%d session(s) still busy after %ss; shutting down without them",
+                len(self.connections),
+                self.settings.shutdown_timeout,
+            )
 
     async def _reap_idle(self, idle_limit: float) -> None:
         interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)

@@ -8,6 +8,7 @@ socket: the endpoint in ``server/endpoint.py`` does the I/O.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import inspect
 import logging
@@ -15,15 +16,18 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from openenv import protocol
 from openenv.environment import Environment
-from openenv.protocol import ErrorCode, FrameError
-from openenv.types import Action, Observation, State
+from openenv.protocol import CloseCode, ErrorCode, FrameError
+from openenv.server import calls
+from openenv.types import Observation, State
+
+if TYPE_CHECKING:
+    from openenv.server.service import EnvService
 
 __all__ = ["Session", "SessionRegistry", "SessionState"]
 
@@ -39,16 +43,18 @@ class SessionState(enum.Enum):
 
 
 class SessionRegistry:
-    """The session slots of one server process.
+    """The session slots of one server process, and the queue of those waiting.
 
-    ``acquire`` and ``release`` never await, so on one event loop the check
-    and the increment cannot interleave: the cap holds without a lock.
+    ``try_acquire`` and ``release`` never await, so on one event loop the check
+    and the increment cannot interleave: the cap holds without a lock. A freed
+    slot goes straight to the longest-waiting connection, so nobody barges in.
     """
 
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self._reserved = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.opened = 0
         self.closed: Counter[str] = Counter()
 
@@ -56,14 +62,46 @@ class SessionRegistry:
     def active(self) -> int:
         return self._reserved
 
-    def acquire(self) -> bool:
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
         """Reserve a slot before the factory runs; ``False`` when full."""
-        if self._reserved >= self.max_sessions:
+        if self._reserved >= self.max_sessions or self._waiters:
             return False
         self._reserved += 1
         return True
 
+    async def acquire(self, wait: float) -> bool:
+        """Reserve a slot, waiting up to ``wait`` seconds in line for one."""
+        if self.try_acquire():
+            return True
+        if wait <= 0:
+            return False
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(wait):
+                await waiter
+            return True
+        except TimeoutError:
+            # The slot may have been handed over just as the deadline passed.
+            return waiter.done() and not waiter.cancelled()
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted just as we were cancelled: pass it on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
     def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands; the count stays
+                return
         self._reserved -= 1
         assert self._reserved >= 0, "session slot released twice"
 
@@ -84,59 +122,108 @@ class _ResetArgs(BaseModel):
     episode_id: str | None = None
 
 
-class Session:
-    """One client's environment instance and the dispatch of its messages."""
+# Frames that are the client's fault; a run of them ends the session.
+_CLIENT_FAULTS = frozenset(
+    {ErrorCode.INVALID_JSON, ErrorCode.UNKNOWN_TYPE, ErrorCode.VALIDATION_ERROR}
+)
 
-    def __init__(
-        self,
-        env: Environment[Any, Any, Any],
-        action_cls: type[Action],
-        registry: SessionRegistry,
-        executor: Executor,
-    ) -> None:
+
+class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Puts the session id on every line, as text and as ``record.session_id``."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs.setdefault("extra", {}).update(self.extra or {})
+        return f"[session {self.extra['session_id'] if self.extra else '?'}] {msg}", kwargs
+
+
+class Session:
+    """One client's environment instance and the dispatch of its messages.
+
+    After ``handle`` returns, ``state`` tells the endpoint whether to go on;
+    when it is no longer ``OPEN``, ``close_code`` says how to close the socket.
+    """
+
+    def __init__(self, env: Environment[Any, Any, Any], service: EnvService) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.env = env
         self.state = SessionState.OPEN
+        self.close_code = CloseCode.NORMAL
         self.busy = False
         self.last_active = time.monotonic()
-        self._action_cls = action_cls
-        self._registry = registry
-        self._executor = executor
+        self.log = SessionLog(logger, {"session_id": self.id})
+        self._service = service
+        self._settings = service.settings
+        self._metrics = service.metrics
         self._reset_accepts = _accepted_kwargs(env.reset)
-        registry.add(self)
+        self._bad_frames = 0
+        self._stuck: asyncio.Future[Any] | None = None
+        service.registry.add(self)
+        self._metrics.opened.inc()
 
     async def handle(self, frame: str | bytes) -> str | None:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
         self.busy = True
         try:
-            message = protocol.parse_client_message(frame)
-            if isinstance(message, protocol.StepRequest):
-                return await self._step(message)
-            if isinstance(message, protocol.ResetRequest):
-                return await self._reset(message)
-            if isinstance(message, protocol.StateRequest):
-                state = await self._run("state", message.id, State, _read_state, self.env)
-                return protocol.state_frame(state, message.id)
-            self.state = SessionState.CLOSING
-            return None
+            reply = await self._dispatch(frame)
+            self._bad_frames = 0
+            return reply
         except FrameError as exc:
-            return protocol.error_frame(
-                exc.code, exc.message, request_id=exc.request_id, **exc.details
-            )
+            return self._error(exc.code, exc.message, exc.request_id, **exc.details)
         except _EnvFailure as exc:
-            return protocol.error_frame(
-                ErrorCode.EXECUTION_ERROR, exc.message, request_id=exc.request_id
-            )
+            if exc.fatal:
+                self._end(CloseCode.INTERNAL_ERROR)
+            return self._error(exc.code, exc.message, exc.request_id, **exc.details)
         finally:
             self.busy = False
             self.last_active = time.monotonic()
 
+    async def _dispatch(self, frame: str | bytes) -> str | None:
+        message = protocol.parse_client_message(frame)
+        if isinstance(message, protocol.StepRequest):
+            return await self._step(message)
+        if isinstance(message, protocol.ResetRequest):
+            return await self._reset(message)
+        if isinstance(message, protocol.StateRequest):
+            state = await self._run(
+                "state", message.id, State, self._settings.step_timeout, _read_state, self.env
+            )
+            return protocol.state_frame(state, message.id)
+        self._end(CloseCode.NORMAL)
+        return None
+
+    def _error(
+        self, code: ErrorCode, message: str, request_id: protocol.RequestId | None, **details: Any
+    ) -> str:
+        self._metrics.errors.labels(code.value).inc()
+        if code in _CLIENT_FAULTS:
+            self._bad_frames += 1
+            if self._bad_frames >= self._settings.max_bad_frames:
+                self.log.warning("closing after %d bad frames in a row", self._bad_frames)
+                self._end(CloseCode.POLICY_VIOLATION)
+                self._metrics.errors.labels(ErrorCode.SESSION_ERROR.value).inc()
+                return protocol.error_frame(
+                    ErrorCode.SESSION_ERROR,
+                    f"closing the session after {self._bad_frames} bad frames in a row "
+                    f"(last: {code.value}: {message})",
+                    request_id=request_id,
+                )
+        return protocol.error_frame(code, message, request_id=request_id, **details)
+
+    def _end(self, close_code: CloseCode) -> None:
+        self.state = SessionState.CLOSING
+        self.close_code = close_code
+
     async def _step(self, message: protocol.StepRequest) -> str:
         try:
-            action = self._action_cls.model_validate(message.data)
+            action = self._service.action_cls.model_validate(message.data)
         except ValidationError as exc:
             raise protocol.validation_frame_error(exc, "action", message.id) from None
-        observation = await self._run("step()", message.id, Observation, self.env.step, action)
+        started = time.perf_counter()
+        observation = await self._run(
+            "step()", message.id, Observation, self._settings.step_timeout, self.env.step, action
+        )
+        self._metrics.step_seconds.observe(time.perf_counter() - started)
+        self._metrics.steps.inc()
         return protocol.observation_frame(observation, message.id)
 
     async def _reset(self, message: protocol.ResetRequest) -> str:
@@ -161,7 +248,14 @@ class Session:
                         ]
                     },
                 )
-        observation = await self._run("reset()", message.id, Observation, self.env.reset, **kwargs)
+        observation = await self._run(
+            "reset()",
+            message.id,
+            Observation,
+            self._settings.reset_timeout,
+            self.env.reset,
+            **kwargs,
+        )
         return protocol.observation_frame(observation, message.id)
 
     async def _run(
@@ -169,54 +263,92 @@ class Session:
         name: str,
         request_id: protocol.RequestId | None,
         expected: type[_R],
+        timeout: float | None,
         fn: Callable[..., Any],
         *args: Any,
         **kwargs: Any,
     ) -> _R:
-        """Call into the environment; its failures become ``EXECUTION_ERROR`` replies."""
+        """Call into the environment; its failures become error replies."""
         try:
-            result = await self._call(fn, *args, **kwargs)
+            result = await calls.call(
+                fn, *args, executor=self._service.executor, timeout=timeout, **kwargs
+            )
+        except calls.DeadlineExceeded as exc:
+            if exc.stuck is not None:
+                # The thread cannot be stopped: end the session, and keep the slot
+                # (and the environment) until the thread returns.
+                self._stuck = exc.stuck
+                self.log.error("%s overran its %gs deadline; ending the session", name, timeout)
+                raise _EnvFailure(
+                    ErrorCode.TIMEOUT,
+                    f"{name} did not return within {exc.seconds:g}s; the session is closed "
+                    f"because a blocking call cannot be interrupted",
+                    request_id,
+                    fatal=True,
+                ) from None
+            raise _EnvFailure(
+                ErrorCode.TIMEOUT,
+                f"{name} did not return within {exc.seconds:g}s and was cancelled",
+                request_id,
+            ) from None
         except Exception as exc:
             # The traceback stays in the server log; the wire gets the exception's name.
-            logger.exception("session %s: %s raised", self.id, name)
-            raise _EnvFailure(f"{name} raised {type(exc).__name__}: {exc}", request_id) from None
+            self.log.exception("%s raised", name)
+            raise _EnvFailure(
+                ErrorCode.EXECUTION_ERROR, f"{name} raised {type(exc).__name__}: {exc}", request_id
+            ) from None
         if not isinstance(result, expected):
             raise _EnvFailure(
+                ErrorCode.EXECUTION_ERROR,
                 f"{name} of {type(self.env).__name__} returned {type(result).__name__}, "
                 f"expected {expected.__name__}",
                 request_id,
             )
         return result
 
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Await an ``async def``; run a plain ``def`` in a worker thread."""
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
     async def aclose(self, reason: str) -> None:
-        """Close the environment and free the slot; safe to call more than once."""
+        """Close the environment and free the slot, exactly once.
+
+        If a blocking call overran its deadline, wait for its thread first:
+        ``close()`` must never run beside another call of the same instance.
+        """
         if self.state is SessionState.CLOSED:
             return
         self.state = SessionState.CLOSED
         try:
-            await self._call(self.env.close)
+            if self._stuck is not None:
+                self.log.warning("waiting for an overrunning call to return before close()")
+                await asyncio.wait([self._stuck])
+            await calls.call(
+                self.env.close,
+                executor=self._service.executor,
+                timeout=self._settings.close_timeout,
+            )
+        except calls.DeadlineExceeded as exc:
+            self.log.error("close() %s; the slot is freed anyway", exc)
         except Exception:
-            logger.exception("session %s: close() raised; the slot is freed anyway", self.id)
+            self.log.exception("close() raised; the slot is freed anyway")
         finally:
-            self._registry.remove(self, reason)
-            logger.debug("session %s closed (%s)", self.id, reason)
+            self._service.registry.remove(self, reason)
+            self._metrics.closed.labels(reason).inc()
+            self.log.debug("closed (%s)", reason)
 
 
 class _EnvFailure(Exception):
-    def __init__(self, message: str, request_id: protocol.RequestId | None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        request_id: protocol.RequestId | None,
+        *,
+        fatal: bool = False,
+    ) -> None:
         super().__init__(message)
+        self.code = code
         self.message = message
         self.request_id = request_id
+        self.fatal = fatal
+        self.details: dict[str, Any] = {"fatal": True} if fatal else {}
 
 
 def _read_state(env: Environment[Any, Any, Any]) -> Any:

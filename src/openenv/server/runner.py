@@ -1,0 +1,165 @@
+"""``serve``: run apps under uvicorn with heartbeats, frame limits and a graceful shutdown.
+
+Plain ``uvicorn server.app:app`` works too; ``serve`` (and ``openenv serve``)
+adds what uvicorn cannot know about sessions: on SIGTERM or SIGINT it stops
+accepting, sends close code 1001 to every session, closes every environment
+within ``shutdown_timeout`` and exits 0, where bare uvicorn closes sockets
+with 1012 and re-raises the signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from openenv.server.service import LIVE_SERVICES
+
+__all__ = ["GracefulServer", "serve", "uvicorn_config"]
+
+
+def uvicorn_config(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    heartbeat_interval: float | None = 20.0,
+    heartbeat_timeout: float | None = 20.0,
+    max_message_size: int = 2**20,
+    log_level: str = "info",
+    **options: Any,
+) -> uvicorn.Config:
+    """A ``uvicorn.Config`` with openenv's WebSocket defaults.
+
+    The server pings every session every ``heartbeat_interval`` seconds and
+    drops it when no pong arrives within ``heartbeat_timeout``: that is how a
+    half-open client (gone without a close) loses its slot. Frames larger than
+    ``max_message_size`` are refused by the WebSocket layer with close 1009
+    before they are buffered.
+    """
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws_ping_interval=heartbeat_interval,
+        ws_ping_timeout=heartbeat_timeout,
+        ws_max_size=max_message_size,
+        log_level=log_level,
+        lifespan="on",
+        **options,
+    )
+
+
+class GracefulServer(uvicorn.Server):
+    """A uvicorn server that drains openenv sessions before it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises a captured SIGTERM after shutting down, which ends
+        # the process with status 143; a drained server has nothing left to
+        # report, so it restores the handlers and exits 0.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting before draining
+        await asyncio.gather(*(service.drain() for service in list(LIVE_SERVICES)))
+        await super().shutdown(sockets)
+
+
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = 1,
+    app_dir: str | Path | None = None,
+    fd: int | None = None,
+    **options: Any,
+) -> None:
+    """Serve an ASGI app (or a ``"module:attribute"`` string) until SIGTERM/SIGINT.
+
+    Args:
+        app: The app, or its import string (required for ``reload``/``workers``).
+        host: Interface to bind.
+        port: Port to bind.
+        workers: Processes sharing the listening socket. Each holds its own
+            sessions: a WebSocket stays in the process that accepted it.
+        app_dir: Folder to import the app string from (like ``uvicorn --app-dir``).
+        fd: Serve on an already-bound socket descriptor instead of host/port.
+        **options: ``uvicorn_config`` options (``heartbeat_interval``, ...) and
+            other ``uvicorn.Config`` options (``reload``, ``log_level``, ...).
+    """
+    if app_dir is not None:
+        sys.path.insert(0, str(app_dir))
+    config = uvicorn_config(app, host=host, port=port, fd=fd, **options)
+    server = GracefulServer(config)
+    if workers > 1:
+        if not isinstance(app, str):
+            raise ValueError("workers > 1 needs the app as an import string, e.g. 'server.app:app'")
+        sock = config.bind_socket()
+        _supervise(workers, app, app_dir, sock, options)
+    elif config.should_reload:
+        from uvicorn.supervisors import ChangeReload
+
+        ChangeReload(config, target=server.run, sockets=[config.bind_socket()]).run()
+    else:
+        server.run()
+
+
+def _worker(
+    app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+) -> None:
+    if app_dir is not None:
+        sys.path.insert(0, str(app_dir))
+    GracefulServer(uvicorn_config(app, **options)).run(sockets=[sock])
+
+
+def _supervise(
+    workers: int, app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+) -> None:
+    """Run ``workers`` processes on one socket; pass SIGTERM/SIGINT on; exit when they do."""
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        # The socket itself travels to each child (multiprocessing duplicates it).
+        context.Process(target=_worker, args=(app, app_dir, sock, options), daemon=False)
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+
+    def forward(sig: int, frame: object) -> None:
+        for process in processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    originals = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for process in processes:
+            process.join()
+    finally:
+        for sig, handler in originals.items():
+            signal.signal(sig, handler)
+        sock.close()
+    failed = [p.exitcode for p in processes if p.exitcode != 0]
+    if failed:
+        raise SystemExit(f"{len(failed)} worker(s) exited with codes {failed}")

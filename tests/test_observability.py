@@ -1,0 +1,87 @@
+"""``/metrics`` in Prometheus text format, and the session id on every log line."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from servers import Ping, PingEnvironment, Pong, Tracker, slots_free
+
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    EnvExecutionError,
+    EnvValidationError,
+    WebSocketEnvClient,
+    create_app,
+)
+from openenv.testing import run_server
+
+
+def client(url: str) -> WebSocketEnvClient:
+    return WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong)
+
+
+async def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_count_sessions_steps_and_errors() -> None:
+    app = create_app(
+        functools.partial(PingEnvironment, Tracker()),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=2),
+    )
+    with run_server(app) as url:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{url}/metrics")
+        assert response.headers["content-type"].startswith("text/plain")
+        async with client(url) as a, client(url) as b:
+            await a.reset()
+            await b.reset()
+            for _ in range(3):
+                await a.step(Ping())
+            with pytest.raises(EnvValidationError):
+                await a.step({"message": 1})
+            with pytest.raises(EnvExecutionError):
+                await b.step(Ping(fail=True))
+            with pytest.raises(CapacityError):
+                await client(url).reset()
+            during = await samples(url)
+        await slots_free(url)
+        after = await samples(url)
+    assert during[("openenv_sessions_active", ())] == 2
+    assert during[("openenv_sessions_capacity", ())] == 2
+    assert during[("openenv_sessions_queued", ())] == 0
+    assert during[("openenv_steps_total", ())] == 3
+    assert during[("openenv_step_seconds_count", ())] == 3
+    assert during[("openenv_errors_total", (("code", "VALIDATION_ERROR"),))] == 1
+    assert during[("openenv_errors_total", (("code", "EXECUTION_ERROR"),))] == 1
+    assert during[("openenv_errors_total", (("code", "CAPACITY_REACHED"),))] == 1
+    assert after[("openenv_sessions_active", ())] == 0
+    assert after[("openenv_sessions_opened_total", ())] == 2
+    assert after[("openenv_sessions_closed_total", (("reason", "client_close"),))] == 2
+
+
+async def test_log_lines_carry_the_session_id(caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(PingEnvironment, Ping, Pong)
+    with run_server(app) as url, caplog.at_level(logging.ERROR, logger="openenv.server"):
+        async with client(url) as env:
+            with pytest.raises(EnvExecutionError):
+                await env.step(Ping(fail=True))
+    records = [r for r in caplog.records if "step() raised" in r.getMessage()]
+    assert len(records) == 1
+    session_id = records[0].session_id  # type: ignore[attr-defined]
+    assert len(session_id) == 12
+    assert records[0].getMessage() == f"[session {session_id}] step() raised"
+    assert records[0].exc_info is not None  # the traceback stays in the log

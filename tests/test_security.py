@@ -1,0 +1,101 @@
+"""API keys and Origin checks: refused before any session or environment exists."""
+
+from __future__ import annotations
+
+import functools
+
+import httpx
+import orjson
+import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from openenv import AuthenticationError, WebSocketEnvClient, create_app
+from openenv.client import ws_url
+from openenv.testing import run_server
+
+KEY = "s3cret-key"
+
+
+def keyed_app(tracker: Tracker, **settings: object) -> object:
+    return create_app(functools.partial(PingEnvironment, tracker), Ping, Pong, **settings)
+
+
+def client(url: str, **options: object) -> WebSocketEnvClient:
+    return WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def keyed_url(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    tracker = Tracker()
+    with run_server(keyed_app(tracker, api_key=KEY)) as url:
+        yield url, tracker
+
+
+def test_http_routes_need_the_key_except_health(keyed_url: tuple[str, Tracker]) -> None:
+    url, _ = keyed_url
+    with httpx.Client(base_url=url) as http:
+        assert http.get("/health").status_code == 200
+        for path in ("/schema", "/metadata", "/metrics", "/docs"):
+            missing = http.get(path)
+            assert missing.status_code == 401, path
+            assert missing.headers["www-authenticate"] == "Bearer"
+            assert http.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert http.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert http.get("/schema", params={"api_key": KEY}).status_code == 200
+
+
+async def test_websocket_without_or_with_wrong_key_creates_nothing(
+    keyed_url: tuple[str, Tracker],
+) -> None:
+    url, tracker = keyed_url
+    with pytest.raises(AuthenticationError, match="missing API key"):
+        await client(url).reset()
+    with pytest.raises(AuthenticationError, match="wrong API key"):
+        await client(url, api_key="wrong").reset()
+    assert tracker.created == []
+    async with client(url, api_key=KEY) as env:
+        assert (await env.reset()).observation.message == "reset:None"
+    assert len(tracker.created) == 1
+
+
+async def test_key_from_the_environment_variable(
+    keyed_url: tuple[str, Tracker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = keyed_url
+    monkeypatch.setenv("OPENENV_API_KEY", KEY)
+    async with client(url) as env:
+        assert (await env.step(Ping())).observation.count == 1
+
+
+async def test_browser_style_key_in_a_subprotocol(keyed_url: tuple[str, Tracker]) -> None:
+    url, _ = keyed_url
+    async with connect(ws_url(url), subprotocols=["openenv", f"openenv.key.{KEY}"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "openenv"
+        await ws.send('{"type": "state"}')
+        assert orjson.loads(await ws.recv())["type"] == "state"
+
+
+def test_server_reads_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENENV_API_KEY", KEY)
+    with run_server(keyed_app(Tracker())) as url:
+        assert httpx.get(f"{url}/schema").status_code == 401
+
+
+async def test_foreign_origin_cannot_open_sessions() -> None:
+    tracker = Tracker()
+    app = keyed_app(tracker, allowed_origins=("https://trusted.example",))
+    with run_server(app) as url:
+        host = url.removeprefix("http://")
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(ws_url(url), origin="http://evil.example"):  # type: ignore[arg-type]
+                pass
+        assert refused.value.response.status_code == 403
+        assert b"origin http://evil.example may not open sessions" in refused.value.response.body
+        for origin in (f"http://{host}", "https://trusted.example"):
+            async with connect(ws_url(url), origin=origin) as ws:  # type: ignore[arg-type]
+                await ws.send('{"type": "state"}')
+                assert orjson.loads(await ws.recv())["type"] == "state"
+    assert len(tracker.created) == 2

@@ -1,0 +1,94 @@
+"""Graceful shutdown of a real server process on SIGTERM and SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from openenv.client import ws_url
+
+APPS = Path(__file__).parent / "apps"
+
+
+def start(port: int, close_log: Path) -> subprocess.Popen[bytes]:
+    code = (
+        "from openenv import serve; "
+        f"serve('shutdown_app:app', app_dir={str(APPS)!r}, port={port}, log_level='warning')"
+    )
+    env = {**os.environ, "OPENENV_TEST_CLOSE_LOG": str(close_log)}
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+async def wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as http:
+        for _ in range(1000):
+            assert proc.poll() is None, "server exited during startup"
+            try:
+                if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                await asyncio.sleep(0.02)
+    raise AssertionError("server never became healthy")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def open_sessions(port: int, count: int) -> list[ClientConnection]:
+    url = ws_url(f"http://127.0.0.1:{port}")
+    sessions = [await connect(url) for _ in range(count)]
+    for i, ws in enumerate(sessions):
+        await ws.send(f'{{"type": "reset", "data": {{"episode_id": "s{i}"}}}}')
+    for ws in sessions:
+        await ws.recv()
+    return sessions
+
+
+async def close_code(ws: ClientConnection) -> int | None:
+    try:
+        while True:
+            await ws.recv()  # the SESSION_ERROR "server shutting down" frame comes first
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_closes_every_session_and_exits_zero(sig: int, tmp_path: Path) -> None:
+    port, close_log = free_port(), tmp_path / "closed.txt"
+    proc = start(port, close_log)
+    try:
+        await wait_healthy(port, proc)
+        sessions = await open_sessions(port, 100)
+        proc.send_signal(sig)
+        codes = await asyncio.gather(*(close_code(ws) for ws in sessions))
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert codes == [1001] * 100
+    closed = close_log.read_text().split()
+    assert sorted(closed) == sorted(f"s{i}" for i in range(100))
+
+    # The port is free again at once.
+    again = start(port, close_log)
+    try:
+        await wait_healthy(port, again)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(again.wait, 30) == 0
