@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz clean
 
 $(STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -29,6 +29,15 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
+
+# Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
+bench: bench-churn bench-fuzz
+
+bench-churn: $(STAMP)
+	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
+
+bench-fuzz: $(STAMP)
+	$(BIN)/python benchmarks/fuzz_volume.py --examples 20000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

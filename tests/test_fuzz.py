@@ -10,6 +10,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -131,3 +132,6 @@ def test_after_fuzzing_every_slot_is_free(prober: tuple[str, Prober]) -> None:
         assert time.monotonic() < deadline, f"slots still taken: {health}"
         time.sleep(0.01)
     assert health["status"] == "healthy"
+    if report := os.environ.get("OPENENV_FUZZ_REPORT"):  # written for benchmarks/fuzz_volume.py
+        summary = {"frames": probe.sent, "sessions": probe.reconnects, "leaked_slots": 0}
+        Path(report).write_text(json.dumps(summary))

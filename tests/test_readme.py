@@ -19,7 +19,7 @@ def _python_blocks() -> list[str]:
 
 
 def test_readme_environment_serves_and_its_client_plays(tmp_path: Path) -> None:
-    env_code, client_code = _python_blocks()
+    env_code, client_code = _python_blocks()[:2]
     (tmp_path / "my_env.py").write_text(env_code)
     sys.path.insert(0, str(tmp_path))
     try:
