@@ -11,7 +11,7 @@ from servers import Ping, PingEnvironment, Pong, Tracker
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from openenv import AuthenticationError, WebSocketEnvClient, create_app
+from openenv import AuthenticationError, ConcurrencyConfig, WebSocketEnvClient, create_app
 from openenv.client import ws_url
 from openenv.testing import run_server
 
@@ -86,7 +86,13 @@ def test_server_reads_the_key_from_the_environment(monkeypatch: pytest.MonkeyPat
 
 async def test_foreign_origin_cannot_open_sessions() -> None:
     tracker = Tracker()
-    app = keyed_app(tracker, allowed_origins=("https://trusted.example",))
+    app = create_app(
+        functools.partial(PingEnvironment, tracker),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=2),
+        allowed_origins=("https://trusted.example",),
+    )
     with run_server(app) as url:
         host = url.removeprefix("http://")
         with pytest.raises(InvalidStatus) as refused:

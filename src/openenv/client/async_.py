@@ -130,7 +130,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         return self.decode_state(await self._request("state"))
 
     async def close(self) -> None:
-        """End the session; the server closes the environment. Idempotent."""
+        """End the session; the server closes the environment. Idempotent.
+
+        Returns once the server has closed the environment and freed the slot,
+        so a new session can take it right away.
+        """
         self._closed = True
         ws, self._ws = self._ws, None
         if ws is None:
@@ -138,7 +142,12 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         try:
             async with self._lock:
                 await ws.send(protocol.request_frame("close"))
-        except ConnectionClosed:
+            # The server closes the socket after freeing the slot; starting the
+            # close handshake here instead would let the WebSocket layer answer
+            # it before the slot is free.
+            async with asyncio.timeout(self.connect_timeout):
+                await ws.wait_closed()
+        except (ConnectionClosed, TimeoutError):
             pass
         finally:
             await ws.close()
