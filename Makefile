@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz clean
+.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz clean chromium
 
 $(STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -27,7 +27,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) chromium
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
@@ -38,6 +38,10 @@ bench-churn: $(STAMP)
 
 bench-fuzz: $(STAMP)
 	$(BIN)/python benchmarks/fuzz_volume.py --examples 20000
+
+# The web page tests drive Debian's Chromium; Playwright never downloads a browser.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import check_concurrency, check_factory
-from openenv.server.routes import routes
+from openenv.server.routes import routes, web_routes
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -24,13 +24,15 @@ def create_app(
     *,
     state_cls: type[State] | None = None,
     metadata: EnvironmentMetadata | None = None,
+    web: bool = True,
     **settings: Any,
 ) -> FastAPI:
     """Build a FastAPI app that serves an environment over WebSocket sessions.
 
     Each connection to ``/ws`` gets its own environment instance, made by
     ``env_factory``, within ``concurrency.max_concurrent_envs`` slots. HTTP
-    serves ``/health``, ``/metadata`` and ``/schema``.
+    serves ``/health``, ``/metadata`` and ``/schema``, and ``/web`` a page to
+    play the environment by hand.
 
     Args:
         env_factory: The environment class, or any zero-argument callable that
@@ -41,6 +43,8 @@ def create_app(
         state_cls: The ``State`` model; read from the environment's generic
             arguments when omitted.
         metadata: What ``/metadata`` reports; derived from the class otherwise.
+        web: Serve the page at ``/web`` that plays the environment by hand,
+            over ``/web/ws`` (sessions there count against the same cap).
         **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``.
 
     Raises:
@@ -55,6 +59,11 @@ def create_app(
     ...                  ConcurrencyConfig(max_concurrent_envs=64))
     >>> sorted(r.path for r in app.routes if r.path in {"/ws", "/health", "/schema"})
     ['/health', '/schema', '/ws']
+    >>> "/web" in {r.path for r in app.routes}
+    True
+    >>> app = create_app(EchoEnvironment, EchoAction, EchoObservation, web=False)
+    >>> "/web" in {r.path for r in app.routes}
+    False
     """
     check_factory(env_factory)
     concurrency = concurrency or ConcurrencyConfig()
@@ -71,7 +80,7 @@ def create_app(
     app = FastAPI(
         title=service.metadata.name,
         description=service.metadata.description,
-        routes=routes(),
+        routes=[*routes(), *(web_routes() if web else [])],
         lifespan=service.lifespan,
     )
     app.state.openenv = service

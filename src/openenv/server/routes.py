@@ -7,15 +7,16 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv.protocol import PROTOCOL_VERSION
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.metrics import CONTENT_TYPE
 from openenv.server.service import EnvService
+from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
-__all__ = ["HealthResponse", "SchemaResponse", "routes"]
+__all__ = ["HealthResponse", "SchemaResponse", "routes", "web_routes"]
 
 
 class HealthResponse(BaseModel):
@@ -76,4 +77,16 @@ def routes() -> list[BaseRoute]:
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
         WebSocketRoute("/ws", SessionEndpoint()),
+    ]
+
+
+def web_routes() -> list[BaseRoute]:
+    """The page at ``/web``, its files, and its session route ``/web/ws``.
+
+    ``/web/ws`` is the same endpoint as ``/ws``: same protocol, same session cap.
+    """
+    return [
+        Route("/web", page, methods=["GET"]),
+        WebSocketRoute("/web/ws", SessionEndpoint()),
+        Route("/web/{name}", asset, methods=["GET"]),
     ]

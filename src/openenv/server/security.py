@@ -19,10 +19,16 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["KEY_SUBPROTOCOL_PREFIX", "PUBLIC_PATHS", "AccessGuard"]
+__all__ = ["KEY_SUBPROTOCOL_PREFIX", "PUBLIC_PATHS", "AccessGuard", "is_public"]
 
 KEY_SUBPROTOCOL_PREFIX = "openenv.key."
-PUBLIC_PATHS = frozenset({"/health"})
+# The web page's own files are public (a browser cannot attach a key to
+# <script src>); what it loads from the server, and its sessions, are not.
+PUBLIC_PATHS = frozenset({"/health", "/web"})
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or (path.startswith("/web/") and path != "/web/ws")
 
 
 class AccessGuard:
@@ -44,7 +50,7 @@ class AccessGuard:
             origin = headers.get("origin")
             await _deny(scope, receive, send, 403, f"origin {origin} may not open sessions")
             return
-        if self._key is not None and scope["path"] not in PUBLIC_PATHS:
+        if self._key is not None and not is_public(scope["path"]):
             supplied = _supplied_key(scope, headers)
             if supplied is None:
                 await _deny(scope, receive, send, 401, "missing API key")

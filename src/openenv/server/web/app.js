@@ -1,0 +1,329 @@
+// The page: load /metadata and /schema, build the action form, play over /web/ws.
+//
+// Every tab opens its own WebSocket, so every tab is its own session with its
+// own environment instance on the server.
+
+import { ActionForm } from "./form.js";
+import { Session, SessionClosed } from "./session.js";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  name: $("env-name"),
+  description: $("env-description"),
+  status: $("status"),
+  banner: $("connection-banner"),
+  bannerMessage: $("connection-message"),
+  reconnect: $("reconnect"),
+  resetForm: $("reset-form"),
+  seed: $("reset-seed"),
+  episodeId: $("reset-episode-id"),
+  reset: $("reset"),
+  actionForm: $("action-form"),
+  fields: $("action-fields"),
+  step: $("step"),
+  stepHint: $("step-hint"),
+  error: $("error"),
+  stepCount: $("step-count"),
+  reward: $("reward"),
+  totalReward: $("total-reward"),
+  done: $("done"),
+  observation: $("observation"),
+  refreshState: $("refresh-state"),
+  state: $("state"),
+  history: $("history").tBodies[0],
+  readme: $("readme"),
+  readmeText: $("readme-text"),
+};
+
+const page = { session: null, form: null, busy: false, started: false, steps: 0, total: 0 };
+
+// A server started with an API key is opened as /web?api_key=KEY: fetches send
+// it as a Bearer token, the WebSocket as a subprotocol (browsers cannot set headers).
+const apiKey = new URLSearchParams(window.location.search).get("api_key");
+
+// Relative to the page (/web), so a path prefix added by a proxy is kept.
+function endpoint(path, websocket = false) {
+  const url = new URL(path, document.baseURI);
+  if (websocket) url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
+const formatNumber = (value) =>
+  typeof value === "number" ? String(Number(value.toPrecision(12))) : "–";
+const pretty = (value) => JSON.stringify(value, null, 2);
+
+function setStatus(text) {
+  ui.status.textContent = text;
+}
+
+function showError(text) {
+  ui.error.textContent = text;
+  ui.error.hidden = !text;
+}
+
+function connected() {
+  return Boolean(page.session && page.session.open);
+}
+
+function updateButtons() {
+  const idle = connected() && !page.busy;
+  ui.reset.disabled = !idle;
+  ui.step.disabled = !idle || !page.started;
+  ui.refreshState.disabled = !idle;
+}
+
+// Run one exchange with the buttons disabled; keep keyboard focus where it was.
+async function exclusive(task) {
+  if (page.busy || !connected()) return;
+  const focused = document.activeElement;
+  page.busy = true;
+  updateButtons();
+  try {
+    await task();
+  } catch (problem) {
+    if (!(problem instanceof SessionClosed)) showError(`The page failed: ${problem.message}`);
+  } finally {
+    page.busy = false;
+    updateButtons();
+    if (document.activeElement === document.body && focused && !focused.disabled) focused.focus();
+  }
+}
+
+// -- episode -------------------------------------------------------------------
+
+function clearEpisode(message) {
+  page.started = false;
+  page.steps = 0;
+  page.total = 0;
+  ui.history.replaceChildren();
+  ui.stepCount.textContent = ui.reward.textContent = ui.totalReward.textContent = "–";
+  ui.done.textContent = "–";
+  ui.observation.textContent = message;
+  ui.state.textContent = "–";
+}
+
+function showObservation(data) {
+  const metadata = data.metadata && Object.keys(data.metadata).length ? { metadata: data.metadata } : {};
+  ui.observation.textContent = pretty({ ...data.observation, ...metadata });
+  ui.stepCount.textContent = String(page.steps);
+  ui.reward.textContent = formatNumber(data.reward);
+  ui.totalReward.textContent = formatNumber(page.total);
+  ui.done.textContent = data.done ? "yes" : "no";
+}
+
+function addHistory(action, data) {
+  const row = document.createElement("tr");
+  const step = document.createElement("th");
+  step.scope = "row";
+  step.textContent = String(page.steps);
+  const cells = [JSON.stringify(action), formatNumber(data.reward), data.done ? "yes" : "no"].map(
+    (text, index) => {
+      const cell = document.createElement("td");
+      if (index === 0) {
+        const code = document.createElement("code");
+        code.textContent = text;
+        cell.append(code);
+      } else {
+        cell.textContent = text;
+      }
+      return cell;
+    },
+  );
+  row.append(step, ...cells);
+  ui.history.append(row);
+  row.scrollIntoView({ block: "nearest" });
+}
+
+// Turn a server error into inline messages; field errors go next to their fields.
+function showServerError(data, placeOnFields) {
+  let unplaced = [];
+  if (data.code === "VALIDATION_ERROR" && Array.isArray(data.errors)) {
+    const errors = data.errors.map((error) => {
+      const loc = Array.isArray(error.loc) ? error.loc : [];
+      const rest = loc.slice(1).join(".");
+      return { name: String(loc[0] ?? ""), message: rest ? `${rest}: ${error.msg}` : error.msg };
+    });
+    unplaced = placeOnFields(errors);
+  }
+  const details = unplaced.map((error) => `${error.name || "(action)"}: ${error.message}`);
+  showError([`${data.code}: ${data.message}`, ...details].join("\n"));
+  setStatus(data.code === "VALIDATION_ERROR" ? "Fix the highlighted fields." : "The server reported an error.");
+}
+
+const resetFields = { seed: ui.seed, episode_id: ui.episodeId };
+
+function setResetError(input, message) {
+  const error = $(`${input.id}-error`);
+  error.textContent = message || "";
+  error.hidden = !message;
+  if (message) input.setAttribute("aria-invalid", "true");
+  else input.removeAttribute("aria-invalid");
+}
+
+function placeResetErrors(errors) {
+  const unplaced = [];
+  for (const error of errors) {
+    const input = resetFields[error.name];
+    if (input) setResetError(input, error.message);
+    else unplaced.push(error);
+  }
+  return unplaced;
+}
+
+async function reset() {
+  Object.values(resetFields).forEach((input) => setResetError(input, null));
+  page.form.clearErrors();
+  showError("");
+  if (ui.seed.validity.badInput) {
+    setResetError(ui.seed, "Enter a whole number, or leave it empty.");
+    ui.seed.focus();
+    return;
+  }
+  const data = {};
+  if (ui.seed.value !== "") data.seed = Number(ui.seed.value);
+  if (ui.episodeId.value !== "") data.episode_id = ui.episodeId.value;
+  const reply = await page.session.request("reset", data);
+  if (reply.type === "error") return showServerError(reply.data, placeResetErrors);
+  clearEpisode("");
+  page.started = true;
+  showObservation(reply.data);
+  setStatus("Episode started: fill in the action and press Step.");
+  await refreshState();
+}
+
+async function step() {
+  showError("");
+  page.form.clearErrors();
+  const { values, errors } = page.form.read();
+  if (errors.length) {
+    page.form.showErrors(errors);
+    setStatus("Fix the highlighted fields.");
+    return;
+  }
+  const reply = await page.session.request("step", values);
+  if (reply.type === "error") return showServerError(reply.data, (list) => page.form.showErrors(list));
+  page.steps += 1;
+  page.total += typeof reply.data.reward === "number" ? reply.data.reward : 0;
+  showObservation(reply.data);
+  addHistory(values, reply.data);
+  setStatus(
+    reply.data.done
+      ? `Episode done after ${page.steps} steps, total reward ${formatNumber(page.total)}. Press Reset to play again.`
+      : `Step ${page.steps}: reward ${formatNumber(reply.data.reward)}.`,
+  );
+  await refreshState();
+}
+
+async function refreshState() {
+  const reply = await page.session.request("state");
+  ui.state.textContent =
+    reply.type === "error" ? `Unavailable: ${reply.data.message}` : pretty(reply.data);
+}
+
+// -- connection ----------------------------------------------------------------
+
+function showBanner(message, button) {
+  ui.bannerMessage.textContent = message;
+  ui.reconnect.textContent = button;
+  ui.banner.hidden = false;
+}
+
+function connect() {
+  ui.banner.hidden = true;
+  setStatus("Connecting…");
+  const session = new Session(endpoint("web/ws", true), {
+    protocols: apiKey ? ["openenv", `openenv.key.${apiKey}`] : ["openenv"],
+    onopen: () => {
+      if (page.session !== session) return;
+      clearEpisode("Press Reset to start an episode.");
+      setStatus("Connected: a new session. Press Reset to start an episode.");
+      updateButtons();
+      if (document.activeElement === document.body) ui.reset.focus();
+    },
+    onclose: (info) => {
+      if (page.session !== session) return;
+      page.busy = false;
+      updateButtons();
+      if (info.atCapacity) {
+        const used = info.error && info.error.max_sessions ? ` (all ${info.error.max_sessions} sessions are in use)` : "";
+        setStatus("Server at capacity.");
+        showBanner(`Server at capacity, try again in a moment${used}.`, "Try again");
+      } else if (info.error) {
+        setStatus("Disconnected.");
+        showBanner(`Disconnected: ${info.error.message}.`, "Reconnect");
+      } else if (!info.opened) {
+        setStatus("Could not connect.");
+        showBanner("Could not connect to the server.", "Reconnect");
+      } else {
+        setStatus("Disconnected.");
+        showBanner(`The connection to the server was lost (code ${info.code}).`, "Reconnect");
+      }
+    },
+  });
+  page.session = session;
+  updateButtons();
+}
+
+// -- wiring --------------------------------------------------------------------
+
+async function loadJSON(path) {
+  const headers = { Accept: "application/json" };
+  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+  const response = await fetch(endpoint(path), { headers });
+  if (response.status === 401) {
+    throw new Error("this server needs an API key: open the page as /web?api_key=KEY");
+  }
+  if (!response.ok) throw new Error(`GET ${path} answered ${response.status}`);
+  return response.json();
+}
+
+function wire() {
+  ui.resetForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    exclusive(reset);
+  });
+  ui.actionForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (!page.started) setStatus("Press Reset to start an episode first.");
+    else exclusive(step);
+  });
+  // Enter steps from any field; in a text area it needs Ctrl (or Cmd) so newlines still work.
+  ui.actionForm.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.isComposing || event.shiftKey) return;
+    const tag = event.target.tagName;
+    if (tag === "BUTTON" || (tag === "TEXTAREA" && !(event.ctrlKey || event.metaKey))) return;
+    event.preventDefault();
+    ui.actionForm.requestSubmit();
+  });
+  ui.refreshState.addEventListener("click", () => exclusive(refreshState));
+  ui.reconnect.addEventListener("click", connect);
+  // Free the server's slot as soon as the tab goes away.
+  window.addEventListener("pagehide", () => page.session && page.session.close());
+}
+
+async function main() {
+  wire();
+  let metadata;
+  let schema;
+  try {
+    [metadata, schema] = await Promise.all([loadJSON("metadata"), loadJSON("schema")]);
+  } catch (problem) {
+    setStatus("Could not load the environment.");
+    showError(`Could not load /metadata and /schema: ${problem.message}. Reload the page to retry.`);
+    return;
+  }
+  document.title = `${metadata.name} · openenv`;
+  ui.name.textContent = metadata.name;
+  ui.description.textContent = metadata.description || "";
+  if (metadata.readme_content) {
+    ui.readmeText.textContent = metadata.readme_content;
+    ui.readme.hidden = false;
+  }
+  page.form = new ActionForm(ui.fields, schema.action);
+  if (ui.fields.querySelector("textarea")) {
+    ui.stepHint.textContent = "Enter in a field steps (Ctrl+Enter in a JSON box)";
+  }
+  connect();
+}
+
+main();

@@ -1,0 +1,105 @@
+"""A loopback TCP proxy whose connections a test can cut, like a network drop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:<port>`` to ``target``; ``cut()`` resets every open connection.
+
+    Use as a context manager; ``url`` is the proxy's ``http://`` base URL.
+    """
+
+    def __init__(self, target_url: str) -> None:
+        parts = urlsplit(target_url)
+        assert parts.hostname is not None
+        assert parts.port is not None
+        self._target = (parts.hostname, parts.port)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy")
+        self._server: asyncio.Server | None = None
+        self._transports: set[asyncio.BaseTransport] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.url = ""
+
+    def __enter__(self) -> TcpProxy:
+        self._thread.start()
+        self._server = self._call(self._start())
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def cut(self) -> int:
+        """Reset every connection open now (both sides see an abrupt close); keep listening."""
+        return self._call(self._cut())
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _start(self) -> asyncio.Server:
+        return await asyncio.start_server(self._accept, "127.0.0.1", 0)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer.transport, up_writer.transport)
+        self._transports.update(pair)
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            )
+        finally:
+            for transport in pair:
+                transport.abort()
+                self._transports.discard(transport)
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            # Either side finishing ends the pair: HTTP/1.1 and WebSocket need no half-close.
+            writer.transport.abort()
+
+    async def _cut(self) -> int:
+        transports = list(self._transports)
+        for transport in transports:
+            transport.abort()
+        return len(transports) // 2
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._cut()
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
