@@ -2,5 +2,6 @@
 
 from openenv.server.app import create_app
 from openenv.server.config import ConcurrencyConfig, ServerSettings
+from openenv.server.multi import EnvSpec, create_multi_app
 
-__all__ = ["ConcurrencyConfig", "ServerSettings", "create_app"]
+__all__ = ["ConcurrencyConfig", "EnvSpec", "ServerSettings", "create_app", "create_multi_app"]

@@ -29,7 +29,9 @@ def create_app(
 
     Each connection to ``/ws`` gets its own environment instance, made by
     ``env_factory``, within ``concurrency.max_concurrent_envs`` slots. HTTP
-    serves ``/health``, ``/metadata`` and ``/schema``.
+    serves ``/health``, ``/metadata``, ``/schema``, and what the environment
+    offers: ``/tools``, ``/splits``, ``/tasks``. With ``mcp=True`` MCP
+    clients reach the tools at ``/mcp``, one environment per MCP session.
 
     Args:
         env_factory: The environment class, or any zero-argument callable that
@@ -40,7 +42,8 @@ def create_app(
         state_cls: The ``State`` model; read from the environment's generic
             arguments when omitted.
         metadata: What ``/metadata`` reports; derived from the class otherwise.
-        **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``.
+        **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``
+            or ``mcp=True``.
 
     Raises:
         TypeError: ``env_factory`` is an instance instead of a factory.
@@ -67,10 +70,15 @@ def create_app(
         state_cls=state_cls,
         metadata=metadata,
     )
+    extra_routes = []
+    if service.settings.mcp:
+        from openenv.server.mcp_bridge import mcp_routes
+
+        extra_routes = mcp_routes(service)
     app = FastAPI(
         title=service.metadata.name,
         description=service.metadata.description,
-        routes=routes(),
+        routes=[*routes(), *extra_routes],
         lifespan=service.lifespan,
     )
     app.state.openenv = service

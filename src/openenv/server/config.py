@@ -68,3 +68,7 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Seconds between idle-session sweeps; default: a quarter of session_timeout.",
     )
+    mcp: bool = Field(
+        default=False,
+        description="Also serve the tools to MCP clients at /mcp (needs the openenv[mcp] extra).",
+    )

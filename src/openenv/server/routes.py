@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from openenv.protocol import PROTOCOL_VERSION
+from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.service import EnvService
 from openenv.types import EnvironmentMetadata
@@ -67,4 +68,5 @@ def routes() -> list[BaseRoute]:
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         WebSocketRoute("/ws", SessionEndpoint()),
+        *catalog_routes(),
     ]

@@ -8,13 +8,14 @@ socket: the endpoint in ``server/endpoint.py`` does the I/O.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import enum
 import inspect
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -23,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import ErrorCode, FrameError
+from openenv.tasks import TaskSpec, task_class
+from openenv.tools import ToolOutput, tools_of
 from openenv.types import Action, Observation, State
 
 __all__ = ["Session", "SessionRegistry", "SessionState"]
@@ -103,6 +106,11 @@ class Session:
         self._registry = registry
         self._executor = executor
         self._reset_accepts = _accepted_kwargs(env.reset)
+        self._task_cls = task_class(env.reset)
+        self.tools = tools_of(type(env))
+        self.task: TaskSpec | None = None
+        # The tool whose call ended the episode; tool calls are refused until a reset.
+        self.finished_by: str | None = None
         registry.add(self)
 
     async def handle(self, frame: str | bytes) -> str | None:
@@ -116,7 +124,16 @@ class Session:
                 return await self._reset(message)
             if isinstance(message, protocol.StateRequest):
                 state = await self._run("state", message.id, State, _read_state, self.env)
-                return protocol.state_frame(state, message.id)
+                finished = self.finished_by is not None if self.tools else None
+                return protocol.state_frame(state, message.id, finished=finished)
+            if isinstance(message, protocol.CallToolRequest):
+                output = await self.call_tool(message.data.name, message.data.arguments, message.id)
+                return protocol.tool_result_frame(output, message.id)
+            if isinstance(message, protocol.ListToolsRequest):
+                tools = [spec.info for spec in self.tools.values()]
+                return protocol.tools_frame(tools, message.id)
+            if isinstance(message, protocol.GetPromptRequest):
+                return await self._get_prompt(message)
             self.state = SessionState.CLOSING
             return None
         except FrameError as exc:
@@ -161,8 +178,80 @@ class Session:
                         ]
                     },
                 )
+        if kwargs.get("task") is not None:
+            kwargs["task"] = self._parse_task(kwargs["task"], message.id)
         observation = await self._run("reset()", message.id, Observation, self.env.reset, **kwargs)
+        self.task = kwargs.get("task")
+        self.finished_by = None
         return protocol.observation_frame(observation, message.id)
+
+    def _parse_task(self, data: Any, request_id: protocol.RequestId | None) -> TaskSpec:
+        try:
+            return self._task_cls.model_validate(data)
+        except ValidationError as exc:
+            raise protocol.validation_frame_error(exc, "task", request_id) from None
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        request_id: protocol.RequestId | None = None,
+    ) -> ToolOutput:
+        """Validate and run one tool call; refusals raise ``FrameError`` (never fatal)."""
+        spec = self.tools.get(name)
+        if spec is None:
+            raise FrameError(
+                ErrorCode.UNKNOWN_TOOL,
+                _unknown_tool_message(name, list(self.tools)),
+                request_id=request_id,
+                details={"tools": list(self.tools)},
+            )
+        if self.finished_by is not None:
+            raise FrameError(
+                ErrorCode.EPISODE_FINISHED,
+                f"the episode is over (the {self.finished_by!r} tool ended it); "
+                f"reset() to start a new one before calling {name!r}",
+                request_id=request_id,
+            )
+        try:
+            args = spec.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            raise protocol.validation_frame_error(
+                exc, f"arguments for tool {name!r}", request_id
+            ) from None
+        try:
+            result = await self._run(
+                f"tool {name!r}", request_id, object, spec.bind(self.env, args)
+            )
+            output = ToolOutput.wrap(result)
+        except _EnvFailure as exc:
+            raise FrameError(
+                ErrorCode.EXECUTION_ERROR, exc.message, request_id=request_id
+            ) from None
+        except (TypeError, ValueError) as exc:  # a return value that is not JSON
+            raise FrameError(
+                ErrorCode.EXECUTION_ERROR,
+                f"tool {name!r} returned a value that cannot be sent: {exc}",
+                request_id=request_id,
+            ) from None
+        if output.finished:
+            self.finished_by = name
+        return output
+
+    async def _get_prompt(self, message: protocol.GetPromptRequest) -> str:
+        if message.data.task is not None:
+            task = self._parse_task(message.data.task, message.id)
+        elif self.task is not None:
+            task = self.task
+        else:
+            raise FrameError(
+                ErrorCode.VALIDATION_ERROR,
+                "no task to give a prompt for: pass one, or reset(task=...) first",
+                request_id=message.id,
+            )
+        get_prompt = type(self.env).get_prompt
+        prompt = await self._run("get_prompt()", message.id, str, get_prompt, task)
+        return protocol.prompt_frame(prompt, message.id)
 
     async def _run(
         self,
@@ -217,6 +306,14 @@ class _EnvFailure(Exception):
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+
+
+def _unknown_tool_message(name: str, known: list[str]) -> str:
+    if not known:
+        return f"unknown tool {name!r}: this environment has no tools"
+    hint = difflib.get_close_matches(name, known, n=1)
+    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+    return f"unknown tool {name!r}; the tools are: {', '.join(known)}{suggestion}"
 
 
 def _read_state(env: Environment[Any, Any, Any]) -> Any:
