@@ -211,7 +211,7 @@ def tool(
 
 
 def tools_of(env_cls: type) -> dict[str, ToolSpec]:
-    """Every ``@tool`` of an environment class (inherited ones too), by name.
+    """Every ``@tool`` of an environment class (inherited ones too), in definition order.
 
     Raises:
         TypeError: a tool's parameters cannot become a JSON Schema (one is not
@@ -223,7 +223,9 @@ def tools_of(env_cls: type) -> dict[str, ToolSpec]:
 @functools.cache
 def _tools_of(env_cls: type) -> tuple[tuple[str, ToolSpec], ...]:
     specs: dict[str, ToolSpec] = {}
-    for attr in sorted(dir(env_cls)):
+    # Definition order, base classes first: the order the author wrote them in.
+    attrs = dict.fromkeys(a for klass in reversed(env_cls.__mro__) for a in vars(klass))
+    for attr in attrs:
         marker = getattr(inspect.getattr_static(env_cls, attr, None), _MARKER, None)
         if not isinstance(marker, _Marker):
             continue
@@ -256,14 +258,7 @@ def _build(env_cls: type, marker: _Marker) -> ToolSpec:
         arguments, takes_model = model_hint, True
     else:
         fields: dict[str, Any] = {
-            p.name: (
-                hints[p.name],
-                Field(
-                    default=... if p.default is inspect.Parameter.empty else p.default,
-                    description=arg_docs.get(p.name),
-                ),
-            )
-            for p in params
+            p.name: (hints[p.name], _field(p, arg_docs.get(p.name))) for p in params
         }
         arguments = create_model(
             f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
@@ -277,6 +272,12 @@ def _build(env_cls: type, marker: _Marker) -> ToolSpec:
         input_schema=schema,
     )
     return ToolSpec(info=info, fn=fn, arguments=arguments, takes_model=takes_model)
+
+
+def _field(param: inspect.Parameter, doc: str | None) -> Any:
+    default = ... if param.default is inspect.Parameter.empty else param.default
+    # Set a description only when documented: an Annotated Field keeps its own.
+    return Field(default) if doc is None else Field(default, description=doc)
 
 
 _SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns|Yields|Raises|Examples?|Notes?):\s*$")
