@@ -21,7 +21,7 @@ from openenv import (
 )
 
 # One HTTP client for every test: creating one loads the CA bundle (~0.2 s).
-HTTP = httpx.Client()
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 class Puzzle(TaskSpec):

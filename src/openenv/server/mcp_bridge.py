@@ -118,16 +118,31 @@ class McpBridge:
             await self._open(manager, scope, receive, send)
             return
         entry = self.sessions.get(sid) if sid is not None else None
-        if entry is not None:
-            entry.in_flight += 1
+        if entry is None:
+            await manager.handle_request(scope, receive, send)
+            return
+        assert sid is not None
+        if scope["method"] == "DELETE":
+            send = self._ending(sid, send)
+        entry.in_flight += 1
         try:
             await manager.handle_request(scope, receive, send)
         finally:
-            if entry is not None:
-                entry.in_flight -= 1
-                entry.last_active = time.monotonic()
-            if sid is not None and scope["method"] == "DELETE":
+            entry.in_flight -= 1
+            entry.last_active = time.monotonic()
+
+    def _ending(self, sid: str, send: Send) -> Send:
+        """``send`` that frees the session's slot before the client hears it ended.
+
+        So a client whose close returned can open a new session at once.
+        """
+
+        async def end_then_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
                 await self._end(sid, "client_close")
+            await send(message)
+
+        return end_then_send
 
     async def _open(
         self,
