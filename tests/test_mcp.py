@@ -104,7 +104,7 @@ async def test_two_mcp_sessions_keep_separate_counters() -> None:
 async def test_bad_tool_calls_keep_the_mcp_session_usable() -> None:
     with run_server(counter_with_cap(1)) as url:
         async with Client(f"{url}/mcp") as mcp:
-            with pytest.raises(MCPError, match="unknown tool 'incremnt'.*did you mean 'increment'"):
+            with pytest.raises(MCPError, match=r"'incremnt'.*did you mean 'increment'"):
                 await mcp.call_tool("incremnt", {"amount": 1})
             bad = await mcp.call_tool("increment", {"amount": "many"})
             assert bad.is_error
