@@ -30,5 +30,8 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
