@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from mcp import Client
 from servers import Ping, PingEnvironment, Pong
 from tool_envs import HTTP
 
@@ -33,6 +34,7 @@ def two_envs() -> object:
                 CounterAction,
                 CounterObservation,
                 ConcurrencyConfig(max_concurrent_envs=2),
+                mcp=True,
             ),
             "ns/echo": EnvSpec(
                 EchoEnvironment,
@@ -128,3 +130,16 @@ def test_each_spec_is_checked_like_create_app() -> None:
     spec = EnvSpec(Unsafe, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
     with pytest.raises(ConcurrencyConfigurationError):
         create_multi_app({"unsafe": spec})
+
+
+async def test_mcp_is_served_per_environment(url: str) -> None:
+    async with Client(f"{url}/envs/counter/mcp") as mcp:
+        assert [t.name for t in (await mcp.list_tools()).tools] == [
+            "increment",
+            "get_value",
+            "submit",
+        ]
+        result = await mcp.call_tool("increment", {"amount": 2})
+        assert result.structured_content["data"] == {"value": 2}  # type: ignore[index]
+        assert HTTP.get(f"{url}/envs/counter/health").json()["active_sessions"] == 1
+    assert HTTP.get(f"{url}/envs/ns/echo/mcp").status_code == 404  # echo did not ask for MCP
