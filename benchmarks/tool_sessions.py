@@ -28,7 +28,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from counter_env import CounterAction, CounterTask
-from openenv import RemoteEnv, WebSocketEnvClient
+from openenv import RemoteEnv, TaskSpec, WebSocketEnvClient
 
 
 def free_port() -> int:
@@ -69,10 +69,11 @@ async def baseline(url: str, n: int) -> float:
 
 
 async def tools(url: str, n: int) -> float:
-    env = RemoteEnv(url)
-    tasks = [CounterTask.model_validate(t.model_dump()) for t in await env.list_tasks("train")][:n]
+    env = RemoteEnv(url, task_cls=CounterTask)
+    tasks = (await env.list_tasks("train"))[:n]
 
-    async def one(task: CounterTask) -> None:
+    async def one(task: TaskSpec) -> None:
+        assert isinstance(task, CounterTask)
         async with env.session(task) as session:
             await session.call_tool("increment", amount=task.target)
             reward = (await session.call_tool("submit")).reward

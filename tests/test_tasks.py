@@ -87,6 +87,8 @@ async def test_the_client_pages_through_a_split(url: str) -> None:
     everything = await env.list_tasks("train")
     assert [t.id for t in everything] == [t.id for t in SPLITS["train"]]
     assert everything[4].answer == 4  # type: ignore[attr-defined]  # extra fields are kept
+    typed = await RemoteEnv(url, task_cls=Puzzle).list_tasks("test")
+    assert typed == [Puzzle(id="q0", answer=42, prompt="say 42")]
     window = await env.list_tasks("train", offset=23, limit=5)
     assert [t.id for t in window] == ["p23", "p24"]
     assert await env.list_tasks("train", limit=0) == []

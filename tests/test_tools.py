@@ -101,6 +101,20 @@ def test_unannotated_parameter_is_refused_with_the_fix() -> None:
         tools_of(Env)
 
 
+def test_create_app_refuses_a_misdeclared_tool_at_startup() -> None:
+    from servers import Ping, Pong
+
+    from openenv import create_app
+
+    class Env(Environment):  # type: ignore[type-arg]
+        @tool
+        def go(self, where):  # type: ignore[no-untyped-def]
+            return where
+
+    with pytest.raises(TypeError, match="annotate parameter 'where'"):
+        create_app(Env, Ping, Pong)
+
+
 def test_var_args_are_refused() -> None:
     class Env(Environment):  # type: ignore[type-arg]
         @tool

@@ -41,9 +41,12 @@ def test_splits_and_tasks() -> None:
 
 def test_200_concurrent_sessions_all_reach_reward_one() -> None:
     async def main(url: str) -> list[float]:
-        env = RemoteEnv(url, observation_cls=CounterObservation, state_cls=CounterState)
+        env = RemoteEnv(
+            url, observation_cls=CounterObservation, state_cls=CounterState, task_cls=CounterTask
+        )
         tasks = await env.list_tasks("train", limit=200)
-        return await run_all(env, [CounterTask.model_validate(t.model_dump()) for t in tasks])
+        assert all(isinstance(task, CounterTask) for task in tasks)
+        return await run_all(env, tasks)  # type: ignore[arg-type]
 
     with run_server(app) as url:
         rewards = asyncio.run(main(url))
@@ -60,9 +63,9 @@ def test_more_sessions_than_slots_wait_for_a_free_one() -> None:
     )
 
     async def main(url: str) -> list[float]:
-        env = RemoteEnv(url, max_connecting=8)
+        env = RemoteEnv(url, max_connecting=8, task_cls=CounterTask)
         tasks = await env.list_tasks("test", limit=40)
-        return await run_all(env, [CounterTask.model_validate(t.model_dump()) for t in tasks])
+        return await run_all(env, tasks)  # type: ignore[arg-type]
 
     with run_server(small) as url:
         assert asyncio.run(main(url)) == [1.0] * 40

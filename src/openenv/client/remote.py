@@ -116,6 +116,7 @@ class Environments:
         action_cls: type[Action] = Action,
         observation_cls: type[Observation] = AnyObservation,
         state_cls: type[State] = State,
+        task_cls: type[TaskSpec] = TaskSpec,
     ) -> RemoteEnv:
         """The environment served at ``/envs/{name}``; no request is made yet."""
         client = self._client
@@ -124,6 +125,7 @@ class Environments:
             action_cls=action_cls,
             observation_cls=observation_cls,
             state_cls=state_cls,
+            task_cls=task_cls,
             gate=client.gate,
             capacity_timeout=client.capacity_timeout,
             **client.options,
@@ -146,6 +148,7 @@ class RemoteEnv:
         base_url: Where the environment's routes live: the server root for a
             one-environment server, ``.../envs/{name}`` on a multi-environment one.
         action_cls / observation_cls / state_cls: Models replies are parsed into.
+        task_cls: The environment's ``TaskSpec`` subclass, for typed tasks.
         max_connecting: Sessions that may be opening at once (ignored with ``gate``).
         capacity_timeout: Seconds to keep retrying a server at capacity.
         gate: A gate shared with other environments (``OpenEnvClient`` passes its own).
@@ -159,6 +162,7 @@ class RemoteEnv:
         action_cls: type[Action] = Action,
         observation_cls: type[Observation] = AnyObservation,
         state_cls: type[State] = State,
+        task_cls: type[TaskSpec] = TaskSpec,
         max_connecting: int = 64,
         capacity_timeout: float = 600.0,
         gate: ConnectGate | None = None,
@@ -168,6 +172,7 @@ class RemoteEnv:
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls
+        self.task_cls = task_cls
         self.gate = gate or ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
         self.options = options
@@ -195,7 +200,7 @@ class RemoteEnv:
                 params: dict[str, Any] = {"split": split, "offset": offset, "limit": size}
                 data = await _get_json(f"{self.url}/tasks", params, http)
                 page = protocol.TaskPage.model_validate(data)
-                tasks.extend(page.tasks)
+                tasks.extend(self.task_cls.model_validate(t.model_dump()) for t in page.tasks)
                 if page.next_offset is None:
                     break
                 offset = page.next_offset

@@ -10,6 +10,7 @@ from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import check_concurrency, check_factory
 from openenv.server.routes import routes
 from openenv.server.service import EnvService
+from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 __all__ = ["create_app"]
@@ -49,6 +50,7 @@ def create_app(
         TypeError: ``env_factory`` is an instance instead of a factory.
         ConcurrencyConfigurationError: ``max_concurrent_envs > 1`` for an
             environment that does not declare ``SUPPORTS_CONCURRENT_SESSIONS``.
+        TypeError: also when a ``@tool`` cannot become a JSON Schema.
 
     >>> from openenv import create_app, ConcurrencyConfig
     >>> from echo_env.models import EchoAction, EchoObservation
@@ -70,6 +72,8 @@ def create_app(
         state_cls=state_cls,
         metadata=metadata,
     )
+    if service.env_cls is not None:
+        tools_of(service.env_cls)  # a misdeclared @tool fails here, at startup
     extra_routes = []
     if service.settings.mcp:
         from openenv.server.mcp_bridge import mcp_routes

@@ -107,7 +107,11 @@ class Session:
         self._executor = executor
         self._reset_accepts = _accepted_kwargs(env.reset)
         self._task_cls = task_class(env.reset)
-        self.tools = tools_of(type(env))
+        try:
+            self.tools = tools_of(type(env))
+        except TypeError as exc:  # a misdeclared @tool on a class create_app could not see
+            logger.error("session %s: %s has no usable tools: %s", self.id, type(env).__name__, exc)
+            self.tools = {}
         self.task: TaskSpec | None = None
         # The tool whose call ended the episode; tool calls are refused until a reset.
         self.finished_by: str | None = None
