@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz clean chromium
+.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz bench-tools clean chromium
 
-$(STAMP): pyproject.toml envs/echo_env/pyproject.toml
+$(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/counter_env/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -e envs/echo_env
+	$(BIN)/pip install --quiet -e '.[dev,mcp]' -e envs/echo_env -e envs/counter_env
 	@touch $@
 
 demo: $(STAMP)
@@ -31,7 +31,7 @@ pytest: $(STAMP) chromium
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-churn bench-fuzz
+bench: bench-churn bench-fuzz bench-tools
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -42,6 +42,9 @@ bench-fuzz: $(STAMP)
 # The web page tests drive Debian's Chromium; Playwright never downloads a browser.
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
+bench-tools: $(STAMP)
+	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -24,7 +24,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from openenv.client import AnyObservation, EnvClient, SyncEnvClient, WebSocketEnvClient
+from openenv.client import (
+    AnyObservation,
+    EnvClient,
+    EnvSession,
+    OpenEnvClient,
+    RemoteEnv,
+    SyncEnvClient,
+    SyncEnvSession,
+    SyncOpenEnvClient,
+    SyncRemoteEnv,
+    WebSocketEnvClient,
+)
 from openenv.environment import Environment
 from openenv.errors import (
     AuthenticationError,
@@ -35,18 +46,38 @@ from openenv.errors import (
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
+    EpisodeFinishedError,
     FactoryError,
+    NotFoundError,
     OpenEnvError,
     ProtocolError,
+    RequestFailedError,
     ServerError,
     SessionClosedError,
     SessionError,
+    UnknownToolError,
 )
-from openenv.protocol import CloseCode, ErrorCode
+from openenv.protocol import CloseCode, EnvInfo, ErrorCode, TaskPage
+from openenv.tasks import TaskSpec
+from openenv.tools import (
+    ImageContent,
+    JsonContent,
+    TextContent,
+    ToolInfo,
+    ToolOutput,
+    tool,
+)
 from openenv.types import Action, EnvironmentMetadata, Observation, State, StepResult
 
 if TYPE_CHECKING:
-    from openenv.server import ConcurrencyConfig, ServerSettings, create_app, serve
+    from openenv.server import (
+        ConcurrencyConfig,
+        EnvSpec,
+        ServerSettings,
+        create_app,
+        create_multi_app,
+        serve,
+    )
 
 __version__ = "0.1.0"
 
@@ -62,15 +93,25 @@ __all__ = [
     "DeadlineError",
     "EnvClient",
     "EnvExecutionError",
+    "EnvInfo",
+    "EnvSession",
+    "EnvSpec",
     "EnvTimeoutError",
     "EnvValidationError",
     "Environment",
     "EnvironmentMetadata",
+    "EpisodeFinishedError",
     "ErrorCode",
     "FactoryError",
+    "ImageContent",
+    "JsonContent",
+    "NotFoundError",
     "Observation",
+    "OpenEnvClient",
     "OpenEnvError",
     "ProtocolError",
+    "RemoteEnv",
+    "RequestFailedError",
     "ServerError",
     "ServerSettings",
     "SessionClosedError",
@@ -78,15 +119,28 @@ __all__ = [
     "State",
     "StepResult",
     "SyncEnvClient",
+    "SyncEnvSession",
+    "SyncOpenEnvClient",
+    "SyncRemoteEnv",
+    "TaskPage",
+    "TaskSpec",
+    "TextContent",
+    "ToolInfo",
+    "ToolOutput",
+    "UnknownToolError",
     "WebSocketEnvClient",
     "create_app",
+    "create_multi_app",
     "serve",
+    "tool",
 ]
 
 _LAZY = {
     "ConcurrencyConfig": "openenv.server",
+    "EnvSpec": "openenv.server",
     "ServerSettings": "openenv.server",
     "create_app": "openenv.server",
+    "create_multi_app": "openenv.server",
     "serve": "openenv.server",
 }
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
+from openenv.tasks import TaskSpec
 from openenv.types import Action, Observation, State
 
 __all__ = ["Environment"]
@@ -71,3 +72,30 @@ class Environment(Generic[ActT, ObsT, StateT]):
     def close(self) -> Awaitable[None] | None:
         """Release what the instance holds; called exactly once per instance."""
         return None
+
+    # -- tasks (optional): class-level, so they can be listed without an instance --
+
+    @classmethod
+    def list_splits(cls) -> Sequence[str]:
+        """The names of this environment's task splits, e.g. ``("train", "test")``."""
+        return ()
+
+    @classmethod
+    def list_tasks(cls, split: str) -> Sequence[TaskSpec]:
+        """The tasks of ``split``, in a stable order; ``split`` is one of ``list_splits()``.
+
+        Any ``Sequence`` will do: a large split can compute its items on
+        demand (``__len__`` and ``__getitem__``), since the server only reads
+        the page a client asks for.
+        """
+        return ()
+
+    @classmethod
+    def get_prompt(cls, task: TaskSpec) -> str:
+        """What an agent is told to do for ``task``; by default its ``prompt`` field."""
+        prompt = getattr(task, "prompt", None)
+        if isinstance(prompt, str):
+            return prompt
+        raise NotImplementedError(
+            f"{cls.__name__} defines no get_prompt() and task {task.id!r} has no 'prompt' field"
+        )

@@ -6,11 +6,15 @@
     │   └── AuthenticationError         the server refused the API key or the Origin
     ├── SessionClosedError              the connection dropped or the session ended
     ├── EnvTimeoutError                 no reply within the client's message timeout
+    ├── RequestFailedError              an HTTP request (``/tasks``, ``/envs``, ...) failed
+    │   └── NotFoundError               404: no such split or environment
     └── ServerError                     the server answered with an ``error`` frame
         ├── ProtocolError               INVALID_JSON, UNKNOWN_TYPE
         ├── EnvValidationError          VALIDATION_ERROR
         ├── EnvExecutionError           EXECUTION_ERROR
         ├── DeadlineError               TIMEOUT: the environment overran the server's deadline
+        ├── UnknownToolError            UNKNOWN_TOOL
+        ├── EpisodeFinishedError        EPISODE_FINISHED: reset to play again
         └── SessionError                the session cannot go on (SESSION_ERROR)
             ├── CapacityError           CAPACITY_REACHED: retry later
             └── FactoryError            FACTORY_ERROR
@@ -33,12 +37,16 @@ __all__ = [
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
+    "EpisodeFinishedError",
     "FactoryError",
+    "NotFoundError",
     "OpenEnvError",
     "ProtocolError",
+    "RequestFailedError",
     "ServerError",
     "SessionClosedError",
     "SessionError",
+    "UnknownToolError",
     "server_error",
 ]
 
@@ -80,6 +88,20 @@ class EnvTimeoutError(OpenEnvError, TimeoutError):
     """The server did not reply within the client's ``message_timeout``."""
 
 
+class RequestFailedError(OpenEnvError):
+    """An HTTP introspection request failed; ``detail`` is the server's explanation."""
+
+    def __init__(self, url: str, status_code: int, detail: str) -> None:
+        super().__init__(f"GET {url} failed ({status_code}): {detail}")
+        self.url = url
+        self.status_code = status_code
+        self.detail = detail
+
+
+class NotFoundError(RequestFailedError, LookupError):
+    """No such split or environment on the server; ``detail`` lists the real ones."""
+
+
 class ServerError(OpenEnvError):
     """The server answered a request with an ``error`` frame."""
 
@@ -118,6 +140,19 @@ class DeadlineError(ServerError, TimeoutError):
         return bool(self.details.get("fatal", False))
 
 
+class UnknownToolError(ServerError):
+    """The environment has no tool by that name; ``tools`` lists the ones it has."""
+
+    @property
+    def tools(self) -> list[str]:
+        tools: list[str] = self.details.get("tools", [])
+        return tools
+
+
+class EpisodeFinishedError(ServerError):
+    """A tool ended the episode; call ``reset`` before calling tools again."""
+
+
 class SessionError(ServerError):
     """The server ended the session; it cannot be used again."""
 
@@ -149,6 +184,8 @@ _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     ErrorCode.FACTORY_ERROR: FactoryError,
     ErrorCode.SESSION_ERROR: SessionError,
     ErrorCode.TIMEOUT: DeadlineError,
+    ErrorCode.UNKNOWN_TOOL: UnknownToolError,
+    ErrorCode.EPISODE_FINISHED: EpisodeFinishedError,
 }
 
 

@@ -4,8 +4,10 @@ Every frame is a UTF-8 JSON text frame ``{"type": ..., "data": ..., "id"?: ...}`
 The shape is compatible with OpenEnv's ``/ws`` protocol, so a client written
 for OpenEnv works against an openenv server unchanged.
 
-Client to server: ``reset``, ``step``, ``state``, ``close``.
-Server to client: ``observation``, ``state``, ``error``.
+Client to server: ``reset``, ``step``, ``state``, ``close``, and for
+environments with tools ``list_tools``, ``call_tool``, ``get_prompt``.
+Server to client: ``observation``, ``state``, ``error``, ``tools``,
+``tool_result``, ``prompt``.
 
 A request may carry an ``id`` (string or integer); the reply carries the same
 ``id`` so that a client can match replies to requests.
@@ -24,33 +26,50 @@ from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, TypeAdapter, ValidationError
 
-from openenv.types import Observation, State
+from openenv.tasks import TaskSpec
+from openenv.tools import ToolInfo, ToolOutput
+from openenv.types import EnvironmentMetadata, Observation, State
 
 __all__ = [
     "FATAL_CODES",
     "PROTOCOL_VERSION",
+    "CallToolRequest",
     "ClientMessage",
     "CloseCode",
     "CloseRequest",
+    "EnvInfo",
+    "EnvListing",
     "ErrorCode",
     "ErrorReply",
     "FrameError",
+    "GetPromptRequest",
+    "ListToolsRequest",
     "ObservationReply",
+    "PromptReply",
     "RequestId",
     "ResetRequest",
     "ServerMessage",
+    "SplitList",
     "StateReply",
     "StateRequest",
     "StepRequest",
+    "TaskPage",
+    "ToolList",
+    "ToolResultReply",
+    "ToolsReply",
     "error_frame",
+    "json_text",
     "observation_frame",
     "observation_from_payload",
     "parse_client_message",
     "parse_server_message",
+    "prompt_frame",
     "request_frame",
     "state_frame",
+    "tool_result_frame",
+    "tools_frame",
     "validation_frame_error",
 ]
 
@@ -70,6 +89,8 @@ class ErrorCode(StrEnum):
     FACTORY_ERROR = "FACTORY_ERROR"
     SESSION_ERROR = "SESSION_ERROR"
     TIMEOUT = "TIMEOUT"
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    EPISODE_FINISHED = "EPISODE_FINISHED"
 
 
 # After one of these the server closes the socket; after any other code the
@@ -144,10 +165,50 @@ class CloseRequest(_Message):
     type: Literal["close"] = "close"
 
 
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ListToolsRequest(_Message):
+    """Ask for the environment's tools."""
+
+    type: Literal["list_tools"] = "list_tools"
+
+
+class CallToolRequest(_Message):
+    """Call one tool: ``data`` is ``{"name": ..., "arguments": {...}}``."""
+
+    type: Literal["call_tool"] = "call_tool"
+    data: ToolCall
+
+
+class PromptQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: dict[str, Any] | None = None
+
+
+class GetPromptRequest(_Message):
+    """Ask for the prompt of a task: ``data.task``, or else the task of the last reset."""
+
+    type: Literal["get_prompt"] = "get_prompt"
+    data: PromptQuery = Field(default_factory=PromptQuery)
+
+
 ClientMessage = Annotated[
-    ResetRequest | StepRequest | StateRequest | CloseRequest, Field(discriminator="type")
+    ResetRequest
+    | StepRequest
+    | StateRequest
+    | CloseRequest
+    | ListToolsRequest
+    | CallToolRequest
+    | GetPromptRequest,
+    Field(discriminator="type"),
 ]
-_CLIENT_TYPES = ("reset", "step", "state", "close")
+_CLIENT_TYPES = ("reset", "step", "state", "close", "list_tools", "call_tool", "get_prompt")
 _client_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
 
 
@@ -189,7 +250,41 @@ class ErrorReply(_Message):
     data: ErrorPayload
 
 
-ServerMessage = Annotated[ObservationReply | StateReply | ErrorReply, Field(discriminator="type")]
+class ToolList(BaseModel):
+    """The ``tools`` reply's data, and ``GET /tools``."""
+
+    tools: list[ToolInfo]
+
+
+class ToolsReply(_Message):
+    """The environment's tools."""
+
+    type: Literal["tools"] = "tools"
+    data: ToolList
+
+
+class ToolResultReply(_Message):
+    """What a tool call produced: content blocks, ``reward``, ``finished``, ``metadata``."""
+
+    type: Literal["tool_result"] = "tool_result"
+    data: ToolOutput
+
+
+class PromptPayload(BaseModel):
+    prompt: str
+
+
+class PromptReply(_Message):
+    """The prompt of a task."""
+
+    type: Literal["prompt"] = "prompt"
+    data: PromptPayload
+
+
+ServerMessage = Annotated[
+    ObservationReply | StateReply | ErrorReply | ToolsReply | ToolResultReply | PromptReply,
+    Field(discriminator="type"),
+]
 _server_adapter: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
 
 
@@ -284,6 +379,15 @@ def _frame(kind: str, data: Any, request_id: RequestId | None) -> str:
     return orjson.dumps(frame, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
+def json_text(value: Any) -> str:
+    """A JSON value as text, the way frames encode it.
+
+    >>> json_text({"value": 3})
+    '{"value":3}'
+    """
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
 def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
     """Encode an observation reply; reward and done travel beside the fields."""
     payload: dict[str, Any] = {
@@ -296,9 +400,29 @@ def observation_frame(observation: Observation, request_id: RequestId | None = N
     return _frame("observation", payload, request_id)
 
 
-def state_frame(state: State, request_id: RequestId | None = None) -> str:
-    """Encode a state reply."""
-    return _frame("state", state.model_dump(mode="json"), request_id)
+def state_frame(
+    state: State, request_id: RequestId | None = None, *, finished: bool | None = None
+) -> str:
+    """Encode a state reply; ``finished`` (tool environments) is reported as ``done``."""
+    data = state.model_dump(mode="json")
+    if finished is not None:
+        data["done"] = data.get("done") is True or finished
+    return _frame("state", data, request_id)
+
+
+def tools_frame(tools: list[ToolInfo], request_id: RequestId | None = None) -> str:
+    """Encode a ``tools`` reply."""
+    return _frame("tools", ToolList(tools=tools).model_dump(mode="json"), request_id)
+
+
+def tool_result_frame(output: ToolOutput, request_id: RequestId | None = None) -> str:
+    """Encode a ``tool_result`` reply."""
+    return _frame("tool_result", output.model_dump(mode="json"), request_id)
+
+
+def prompt_frame(prompt: str, request_id: RequestId | None = None) -> str:
+    """Encode a ``prompt`` reply."""
+    return _frame("prompt", {"prompt": prompt}, request_id)
 
 
 def error_frame(
@@ -313,7 +437,7 @@ def error_frame(
 
 
 def request_frame(
-    kind: Literal["reset", "step", "state", "close"],
+    kind: Literal["reset", "step", "state", "close", "list_tools", "call_tool", "get_prompt"],
     data: dict[str, Any] | None = None,
     request_id: RequestId | None = None,
 ) -> str:
@@ -339,3 +463,41 @@ def observation_from_payload(cls: type[ObsT], payload: ObservationPayload) -> Ob
             "metadata": payload.metadata,
         }
     )
+
+
+# -- HTTP introspection shapes shared by server and client ----------------------
+
+
+class SplitList(BaseModel):
+    """``GET /splits``."""
+
+    splits: list[str]
+
+
+class TaskPage(BaseModel):
+    """``GET /tasks?split=&offset=&limit=``: one page of a split's tasks."""
+
+    split: str
+    offset: int
+    limit: int
+    total: int
+    tasks: list[SerializeAsAny[TaskSpec]]
+    next_offset: int | None = Field(description="Offset of the next page; null on the last one.")
+
+
+class EnvInfo(BaseModel):
+    """One environment of a multi-environment server."""
+
+    name: str
+    path: str = Field(description="Where its routes live, e.g. /envs/counter (its socket: .../ws).")
+    metadata: EnvironmentMetadata
+    active_sessions: int
+    max_sessions: int
+    splits: list[str]
+    tools: list[str]
+
+
+class EnvListing(BaseModel):
+    """``GET /envs``."""
+
+    envs: list[EnvInfo]

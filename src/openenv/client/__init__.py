@@ -2,12 +2,27 @@
 
 from openenv.client._base import AnyObservation, http_url, ws_url
 from openenv.client.async_ import EnvClient, WebSocketEnvClient
+from openenv.client.remote import Environments, EnvSession, OpenEnvClient, RemoteEnv
+from openenv.client.remote_sync import (
+    SyncEnvironments,
+    SyncEnvSession,
+    SyncOpenEnvClient,
+    SyncRemoteEnv,
+)
 from openenv.client.sync import SyncEnvClient
 
 __all__ = [
     "AnyObservation",
     "EnvClient",
+    "EnvSession",
+    "Environments",
+    "OpenEnvClient",
+    "RemoteEnv",
     "SyncEnvClient",
+    "SyncEnvSession",
+    "SyncEnvironments",
+    "SyncOpenEnvClient",
+    "SyncRemoteEnv",
     "WebSocketEnvClient",
     "http_url",
     "ws_url",

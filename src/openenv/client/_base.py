@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict
 
 from openenv import protocol
 from openenv.errors import server_error
+from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 __all__ = ["ActT", "AnyObservation", "ClientCore", "ObsT", "StateT", "http_url", "ws_url"]
@@ -25,7 +27,14 @@ class AnyObservation(Observation):
     model_config = ConfigDict(extra="allow")
 
 
-_Reply = TypeVar("_Reply", protocol.ObservationReply, protocol.StateReply)
+_Reply = TypeVar(
+    "_Reply",
+    protocol.ObservationReply,
+    protocol.StateReply,
+    protocol.ToolsReply,
+    protocol.ToolResultReply,
+    protocol.PromptReply,
+)
 
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
@@ -122,6 +131,38 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
     def decode_state(self, frame: str | bytes) -> StateT:
         reply = self._decode(frame, protocol.StateReply)
         return typing.cast(StateT, self.state_cls.model_validate(reply.data))
+
+    @staticmethod
+    def encode_reset(
+        seed: int | None, episode_id: str | None, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Reset arguments as JSON; models (a task, say) are sent as their fields."""
+        data = {
+            k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+            for k, v in kwargs.items()
+        }
+        if seed is not None:
+            data["seed"] = seed
+        if episode_id is not None:
+            data["episode_id"] = episode_id
+        return data
+
+    @staticmethod
+    def encode_tool_call(
+        name: str, arguments: Mapping[str, Any] | BaseModel | None, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        if isinstance(arguments, BaseModel):
+            arguments = arguments.model_dump(mode="json")
+        return {"name": name, "arguments": {**(arguments or {}), **kwargs}}
+
+    def decode_tools(self, frame: str | bytes) -> list[ToolInfo]:
+        return self._decode(frame, protocol.ToolsReply).data.tools
+
+    def decode_tool_result(self, frame: str | bytes) -> ToolOutput:
+        return self._decode(frame, protocol.ToolResultReply).data
+
+    def decode_prompt(self, frame: str | bytes) -> str:
+        return self._decode(frame, protocol.PromptReply).data.prompt
 
     @staticmethod
     def _decode(frame: str | bytes, expected: type[_Reply]) -> _Reply:

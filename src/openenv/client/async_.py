@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import orjson
+from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
@@ -19,6 +21,8 @@ from openenv.errors import (
     EnvTimeoutError,
     SessionClosedError,
 )
+from openenv.tasks import TaskSpec
+from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
@@ -113,12 +117,8 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     async def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[ObsT]:
-        """Start a new episode; extra keyword arguments go to the environment's ``reset``."""
-        data: dict[str, Any] = dict(kwargs)
-        if seed is not None:
-            data["seed"] = seed
-        if episode_id is not None:
-            data["episode_id"] = episode_id
+        """Start a new episode; extra keyword arguments (``task=...``) go to ``reset``."""
+        data = self.encode_reset(seed, episode_id, kwargs)
         return self.decode_result(await self._request("reset", data))
 
     async def step(self, action: ActT | dict[str, Any]) -> StepResult[ObsT]:
@@ -128,6 +128,32 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     async def state(self) -> StateT:
         """The environment's current state."""
         return self.decode_state(await self._request("state"))
+
+    async def list_tools(self) -> list[ToolInfo]:
+        """The environment's tools: names, descriptions, JSON Schemas of their arguments."""
+        return self.decode_tools(await self._request("list_tools"))
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | BaseModel | None = None,
+        **kwargs: Any,
+    ) -> ToolOutput:
+        """Call a tool by name: ``call_tool("increment", {"amount": 2})`` or ``amount=2``.
+
+        Raises:
+            UnknownToolError: no tool by that name (``.tools`` lists the real ones).
+            EnvValidationError: the arguments do not fit the tool's schema.
+            EpisodeFinishedError: a tool ended the episode; ``reset`` first.
+            EnvExecutionError: the tool raised.
+        """
+        data = self.encode_tool_call(name, arguments, kwargs)
+        return self.decode_tool_result(await self._request("call_tool", data))
+
+    async def get_prompt(self, task: TaskSpec | None = None) -> str:
+        """The prompt of ``task``, by default the task the episode was reset with."""
+        data = {} if task is None else {"task": task.model_dump(mode="json")}
+        return self.decode_prompt(await self._request("get_prompt", data))
 
     async def close(self) -> None:
         """End the session; the server closes the environment. Idempotent.
@@ -170,7 +196,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         await self.close()
 
     async def _request(
-        self, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None = None
+        self,
+        kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
+        data: dict[str, Any] | None = None,
     ) -> str | bytes:
         await self.connect()
         ws = self._ws

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
+from pydantic import BaseModel
+
 from openenv.client._base import ActT, ObsT, StateT
+from openenv.tasks import TaskSpec
+from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import StepResult
 
 if TYPE_CHECKING:
@@ -76,6 +80,23 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def state(self) -> StateT:
         """The environment's current state."""
         return run_sync(self.client.state())
+
+    def list_tools(self) -> list[ToolInfo]:
+        """The environment's tools; see ``EnvClient.list_tools``."""
+        return run_sync(self.client.list_tools())
+
+    def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | BaseModel | None = None,
+        **kwargs: Any,
+    ) -> ToolOutput:
+        """Call a tool; see ``EnvClient.call_tool``."""
+        return run_sync(self.client.call_tool(name, arguments, **kwargs))
+
+    def get_prompt(self, task: TaskSpec | None = None) -> str:
+        """The prompt of ``task`` (default: the task of the last reset)."""
+        return run_sync(self.client.get_prompt(task))
 
     def close(self) -> None:
         """End the session. Idempotent."""

@@ -11,6 +11,7 @@ from openenv.server.factory import check_concurrency, check_factory
 from openenv.server.routes import routes, web_routes
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService
+from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 __all__ = ["create_app"]
@@ -31,8 +32,10 @@ def create_app(
 
     Each connection to ``/ws`` gets its own environment instance, made by
     ``env_factory``, within ``concurrency.max_concurrent_envs`` slots. HTTP
-    serves ``/health``, ``/metadata`` and ``/schema``, and ``/web`` a page to
-    play the environment by hand.
+    serves ``/health``, ``/metadata``, ``/schema``, ``/metrics``, what the
+    environment offers (``/tools``, ``/splits``, ``/tasks``) and ``/web``, a
+    page to play it by hand. With ``mcp=True`` MCP clients reach the tools at
+    ``/mcp``, one environment per MCP session.
 
     Args:
         env_factory: The environment class, or any zero-argument callable that
@@ -45,12 +48,14 @@ def create_app(
         metadata: What ``/metadata`` reports; derived from the class otherwise.
         web: Serve the page at ``/web`` that plays the environment by hand,
             over ``/web/ws`` (sessions there count against the same cap).
-        **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``.
+        **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``,
+            ``step_timeout=30`` or ``mcp=True``.
 
     Raises:
         TypeError: ``env_factory`` is an instance instead of a factory.
         ConcurrencyConfigurationError: ``max_concurrent_envs > 1`` for an
             environment that does not declare ``SUPPORTS_CONCURRENT_SESSIONS``.
+        TypeError: also when a ``@tool`` cannot become a JSON Schema.
 
     >>> from openenv import create_app, ConcurrencyConfig
     >>> from echo_env.models import EchoAction, EchoObservation
@@ -77,10 +82,17 @@ def create_app(
         state_cls=state_cls,
         metadata=metadata,
     )
+    if service.env_cls is not None:
+        tools_of(service.env_cls)  # a misdeclared @tool fails here, at startup
+    extra_routes = []
+    if service.settings.mcp:
+        from openenv.server.mcp_bridge import mcp_routes
+
+        extra_routes = mcp_routes(service)
     app = FastAPI(
         title=service.metadata.name,
         description=service.metadata.description,
-        routes=[*routes(), *(web_routes() if web else [])],
+        routes=[*routes(), *(web_routes() if web else []), *extra_routes],
         lifespan=service.lifespan,
     )
     app.state.openenv = service

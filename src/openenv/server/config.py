@@ -133,3 +133,7 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Seconds a graceful shutdown waits for environments to close.",
     )
+    mcp: bool = Field(
+        default=False,
+        description="Also serve the tools to MCP clients at /mcp (needs the openenv[mcp] extra).",
+    )

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv.protocol import PROTOCOL_VERSION
+from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.metrics import CONTENT_TYPE
 from openenv.server.service import EnvService
@@ -77,6 +78,7 @@ def routes() -> list[BaseRoute]:
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
         WebSocketRoute("/ws", SessionEndpoint()),
+        *catalog_routes(),
     ]
 
 

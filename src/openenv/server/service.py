@@ -10,6 +10,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from openenv.environment import Environment
@@ -51,6 +52,7 @@ class EnvService:
         metadata: EnvironmentMetadata | None = None,
     ) -> None:
         env_cls = environment_class(env_factory)
+        self.env_cls = env_cls
         self.env_factory = env_factory
         self.action_cls = action_cls
         self.observation_cls = observation_cls
@@ -66,6 +68,8 @@ class EnvService:
         self.executor = self._new_executor()
         self._executor_stopped = False
         self.started_at = time.time()
+        # Extra services (e.g. the MCP adapter) that live as long as the app runs.
+        self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
 
     async def create_env(self) -> Environment[Any, Any, Any]:
         """Run the factory off the event loop (constructors may be slow), within its deadline.
@@ -127,7 +131,10 @@ class EnvService:
         if self.concurrency.session_timeout is not None:
             reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
         try:
-            yield
+            async with contextlib.AsyncExitStack() as hooks:
+                for hook in self.lifespan_hooks:
+                    await hooks.enter_async_context(hook())
+                yield
         finally:
             if reaper is not None:
                 reaper.cancel()

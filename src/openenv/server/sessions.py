@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import difflib
 import enum
 import inspect
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,12 +25,14 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
+from openenv.tasks import TaskSpec, task_class
+from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
 
 if TYPE_CHECKING:
     from openenv.server.service import EnvService
 
-__all__ = ["Session", "SessionRegistry", "SessionState"]
+__all__ = ["EnvFailure", "Session", "SessionRegistry", "SessionState"]
 
 _R = TypeVar("_R")
 
@@ -157,6 +160,15 @@ class Session:
         self._reset_accepts = _accepted_kwargs(env.reset)
         self._bad_frames = 0
         self._stuck: asyncio.Future[Any] | None = None
+        self._task_cls = task_class(env.reset)
+        try:
+            self.tools = tools_of(type(env))
+        except TypeError as exc:  # a misdeclared @tool on a class create_app could not see
+            self.log.error("%s has no usable tools: %s", type(env).__name__, exc)
+            self.tools = {}
+        self.task: TaskSpec | None = None
+        # The tool whose call ended the episode; tool calls are refused until a reset.
+        self.finished_by: str | None = None
         service.registry.add(self)
         self._metrics.opened.inc()
 
@@ -169,7 +181,7 @@ class Session:
             return reply
         except FrameError as exc:
             return self._error(exc.code, exc.message, exc.request_id, **exc.details)
-        except _EnvFailure as exc:
+        except EnvFailure as exc:
             if exc.fatal:
                 self._end(CloseCode.INTERNAL_ERROR)
             return self._error(exc.code, exc.message, exc.request_id, **exc.details)
@@ -187,7 +199,16 @@ class Session:
             state = await self._run(
                 "state", message.id, State, self._settings.step_timeout, _read_state, self.env
             )
-            return protocol.state_frame(state, message.id)
+            finished = self.finished_by is not None if self.tools else None
+            return protocol.state_frame(state, message.id, finished=finished)
+        if isinstance(message, protocol.CallToolRequest):
+            output = await self.call_tool(message.data.name, message.data.arguments, message.id)
+            return protocol.tool_result_frame(output, message.id)
+        if isinstance(message, protocol.ListToolsRequest):
+            tools = [spec.info for spec in self.tools.values()]
+            return protocol.tools_frame(tools, message.id)
+        if isinstance(message, protocol.GetPromptRequest):
+            return await self._get_prompt(message)
         self._end(CloseCode.NORMAL)
         return None
 
@@ -248,6 +269,8 @@ class Session:
                         ]
                     },
                 )
+        if kwargs.get("task") is not None:
+            kwargs["task"] = self._parse_task(kwargs["task"], message.id)
         observation = await self._run(
             "reset()",
             message.id,
@@ -256,7 +279,83 @@ class Session:
             self.env.reset,
             **kwargs,
         )
+        self.task = kwargs.get("task")
+        self.finished_by = None
         return protocol.observation_frame(observation, message.id)
+
+    def _parse_task(self, data: Any, request_id: protocol.RequestId | None) -> TaskSpec:
+        try:
+            return self._task_cls.model_validate(data)
+        except ValidationError as exc:
+            raise protocol.validation_frame_error(exc, "task", request_id) from None
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        request_id: protocol.RequestId | None = None,
+    ) -> ToolOutput:
+        """Validate and run one tool call.
+
+        Refusals raise ``FrameError``; failures of the tool itself raise
+        ``EnvFailure`` (fatal only for a blocking call that overran its deadline).
+        """
+        spec = self.tools.get(name)
+        if spec is None:
+            raise FrameError(
+                ErrorCode.UNKNOWN_TOOL,
+                _unknown_tool_message(name, list(self.tools)),
+                request_id=request_id,
+                details={"tools": list(self.tools)},
+            )
+        if self.finished_by is not None:
+            raise FrameError(
+                ErrorCode.EPISODE_FINISHED,
+                f"the episode is over (the {self.finished_by!r} tool ended it); "
+                f"reset() to start a new one before calling {name!r}",
+                request_id=request_id,
+            )
+        try:
+            args = spec.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            raise protocol.validation_frame_error(
+                exc, f"arguments for tool {name!r}", request_id
+            ) from None
+        result = await self._run(
+            f"tool {name!r}",
+            request_id,
+            object,
+            self._settings.step_timeout,
+            spec.bind(self.env, args),
+        )
+        try:
+            output = ToolOutput.wrap(result)
+        except (TypeError, ValueError) as exc:  # a return value that is not JSON
+            raise EnvFailure(
+                ErrorCode.EXECUTION_ERROR,
+                f"tool {name!r} returned a value that cannot be sent: {exc}",
+                request_id,
+            ) from None
+        if output.finished:
+            self.finished_by = name
+        return output
+
+    async def _get_prompt(self, message: protocol.GetPromptRequest) -> str:
+        if message.data.task is not None:
+            task = self._parse_task(message.data.task, message.id)
+        elif self.task is not None:
+            task = self.task
+        else:
+            raise FrameError(
+                ErrorCode.VALIDATION_ERROR,
+                "no task to give a prompt for: pass one, or reset(task=...) first",
+                request_id=message.id,
+            )
+        get_prompt = type(self.env).get_prompt
+        prompt = await self._run(
+            "get_prompt()", message.id, str, self._settings.step_timeout, get_prompt, task
+        )
+        return protocol.prompt_frame(prompt, message.id)
 
     async def _run(
         self,
@@ -279,14 +378,14 @@ class Session:
                 # (and the environment) until the thread returns.
                 self._stuck = exc.stuck
                 self.log.error("%s overran its %gs deadline; ending the session", name, timeout)
-                raise _EnvFailure(
+                raise EnvFailure(
                     ErrorCode.TIMEOUT,
                     f"{name} did not return within {exc.seconds:g}s; the session is closed "
                     f"because a blocking call cannot be interrupted",
                     request_id,
                     fatal=True,
                 ) from None
-            raise _EnvFailure(
+            raise EnvFailure(
                 ErrorCode.TIMEOUT,
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
@@ -294,11 +393,11 @@ class Session:
         except Exception as exc:
             # The traceback stays in the server log; the wire gets the exception's name.
             self.log.exception("%s raised", name)
-            raise _EnvFailure(
+            raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR, f"{name} raised {type(exc).__name__}: {exc}", request_id
             ) from None
         if not isinstance(result, expected):
-            raise _EnvFailure(
+            raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR,
                 f"{name} of {type(self.env).__name__} returned {type(result).__name__}, "
                 f"expected {expected.__name__}",
@@ -334,7 +433,9 @@ class Session:
             self.log.debug("closed (%s)", reason)
 
 
-class _EnvFailure(Exception):
+class EnvFailure(Exception):
+    """The environment failed a call; becomes an error frame (``code``)."""
+
     def __init__(
         self,
         code: ErrorCode,
@@ -349,6 +450,14 @@ class _EnvFailure(Exception):
         self.request_id = request_id
         self.fatal = fatal
         self.details: dict[str, Any] = {"fatal": True} if fatal else {}
+
+
+def _unknown_tool_message(name: str, known: list[str]) -> str:
+    if not known:
+        return f"unknown tool {name!r}: this environment has no tools"
+    hint = difflib.get_close_matches(name, known, n=1)
+    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+    return f"unknown tool {name!r}; the tools are: {', '.join(known)}{suggestion}"
 
 
 def _read_state(env: Environment[Any, Any, Any]) -> Any:

@@ -1,0 +1,1 @@
+"""The counter environment's server side."""

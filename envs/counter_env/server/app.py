@@ -1,0 +1,33 @@
+"""The counter environment's ASGI app: `uvicorn server.app:app` from this folder.
+
+Sessions over WebSocket at /ws; MCP clients at /mcp. `OPENENV_MAX_CONCURRENT_ENVS`
+sets the session cap (default 256) and `OPENENV_SESSION_TIMEOUT` the idle
+timeout in seconds (default: none for WebSocket, 30 minutes for MCP).
+"""
+
+import os
+
+from counter_env.models import CounterAction, CounterObservation
+from counter_env.server.environment import CounterEnvironment
+from openenv import ConcurrencyConfig, create_app
+
+app = create_app(
+    CounterEnvironment,
+    CounterAction,
+    CounterObservation,
+    ConcurrencyConfig.from_env(max_concurrent_envs=256),
+    mcp=True,
+)
+
+
+def main() -> None:
+    """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
+    )
+
+
+if __name__ == "__main__":
+    main()

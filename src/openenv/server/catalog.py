@@ -1,0 +1,84 @@
+"""What an environment offers, over HTTP: its tools, task splits and tasks.
+
+Everything here is class-level: no environment instance is created and no
+session slot is taken to answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import HTTPException, Query, Request
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
+
+from openenv.protocol import SplitList, TaskPage, ToolList
+from openenv.server.service import EnvService
+from openenv.tasks import TaskSpec, unknown_split_message
+from openenv.tools import tools_of
+
+__all__ = ["MAX_PAGE", "catalog_routes", "splits_of", "tool_names"]
+
+MAX_PAGE = 1000  # tasks per page at most; a client pages through larger splits
+
+
+def splits_of(service: EnvService) -> list[str]:
+    """The environment's split names (none when its class is unknown)."""
+    if service.env_cls is None:
+        return []
+    return list(service.env_cls.list_splits())
+
+
+def tool_names(service: EnvService) -> list[str]:
+    return [] if service.env_cls is None else list(tools_of(service.env_cls))
+
+
+def _service(request: Request) -> EnvService:
+    service: EnvService = request.app.state.openenv
+    return service
+
+
+async def tools(request: Request) -> ToolList:
+    """The environment's tools: names, descriptions, JSON Schemas of the arguments."""
+    env_cls = _service(request).env_cls
+    specs = {} if env_cls is None else tools_of(env_cls)
+    return ToolList(tools=[spec.info for spec in specs.values()])
+
+
+async def splits(request: Request) -> SplitList:
+    """The names of the environment's task splits."""
+    return SplitList(splits=splits_of(_service(request)))
+
+
+async def tasks(
+    request: Request,
+    split: Annotated[str, Query(description="One of the names GET /splits lists.")],
+    offset: Annotated[int, Query(ge=0, description="Index of the first task to return.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Tasks per page.")] = 100,
+) -> TaskPage:
+    """One page of a split's tasks; follow ``next_offset`` for the next page."""
+    service = _service(request)
+    known = splits_of(service)
+    if split not in known or service.env_cls is None:
+        raise HTTPException(status_code=404, detail=unknown_split_message(split, known))
+    every: Sequence[Any] = service.env_cls.list_tasks(split)
+    total = len(every)
+    page = [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
+    end = offset + len(page)
+    return TaskPage(
+        split=split,
+        offset=offset,
+        limit=limit,
+        total=total,
+        tasks=page,
+        next_offset=end if end < total else None,
+    )
+
+
+def catalog_routes() -> list[BaseRoute]:
+    return [
+        APIRoute("/tools", tools, methods=["GET"], response_model=ToolList),
+        APIRoute("/splits", splits, methods=["GET"], response_model=SplitList),
+        APIRoute("/tasks", tasks, methods=["GET"], response_model=TaskPage),
+    ]

@@ -1,0 +1,300 @@
+"""MCP over streamable HTTP at ``/mcp``: an environment's tools for any MCP client.
+
+Each MCP session gets its own environment instance, reset once when the
+session opens, and counted against the same cap as WebSocket sessions. Its
+slot is freed when the client ends the session (HTTP ``DELETE``), when the
+session idles out, or when the server stops.
+
+Imported only when ``create_app(..., mcp=True)`` asks for it; it needs the
+``openenv[mcp]`` extra (the official ``mcp`` SDK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+from starlette.types import Message, Receive, Scope, Send
+
+try:
+    import mcp_types as mcp
+    from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+    from mcp.server.streamable_http_manager import (
+        DEFAULT_SESSION_IDLE_TIMEOUT,
+        StreamableHTTPSessionManager,
+    )
+    from mcp.shared.exceptions import MCPError
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    if exc.name is None or exc.name.split(".")[0] not in {"mcp", "mcp_types"}:
+        raise
+    raise ImportError(
+        "serving MCP (mcp=True) needs the MCP SDK: pip install 'openenv[mcp]'"
+    ) from exc
+
+from openenv import protocol
+from openenv.protocol import ErrorCode, FrameError
+from openenv.server.service import EnvService
+from openenv.server.sessions import EnvFailure, Session
+from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
+
+__all__ = ["McpBridge", "mcp_routes"]
+
+logger = logging.getLogger("openenv.server")
+
+_PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+
+
+def mcp_routes(service: EnvService) -> list[BaseRoute]:
+    """The ``/mcp`` route of ``service``; its session manager runs in the app's lifespan."""
+    bridge = McpBridge(service)
+    service.lifespan_hooks.append(bridge.running)
+    return [Route("/mcp", bridge, methods=["GET", "POST", "DELETE"])]
+
+
+@dataclass
+class _McpSession:
+    session: Session
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    in_flight: int = 0  # open HTTP requests, the GET event stream included
+    last_active: float = field(default_factory=time.monotonic)
+
+
+class McpBridge:
+    """An ASGI app: the MCP SDK's session manager, plus one environment per MCP session."""
+
+    def __init__(self, service: EnvService) -> None:
+        self.service = service
+        # HTTP has no disconnect to watch, so a vanished MCP client is found by idling.
+        self.idle_timeout = service.concurrency.session_timeout or DEFAULT_SESSION_IDLE_TIMEOUT
+        self.server: Server[Any] = Server(
+            service.metadata.name,
+            version=service.metadata.version or "",
+            description=service.metadata.description or None,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.server.add_request_handler("server/discover", mcp.RequestParams, self._discover)
+        self.sessions: dict[str, _McpSession] = {}
+        self._manager: StreamableHTTPSessionManager | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        # A manager runs only once, and the same app may be served again.
+        self._manager = StreamableHTTPSessionManager(
+            self.server, session_idle_timeout=self.idle_timeout, max_sessions=None
+        )
+        reaper = asyncio.create_task(self._reap_idle())
+        try:
+            async with self._manager.run():
+                yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            self._manager = None
+            for sid in list(self.sessions):
+                await self._end(sid, "shutdown")
+
+    # -- HTTP ------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        manager = self._manager
+        if manager is None:
+            await JSONResponse({"detail": "MCP is not running"}, 503)(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        sid = headers.get(MCP_SESSION_ID_HEADER)
+        if sid is None and scope["method"] == "POST" and _opens_session(headers):
+            await self._open(manager, scope, receive, send)
+            return
+        entry = self.sessions.get(sid) if sid is not None else None
+        if entry is None:
+            await manager.handle_request(scope, receive, send)
+            return
+        assert sid is not None
+        if scope["method"] == "DELETE":
+            send = self._ending(sid, send)
+        entry.in_flight += 1
+        try:
+            await manager.handle_request(scope, receive, send)
+        finally:
+            entry.in_flight -= 1
+            entry.last_active = time.monotonic()
+
+    def _ending(self, sid: str, send: Send) -> Send:
+        """``send`` that frees the session's slot before the client hears it ended.
+
+        So a client whose close returned can open a new session at once.
+        """
+
+        async def end_then_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                await self._end(sid, "client_close")
+            await send(message)
+
+        return end_then_send
+
+    async def _open(
+        self,
+        manager: StreamableHTTPSessionManager,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Serve the request that opens an MCP session, with an environment ready for it."""
+        service = self.service
+        if service.draining or not await service.registry.acquire(
+            service.concurrency.queue_timeout
+        ):
+            message = f"server at capacity ({service.registry.max_sessions} sessions); retry later"
+            await _rpc_error(503, mcp.INTERNAL_ERROR, message)(scope, receive, send)
+            return
+        try:
+            env = await service.create_env()  # frees the slot itself if it fails
+        except Exception as exc:
+            logger.exception("environment factory raised")
+            message = f"could not create the environment: {type(exc).__name__}: {exc}"
+            await _rpc_error(500, mcp.INTERNAL_ERROR, message)(scope, receive, send)
+            return
+        session = Session(env, service)
+        frame = await session.handle(protocol.request_frame("reset"))
+        assert frame is not None, "only a close request has no reply"
+        reply = protocol.parse_server_message(frame)
+        if isinstance(reply, protocol.ErrorReply):
+            await session.aclose("mcp_reset_failed")
+            await _rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
+            return
+        entry = _McpSession(session, in_flight=1)
+        opened: list[str] = []
+
+        async def bind_on_start(message: Message) -> None:
+            # Bind before the client can learn the session id, so its next
+            # request always finds the environment.
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                sid = MutableHeaders(raw=message["headers"]).get(MCP_SESSION_ID_HEADER)
+                if sid is not None:
+                    self.sessions[sid] = entry
+                    opened.append(sid)
+            await send(message)
+
+        try:
+            await manager.handle_request(scope, receive, bind_on_start)
+        finally:
+            entry.in_flight -= 1
+            entry.last_active = time.monotonic()
+            if not opened:  # not an initialize, or refused: nothing to keep
+                await session.aclose("mcp_open_failed")
+
+    async def _end(self, sid: str, reason: str) -> None:
+        entry = self.sessions.pop(sid, None)
+        if entry is not None:
+            async with entry.lock:  # let a tool call in flight finish first
+                await entry.session.aclose(reason)
+
+    async def _reap_idle(self) -> None:
+        interval = min(max(self.idle_timeout / 4, 0.01), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            deadline = time.monotonic() - self.idle_timeout
+            for sid, entry in list(self.sessions.items()):
+                if entry.in_flight == 0 and entry.last_active < deadline:
+                    logger.info("MCP session %s idle over %ss; closing", sid, self.idle_timeout)
+                    await self._end(sid, "idle_timeout")
+
+    # -- MCP handlers ----------------------------------------------------------
+
+    def _entry(self, ctx: Any) -> _McpSession:
+        request = ctx.request
+        sid = request.headers.get(MCP_SESSION_ID_HEADER) if request is not None else None
+        entry = self.sessions.get(sid) if sid is not None else None
+        if entry is None:
+            raise MCPError(
+                code=mcp.INVALID_REQUEST,
+                message="no environment for this request: each MCP session owns one, so "
+                "connect with the initialize handshake (a stateful streamable HTTP session)",
+            )
+        return entry
+
+    async def _discover(self, ctx: Any, params: mcp.RequestParams) -> mcp.DiscoverResult:
+        # An environment lives in a session, and the sessionless 2026 protocol
+        # has none to keep it in: advertise only the handshake versions, so
+        # `auto` clients fall back to initialize.
+        return mcp.DiscoverResult(
+            supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
+            capabilities=self.server.get_capabilities(),
+        )
+
+    async def _list_tools(
+        self, ctx: Any, params: mcp.PaginatedRequestParams | None
+    ) -> mcp.ListToolsResult:
+        env_cls = self.service.env_cls
+        entry = self.sessions.get(
+            ctx.request.headers.get(MCP_SESSION_ID_HEADER, "") if ctx.request else ""
+        )
+        specs = entry.session.tools if entry is not None else tools_of(env_cls) if env_cls else {}
+        return mcp.ListToolsResult(
+            tools=[
+                mcp.Tool(
+                    name=spec.info.name,
+                    description=spec.info.description,
+                    input_schema=spec.info.input_schema,
+                )
+                for spec in specs.values()
+            ]
+        )
+
+    async def _call_tool(self, ctx: Any, params: mcp.CallToolRequestParams) -> mcp.CallToolResult:
+        entry = self._entry(ctx)
+        async with entry.lock:  # calls of one session never overlap
+            entry.session.last_active = time.monotonic()
+            try:
+                output = await entry.session.call_tool(params.name, params.arguments or {})
+            except (FrameError, EnvFailure) as exc:
+                if exc.code is ErrorCode.UNKNOWN_TOOL:
+                    raise MCPError(code=mcp.INVALID_PARAMS, message=exc.message) from None
+                # Bad arguments, a finished episode, a failing tool: the model
+                # sees the message and can correct itself (MCP's isError).
+                text = f"[{exc.code.value}] {exc.message}"
+                return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
+        return _to_mcp(output)
+
+
+def _opens_session(headers: Headers) -> bool:
+    """Whether a POST without a session id is a handshake-era request (it may open one)."""
+    version = headers.get(_PROTOCOL_VERSION_HEADER)
+    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _to_mcp(output: ToolOutput) -> mcp.CallToolResult:
+    content: list[mcp.TextContent | mcp.ImageContent] = []
+    for block in output.content:
+        if isinstance(block, TextContent):
+            content.append(mcp.TextContent(text=block.text))
+        elif isinstance(block, JsonContent):
+            content.append(mcp.TextContent(text=protocol.json_text(block.data)))
+        elif isinstance(block, ImageContent):
+            content.append(mcp.ImageContent(data=block.data, mime_type=block.mime_type))
+    # Reward and the end of the episode ride in structuredContent, where any
+    # MCP client can read them without parsing text.
+    structured: dict[str, Any] = {"reward": output.reward, "finished": output.finished}
+    if output.metadata:
+        structured["metadata"] = output.metadata
+    if (data := output.data) is not None:
+        structured["data"] = data
+    return mcp.CallToolResult(content=content, structured_content=structured)
+
+
+def _rpc_error(status: int, code: int, message: str) -> JSONResponse:
+    """A JSON-RPC error with no request id, as the MCP SDK answers transport-level refusals."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status)

@@ -1,0 +1,145 @@
+"""Several environments behind one server, each with its own cap and routes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from mcp import Client
+from servers import Ping, PingEnvironment, Pong
+from tool_envs import HTTP
+
+from counter_env.models import CounterAction, CounterObservation
+from counter_env.server.environment import CounterEnvironment
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    ConcurrencyConfigurationError,
+    EnvSpec,
+    NotFoundError,
+    OpenEnvClient,
+    SyncOpenEnvClient,
+    create_multi_app,
+)
+from openenv.testing import run_server
+
+
+def two_envs() -> object:
+    return create_multi_app(
+        {
+            "counter": EnvSpec(
+                CounterEnvironment,
+                CounterAction,
+                CounterObservation,
+                ConcurrencyConfig(max_concurrent_envs=2),
+                mcp=True,
+            ),
+            "ns/echo": EnvSpec(
+                EchoEnvironment,
+                EchoAction,
+                EchoObservation,
+                ConcurrencyConfig(max_concurrent_envs=1),
+            ),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with run_server(two_envs()) as url:
+        yield url
+
+
+def test_envs_are_listed(url: str) -> None:
+    envs = HTTP.get(f"{url}/envs").json()["envs"]
+    assert [(e["name"], e["path"], e["max_sessions"]) for e in envs] == [
+        ("counter", "/envs/counter", 2),
+        ("ns/echo", "/envs/ns/echo", 1),
+    ]
+    assert envs[0]["splits"] == ["train", "test"]
+    assert envs[0]["tools"] == ["increment", "get_value", "submit"]
+    assert envs[1]["metadata"]["name"] == "EchoEnvironment"
+    assert (envs[1]["splits"], envs[1]["tools"]) == ([], [])
+
+
+def test_each_env_has_its_own_introspection_routes(url: str) -> None:
+    assert HTTP.get(f"{url}/envs/counter/health").json()["max_sessions"] == 2
+    assert HTTP.get(f"{url}/envs/ns/echo/health").json()["max_sessions"] == 1
+    assert HTTP.get(f"{url}/envs/counter/splits").json() == {"splits": ["train", "test"]}
+    schema = HTTP.get(f"{url}/envs/ns/echo/schema").json()
+    assert schema["action"] == EchoAction.model_json_schema()
+    assert HTTP.get(f"{url}/envs/nope/health").status_code == 404
+    assert HTTP.get(f"{url}/ws").status_code == 404  # no default environment
+
+
+async def test_two_environments_with_separate_caps(url: str) -> None:
+    client = OpenEnvClient(url, capacity_timeout=0)
+    counter, echo = client.environments.get("counter"), client.environments.get("ns/echo")
+    tasks = await counter.list_tasks("train", limit=3)
+    async with counter.session(tasks[0]) as a, counter.session(tasks[1]) as b:
+        async with echo.session() as e:
+            # counter is full (2/2) and echo is full (1/1), independently
+            with pytest.raises(CapacityError) as full:
+                await counter.session(tasks[2]).open()
+            assert full.value.max_sessions == 2
+            with pytest.raises(CapacityError) as full:
+                await echo.session().open()
+            assert full.value.max_sessions == 1
+            listed = {i.name: i.active_sessions for i in await client.environments.list()}
+            assert listed == {"counter": 2, "ns/echo": 1}
+            echoed = await e.step({"message": "hi"})
+            assert echoed.observation.echoed_message == "hi"  # type: ignore[attr-defined]
+        await a.call_tool("increment", amount=1)
+        await b.call_tool("increment", amount=5)
+        assert (await a.call_tool("get_value")).data == 1
+        assert (await b.call_tool("get_value")).data == 5
+    listed = {i.name: i.active_sessions for i in await client.environments.list()}
+    assert listed == {"counter": 0, "ns/echo": 0}
+
+
+def test_the_sync_client_finds_environments(url: str) -> None:
+    client = SyncOpenEnvClient(url)
+    assert [e.name for e in client.environments.list()] == ["counter", "ns/echo"]
+    counter = client.environments.get("counter")
+    with counter.session(counter.list_tasks("test", limit=1)[0]) as session:
+        target = session.task.target  # type: ignore[union-attr]
+        session.call_tool("increment", amount=target)
+        assert session.call_tool("submit").reward == 1.0
+    with pytest.raises(NotFoundError):
+        client.environments.get("missing").list_splits()
+
+
+@pytest.mark.parametrize("name", ["", "/counter", "a//b", "has space", "a/"])
+def test_bad_environment_names_are_refused(name: str) -> None:
+    spec = EnvSpec(PingEnvironment, Ping, Pong)
+    with pytest.raises(ValueError, match="environment name"):
+        create_multi_app({name: spec})
+
+
+def test_no_environments_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least one environment"):
+        create_multi_app({})
+
+
+def test_each_spec_is_checked_like_create_app() -> None:
+    class Unsafe(PingEnvironment):
+        SUPPORTS_CONCURRENT_SESSIONS = False
+
+    spec = EnvSpec(Unsafe, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
+    with pytest.raises(ConcurrencyConfigurationError):
+        create_multi_app({"unsafe": spec})
+
+
+async def test_mcp_is_served_per_environment(url: str) -> None:
+    async with Client(f"{url}/envs/counter/mcp") as mcp:
+        assert [t.name for t in (await mcp.list_tools()).tools] == [
+            "increment",
+            "get_value",
+            "submit",
+        ]
+        result = await mcp.call_tool("increment", {"amount": 2})
+        assert result.structured_content["data"] == {"value": 2}  # type: ignore[index]
+        assert HTTP.get(f"{url}/envs/counter/health").json()["active_sessions"] == 1
+    assert HTTP.get(f"{url}/envs/ns/echo/mcp").status_code == 404  # echo did not ask for MCP

@@ -1,0 +1,97 @@
+"""The agent-platform client: environments, sessions, the connection gate."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+
+import pytest
+from servers import Ping, PingEnvironment, Pong
+
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    ConnectionFailedError,
+    RemoteEnv,
+    SessionClosedError,
+    create_app,
+)
+from openenv.client.remote import ConnectGate
+from openenv.testing import run_server
+
+
+def test_the_client_imports_no_server_and_no_mcp() -> None:
+    code = (
+        "import sys, openenv, openenv.client.remote, openenv.client.remote_sync, "
+        "counter_env.client; "
+        "loaded = {'fastapi', 'starlette', 'uvicorn', 'mcp'} & set(sys.modules); "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_gate_bounds_openings_on_whichever_loop_runs_it() -> None:
+    gate = ConnectGate(2)
+    inside: list[int] = []
+
+    async def enter(active: list[int]) -> None:
+        async with gate.semaphore():
+            active.append(1)
+            inside.append(len(active))
+            await asyncio.sleep(0)
+            active.pop()
+
+    async def main() -> None:
+        active: list[int] = []
+        await asyncio.gather(*(enter(active) for _ in range(10)))
+
+    asyncio.run(main())
+    asyncio.run(main())  # a second loop gets its own semaphore, no "bound to a different loop"
+    assert max(inside) == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        ConnectGate(0)
+
+
+async def test_capacity_errors_surface_when_retrying_is_off() -> None:
+    app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=1))
+    with run_server(app) as url:
+        env = RemoteEnv(url, capacity_timeout=0)
+        async with env.session() as held:
+            with pytest.raises(CapacityError):
+                await env.session().open()
+            patient = RemoteEnv(url, capacity_timeout=30)
+            waiting = asyncio.create_task(patient.session().open())
+            await held.step(Ping(message="x"))
+            assert not waiting.done()
+        session = await waiting  # the slot came back and the waiting session took it
+        assert session.first is not None
+        await session.close()
+
+
+async def test_a_session_used_outside_its_block_says_so() -> None:
+    session = RemoteEnv("http://127.0.0.1:9").session()
+    with pytest.raises(SessionClosedError, match=r"async with env\.session"):
+        await session.call_tool("x")
+
+
+async def test_nothing_listening_is_a_connection_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ConnectionFailedError, match=f"cannot connect to http://127.0.0.1:{port}"):
+        await RemoteEnv(f"http://127.0.0.1:{port}").list_splits()
+
+
+async def test_the_session_keeps_score_over_steps() -> None:
+    app = create_app(PingEnvironment, Ping, Pong)
+    with run_server(app) as url:
+        async with RemoteEnv(url, observation_cls=Pong).session(seed=3) as session:
+            assert session.first is not None
+            assert session.first.observation.message == "reset:3"  # type: ignore[attr-defined]
+            for _ in range(3):
+                await session.step(Ping(message="m"))
+            assert (session.steps, session.total_reward, session.done) == (3, 3.0, False)
+            await session.reset()
+            assert (session.steps, session.total_reward) == (0, 0.0)
