@@ -7,12 +7,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench clean
 
-$(STAMP): pyproject.toml envs/echo_env/pyproject.toml
+$(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/benchmark_env/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e envs/echo_env
+	$(BIN)/pip install --quiet -e envs/benchmark_env
 	@touch $@
 
 demo: $(STAMP)
