@@ -54,9 +54,21 @@ def uvicorn(python: Path, app: str, app_dir: Path, *extra: str) -> list[str]:
     return [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir), *extra]
 
 
+BASELINE: dict[str, Path] = {}  # set by --baseline: git revision -> its exported src/
+
+
 def servers() -> list[Server]:
     core_py = OPENENV_CORE_VENV / "bin" / "python"
-    return [
+    base = [
+        Server(f"base-{kind}", f"openenv at {rev}, echo with `{kind} step`", ours.argv,
+               env={"PYTHONPATH": f"{src}:{BENCH_DIR}"})
+        for rev, src in BASELINE.items()
+        for kind, ours in (
+            ("def", Server("", "", uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"))),
+            ("async", Server("", "", uvicorn(PY, "servers.echo_async:app", BENCH_DIR))),
+        )
+    ]
+    return base + [
         Server("ours-def", "openenv, echo_env as shipped (`def step`)",
                uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env")),
         Server("ours-async", "openenv, echo with `async def step`",
@@ -93,8 +105,9 @@ class Running:
             argv += ["--port", str(self.port), "--log-level", "warning", "--backlog", "4096"]
         else:
             argv += ["--port", str(self.port)]
-        env = {**os.environ, "OPENENV_MAX_CONCURRENT_ENVS": str(max_sessions), **server.env}
+        env = {**os.environ, "OPENENV_MAX_CONCURRENT_ENVS": str(max_sessions)}
         env["PYTHONPATH"] = str(BENCH_DIR)
+        env.update(server.env)
         started = time.perf_counter()
         self.proc = subprocess.Popen(["taskset", "-c", "0", *argv], cwd=server.cwd, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -274,12 +287,14 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
         lines += [
             f"**C = {level}** (closed loop, medians)",
             "",
-            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU | × OpenEnv | × bare uvloop+orjson |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU | steps per server CPU-s | × OpenEnv | × bare uvloop+orjson |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         med = {
             name: {k: median([r[k] if not isinstance(r[k], dict) else 0 for r in row[f"c{level}"]])
                    for k in ("steps_per_s", "server_cpu", "client_cpu")}
+            | {"per_cpu": median([r["steps_per_s"] / max(r["server_cpu"], 1e-9)
+                                  for r in row[f"c{level}"]])}
             | {q: median([r["latency_ms"][q] for r in row[f"c{level}"]]) for q in ("p50", "p99")}
             for name, row in results.items()
         }
@@ -291,7 +306,7 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
             lines.append(
                 f"| {name}: {names[name]} | {m['steps_per_s']:,.0f} | {m['p50']:.2f} | "
                 f"{m['p99']:.2f} | {m['server_cpu']:.2f} | {m['client_cpu']:.2f} | "
-                f"{ratio_core} | {ratio_floor} |"
+                f"{m['per_cpu']:,.0f} | {ratio_core} | {ratio_floor} |"
             )
         lines.append("")
     big = max(levels)
@@ -323,6 +338,17 @@ def write_results(lines: list[str]) -> None:
     path.write_text(head + MARK_BEGIN + "\n" + "\n".join(lines) + "\n" + MARK_END + tail)
 
 
+def export_src(rev: str) -> Path:
+    """``src/`` as it was at ``rev``, exported beside the benchmarks (gitignored)."""
+    target = BENCH_DIR / f".baseline-{rev}"
+    if not target.exists():
+        target.mkdir()
+        archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target / "src"
+
+
 def ensure_openenv_core() -> None:
     python = OPENENV_CORE_VENV / "bin" / "python"
     if python.exists():
@@ -337,13 +363,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--levels", default="16,512")
-    parser.add_argument("--only", default=",".join(s.name for s in servers()))
+    parser.add_argument("--only", default="", help="comma list of server names (default: all)")
     parser.add_argument("--scale-sessions", type=int, default=16384)
     parser.add_argument("--skip", default="", help="comma list of: throughput,isolation,scale")
     parser.add_argument("--no-write", action="store_true", help="print, do not touch RESULTS.md")
+    parser.add_argument("--baseline", default="", help="also run our servers at this git revision")
     args = parser.parse_args()
+    if args.baseline:
+        BASELINE[args.baseline] = export_src(args.baseline)
     skip = set(filter(None, args.skip.split(",")))
-    names = args.only.split(",")
+    names = args.only.split(",") if args.only else [s.name for s in servers()]
     levels = [int(x) for x in args.levels.split(",")]
     command = "python benchmarks/run.py " + shlex.join(sys.argv[1:])
     if "openenv-core" in names and "throughput" not in skip:

@@ -50,7 +50,7 @@ class SessionEndpoint:
                 CloseCode.INTERNAL_ERROR,
             )
             return
-        session = Session(env, service.action_cls, service.registry, service.executor)
+        session = Session(env, service.action_cls, service.registry, service.handoff)
         connection = Connection(websocket, session)
         service.connections.add(connection)
         try:

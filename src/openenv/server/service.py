@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from openenv.environment import Environment
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
+from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.sessions import SessionRegistry, SessionState
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
@@ -50,13 +51,14 @@ class EnvService:
         self.registry = SessionRegistry(concurrency.max_concurrent_envs)
         self.connections: set[Connection] = set()
         self.executor = self._new_executor()
+        self.handoff = Handoff(self.executor, settings.max_threads)
+        self._factory_ticket = LaneTicket()
         self._executor_stopped = False
         self.started_at = time.time()
 
     async def create_env(self) -> Environment[Any, Any, Any]:
         """Run the factory off the event loop (constructors may be slow)."""
-        loop = asyncio.get_running_loop()
-        env = await loop.run_in_executor(self.executor, self.env_factory)
+        env = await self.handoff.call(self._factory_ticket, self.env_factory)
         if inspect.isawaitable(env):
             env = await env
         if not isinstance(env, Environment):
@@ -75,6 +77,7 @@ class EnvService:
         # A fresh pool per run: the same app may be served again after a shutdown.
         if self._executor_stopped:
             self.executor = self._new_executor()
+            self.handoff = Handoff(self.executor, self.settings.max_threads)
             self._executor_stopped = False
         reaper = None
         if self.concurrency.session_timeout is not None:
@@ -87,6 +90,7 @@ class EnvService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reaper
             await self._close_all("shutdown")
+            self.handoff.shutdown()
             self.executor.shutdown(wait=False, cancel_futures=True)
             self._executor_stopped = True
 

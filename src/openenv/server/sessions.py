@@ -7,7 +7,6 @@ socket: the endpoint in ``server/endpoint.py`` does the I/O.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import inspect
 import logging
@@ -15,7 +14,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -23,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import ErrorCode, FrameError
+from openenv.server.handoff import Handoff, LaneTicket
 from openenv.types import Action, Observation, State
 
 __all__ = ["Session", "SessionRegistry", "SessionState"]
@@ -92,7 +91,7 @@ class Session:
         env: Environment[Any, Any, Any],
         action_cls: type[Action],
         registry: SessionRegistry,
-        executor: Executor,
+        executor: Handoff,
     ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.env = env
@@ -102,6 +101,7 @@ class Session:
         self._action_cls = action_cls
         self._registry = registry
         self._executor = executor
+        self._ticket = LaneTicket()
         self._reset_accepts = _accepted_kwargs(env.reset)
         registry.add(self)
 
@@ -192,8 +192,7 @@ class Session:
         """Await an ``async def``; run a plain ``def`` in a worker thread."""
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        result = await self._executor.call(self._ticket, fn, *args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
         return result
