@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,28 +59,52 @@ BASELINE: dict[str, Path] = {}  # set by --baseline: git revision -> its exporte
 def servers() -> list[Server]:
     core_py = OPENENV_CORE_VENV / "bin" / "python"
     base = [
-        Server(f"base-{kind}", f"openenv at {rev}, echo with `{kind} step`", ours.argv,
-               env={"PYTHONPATH": f"{src}:{BENCH_DIR}"})
+        Server(
+            f"base-{kind}",
+            f"openenv at {rev}, echo with `{kind} step`",
+            ours.argv,
+            env={"PYTHONPATH": f"{src}:{BENCH_DIR}"},
+        )
         for rev, src in BASELINE.items()
         for kind, ours in (
             ("def", Server("", "", uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"))),
             ("async", Server("", "", uvicorn(PY, "servers.echo_async:app", BENCH_DIR))),
         )
     ]
-    return base + [
-        Server("ours-def", "openenv, echo_env as shipped (`def step`)",
-               uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env")),
-        Server("ours-async", "openenv, echo with `async def step`",
-               uvicorn(PY, "servers.echo_async:app", BENCH_DIR)),
-        Server("openenv-core", f"OpenEnv ({OPENENV_CORE}), echo with `def step`",
-               uvicorn(core_py, "servers.openenv_core_echo:app", BENCH_DIR)),
-        Server("bare-starlette-asyncio-json", "bare Starlette WS echo, asyncio + json",
-               uvicorn(PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "asyncio")),
-        Server("bare-starlette-uvloop-orjson", "bare Starlette WS echo, uvloop + orjson",
-               uvicorn(PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "uvloop"),
-               env={"BENCH_JSON": "orjson"}),
-        Server("bare-websockets", "bare `websockets` echo, asyncio + json",
-               [str(PY), "-m", "servers.websockets_echo"], cwd=BENCH_DIR),
+    return [
+        *base,
+        Server(
+            "ours-def",
+            "openenv, echo_env as shipped (`def step`)",
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"),
+        ),
+        Server(
+            "ours-async",
+            "openenv, echo with `async def step`",
+            uvicorn(PY, "servers.echo_async:app", BENCH_DIR),
+        ),
+        Server(
+            "openenv-core",
+            f"OpenEnv ({OPENENV_CORE}), echo with `def step`",
+            uvicorn(core_py, "servers.openenv_core_echo:app", BENCH_DIR),
+        ),
+        Server(
+            "bare-starlette-asyncio-json",
+            "bare Starlette WS echo, asyncio + json",
+            uvicorn(PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "asyncio"),
+        ),
+        Server(
+            "bare-starlette-uvloop-orjson",
+            "bare Starlette WS echo, uvloop + orjson",
+            uvicorn(PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "uvloop"),
+            env={"BENCH_JSON": "orjson"},
+        ),
+        Server(
+            "bare-websockets",
+            "bare `websockets` echo, asyncio + json",
+            [str(PY), "-m", "servers.websockets_echo"],
+            cwd=BENCH_DIR,
+        ),
     ]
 
 
@@ -175,9 +198,25 @@ class Sampler:
 
 
 def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> dict[str, Any]:
-    argv = ["taskset", "-c", "1", str(PY.parent / "openenv"), "bench", url, "--sessions",
-            str(sessions), "--duration", str(duration), "--warmup", "--action", action, "--json",
-            "--client", "picows", *more]
+    argv = [
+        "taskset",
+        "-c",
+        "1",
+        str(PY.parent / "openenv"),
+        "bench",
+        url,
+        "--sessions",
+        str(sessions),
+        "--duration",
+        str(duration),
+        "--warmup",
+        "--action",
+        action,
+        "--json",
+        "--client",
+        "picows",
+        *more,
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     if not out.stdout.strip():
         raise RuntimeError(f"bench failed: {out.stderr}")
@@ -202,7 +241,7 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
     chosen = [s for s in servers() if s.name in names]
     results: dict[str, dict[str, list[Any]]] = {s.name: {} for s in chosen}
     for rep in range(reps):
-        order = chosen[rep % len(chosen):] + chosen[: rep % len(chosen)]
+        order = chosen[rep % len(chosen) :] + chosen[: rep % len(chosen)]
         for server in order:
             running = Running(server)
             try:
@@ -215,11 +254,14 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
                 for level in levels:
                     report = measured(running, level, duration, ECHO_ACTION)
                     row.setdefault(f"c{level}", []).append(report)
-                    print(f"rep {rep + 1} {server.name:30} C={level:<4} "
-                          f"{report['steps_per_s']:>9,.0f} steps/s  p99 "
-                          f"{report['latency_ms']['p99']:7.2f} ms  server CPU "
-                          f"{report['server_cpu']:.2f}  client CPU {report['client_cpu']:.2f}  "
-                          f"errors {report['errors']}", flush=True)
+                    print(
+                        f"rep {rep + 1} {server.name:30} C={level:<4} "
+                        f"{report['steps_per_s']:>9,.0f} steps/s  p99 "
+                        f"{report['latency_ms']['p99']:7.2f} ms  server CPU "
+                        f"{report['server_cpu']:.2f}  client CPU {report['client_cpu']:.2f}  "
+                        f"errors {report['errors']}",
+                        flush=True,
+                    )
             finally:
                 running.stop()
     return results
@@ -227,17 +269,34 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
 
 def isolation(duration: float, reps: int, half: int) -> dict[str, list[float]]:
     """Fast sessions' throughput alone, then beside as many sessions stepping 100 ms (sync)."""
-    server = Server("benchmark-env-def", "benchmark_env, `def step`",
-                    uvicorn(PY, "server.app:app", ROOT / "envs" / "benchmark_env"))
+    server = Server(
+        "benchmark-env-def",
+        "benchmark_env, `def step`",
+        uvicorn(PY, "server.app:app", ROOT / "envs" / "benchmark_env"),
+    )
     out: dict[str, list[float]] = {"alone": [], "beside_slow": [], "slow": []}
     fast, slow = '{"seconds": 0}', '{"seconds": 0.1}'
     for _ in range(reps):
         running = Running(server)
         try:
             out["alone"].append(bench(running.url, half, duration, fast)["steps_per_s"])
-            argv = ["taskset", "-c", "1", str(PY.parent / "openenv"), "bench", running.url,
-                    "--sessions", str(half), "--duration", str(duration + 4), "--action", slow,
-                    "--json", "--client", "picows"]
+            argv = [
+                "taskset",
+                "-c",
+                "1",
+                str(PY.parent / "openenv"),
+                "bench",
+                running.url,
+                "--sessions",
+                str(half),
+                "--duration",
+                str(duration + 4),
+                "--action",
+                slow,
+                "--json",
+                "--client",
+                "picows",
+            ]
             slow_proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
             time.sleep(2)  # let the slow sessions connect and start stepping
             out["beside_slow"].append(bench(running.url, half, duration, fast)["steps_per_s"])
@@ -254,10 +313,27 @@ def scale(sessions: int, seconds: float, app: str) -> dict[str, Any]:
     running = Running(server, max_sessions=sessions)
     try:
         sampler = Sampler(running)
-        argv = ["taskset", "-c", "1", str(PY.parent / "openenv"), "bench", running.url,
-                "--sessions", str(sessions), "--steps", "1", "--action",
-                json.dumps({"seconds": seconds}), "--json", "--client", "picows",
-                "--connect-timeout", "60", "--reply-timeout", str(seconds + 60)]
+        argv = [
+            "taskset",
+            "-c",
+            "1",
+            str(PY.parent / "openenv"),
+            "bench",
+            running.url,
+            "--sessions",
+            str(sessions),
+            "--steps",
+            "1",
+            "--action",
+            json.dumps({"seconds": seconds}),
+            "--json",
+            "--client",
+            "picows",
+            "--connect-timeout",
+            "60",
+            "--reply-timeout",
+            str(seconds + 60),
+        ]
         out = subprocess.run(argv, capture_output=True, text=True, check=False)
         sampler.close()
         report: dict[str, Any] = json.loads(out.stdout)
@@ -277,7 +353,10 @@ def median(values: list[float]) -> float:
 
 def machine_load() -> str:
     load = os.getloadavg()
-    return f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on {os.cpu_count()} cores"
+    return (
+        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) "
+        f"on {os.cpu_count()} cores"
+    )
 
 
 def table(results: dict[str, Any], levels: list[int]) -> list[str]:
@@ -287,22 +366,28 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
         lines += [
             f"**C = {level}** (closed loop, medians)",
             "",
-            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU | steps per server CPU-s | × OpenEnv | × bare uvloop+orjson |",
+            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU "
+            "| steps per server CPU-s | x OpenEnv | x bare uvloop+orjson |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         med = {
-            name: {k: median([r[k] if not isinstance(r[k], dict) else 0 for r in row[f"c{level}"]])
-                   for k in ("steps_per_s", "server_cpu", "client_cpu")}
-            | {"per_cpu": median([r["steps_per_s"] / max(r["server_cpu"], 1e-9)
-                                  for r in row[f"c{level}"]])}
+            name: {
+                k: median([r[k] if not isinstance(r[k], dict) else 0 for r in row[f"c{level}"]])
+                for k in ("steps_per_s", "server_cpu", "client_cpu")
+            }
+            | {
+                "per_cpu": median(
+                    [r["steps_per_s"] / max(r["server_cpu"], 1e-9) for r in row[f"c{level}"]]
+                )
+            }
             | {q: median([r["latency_ms"][q] for r in row[f"c{level}"]]) for q in ("p50", "p99")}
             for name, row in results.items()
         }
         core = med.get("openenv-core", {}).get("steps_per_s")
         floor = med.get("bare-starlette-uvloop-orjson", {}).get("steps_per_s")
         for name, m in med.items():
-            ratio_core = f"{m['steps_per_s'] / core:.2f}" if core else "–"
-            ratio_floor = f"{m['steps_per_s'] / floor:.2f}" if floor else "–"
+            ratio_core = f"{m['steps_per_s'] / core:.2f}" if core else "-"
+            ratio_floor = f"{m['steps_per_s'] / floor:.2f}" if floor else "-"
             lines.append(
                 f"| {name}: {names[name]} | {m['steps_per_s']:,.0f} | {m['p50']:.2f} | "
                 f"{m['p99']:.2f} | {m['server_cpu']:.2f} | {m['client_cpu']:.2f} | "
@@ -311,9 +396,11 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
         lines.append("")
     big = max(levels)
     lines += [
-        f"**Memory, threads, start-up, connects** (medians; the C={big} columns are sampled during that run)",
+        f"**Memory, threads, start-up, connects** (medians; the C={big} columns are "
+        "sampled during that run)",
         "",
-        f"| server | cold start to /health | idle RSS | RSS/session at {big} | threads idle / at {big} | {big} connects: p99 | all {big} ready |",
+        f"| server | cold start to /health | idle RSS | RSS/session at {big} "
+        f"| threads idle / at {big} | {big} connects: p99 | all {big} ready |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in results.items():
@@ -332,7 +419,9 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
 
 def write_results(lines: list[str]) -> None:
     path = BENCH_DIR / "RESULTS.md"
-    text = path.read_text() if path.exists() else f"# Benchmark results\n\n{MARK_BEGIN}\n{MARK_END}\n"
+    text = (
+        path.read_text() if path.exists() else f"# Benchmark results\n\n{MARK_BEGIN}\n{MARK_END}\n"
+    )
     head, rest = text.split(MARK_BEGIN, 1)
     tail = rest.split(MARK_END, 1)[1]
     path.write_text(head + MARK_BEGIN + "\n" + "\n".join(lines) + "\n" + MARK_END + tail)
@@ -343,8 +432,9 @@ def export_src(rev: str) -> Path:
     target = BENCH_DIR / f".baseline-{rev}"
     if not target.exists():
         target.mkdir()
-        archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", rev, "src"], cwd=ROOT, check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
     return target / "src"
 
@@ -407,7 +497,8 @@ def main() -> None:
             f"**Scale**: {report['sessions']:,} sessions of benchmark_env (`async def step`, "
             "`asyncio.sleep(10)`): connect, reset, one step, close",
             "",
-            "| succeeded | step p50 | step p99 | all connected and reset | server RSS max | server threads max | errors |",
+            "| succeeded | step p50 | step p99 | all connected and reset "
+            "| server RSS max | server threads max | errors |",
             "|---:|---:|---:|---:|---:|---:|---|",
             f"| {ok:.2%} | {report['latency_ms']['p50'] / 1000:.2f} s | "
             f"{report['latency_ms']['p99'] / 1000:.2f} s | {report['setup_s']:.2f} s | "

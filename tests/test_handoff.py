@@ -60,11 +60,10 @@ async def test_threads_stay_capped_when_every_call_blocks(handoff: Handoff) -> N
     gate = threading.Event()
     calls = [asyncio.ensure_future(handoff.call(LaneTicket(), gate.wait, 30)) for _ in range(10)]
 
-    async def all_threads_started() -> None:
-        while handoff.threads < 4:
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(all_threads_started(), 10)
+    for _ in range(2000):  # poll, with a deadline, until the watch has woken every worker
+        if handoff.threads == 4:
+            break
+        await asyncio.sleep(0.005)
     assert handoff.threads == 4
     assert not any(c.done() for c in calls)
     gate.set()

@@ -8,6 +8,8 @@ makes (both packages import as ``openenv``). The session cap comes from
 import os
 from uuid import uuid4
 
+from pydantic import Field
+
 from openenv.core.env_server.http_server import create_app  # type: ignore[import-not-found]
 from openenv.core.env_server.interfaces import Environment  # type: ignore[import-not-found]
 from openenv.core.env_server.types import (  # type: ignore[import-not-found]
@@ -15,7 +17,6 @@ from openenv.core.env_server.types import (  # type: ignore[import-not-found]
     Observation,
     State,
 )
-from pydantic import Field
 
 
 class EchoAction(Action):  # type: ignore[misc]
