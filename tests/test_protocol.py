@@ -109,3 +109,36 @@ def test_fatal_codes_are_exactly_the_session_ending_ones() -> None:
         ErrorCode.FACTORY_ERROR,
         ErrorCode.SESSION_ERROR,
     }
+
+
+def test_observation_frame_carries_the_json_dump_of_every_field() -> None:
+    from datetime import datetime
+
+    from pydantic import BaseModel
+
+    class Position(BaseModel):
+        x: int
+
+    class Located(Observation):
+        pos: Position
+        when: datetime
+        tags: tuple[str, ...]
+
+    seen = Located(
+        pos=Position(x=1),
+        when=datetime(2020, 1, 2),
+        tags=("a",),
+        reward=1.0,
+        done=True,
+        metadata={"k": 1},
+    )
+    assert orjson.loads(protocol.observation_frame(seen, 3)) == {
+        "type": "observation",
+        "data": {
+            "observation": seen.model_dump(mode="json", exclude={"reward", "done", "metadata"}),
+            "reward": 1.0,
+            "done": True,
+            "metadata": {"k": 1},
+        },
+        "id": 3,
+    }
