@@ -12,6 +12,7 @@ import inspect
 import logging
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -224,6 +225,21 @@ def _read_state(env: Environment[Any, Any, Any]) -> Any:
 
 def _accepted_kwargs(fn: Callable[..., Any]) -> set[str] | None:
     """Keyword names ``fn`` accepts, or ``None`` when it takes ``**kwargs``."""
+    # Every session of a class asks about the same function: inspect it once.
+    key = getattr(fn, "__func__", None)
+    if key is None:
+        return _inspect_kwargs(fn)
+    try:
+        return _KWARGS_CACHE[key]
+    except KeyError:
+        accepted = _KWARGS_CACHE[key] = _inspect_kwargs(fn)
+        return accepted
+
+
+_KWARGS_CACHE: weakref.WeakKeyDictionary[Any, set[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _inspect_kwargs(fn: Callable[..., Any]) -> set[str] | None:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
