@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/benchmark_env/pyproje
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e envs/echo_env
 	$(BIN)/pip install --quiet -e envs/benchmark_env
+	$(BIN)/pip install --quiet -e '.[bench]'
 	@touch $@
 
 demo: $(STAMP)
@@ -30,6 +31,10 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
+
+# Closed-loop load against our server, OpenEnv and bare echo servers; see benchmarks/.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
