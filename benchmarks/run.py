@@ -36,6 +36,7 @@ OPENENV_CORE = "openenv-core==0.3.0"
 ECHO_ACTION = '{"message": "hello"}'
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+LOG_DIR = BENCH_DIR / ".logs"
 MARK_BEGIN = "<!-- bench:begin -->"
 MARK_END = "<!-- bench:end -->"
 
@@ -132,7 +133,11 @@ class Running:
         env["PYTHONPATH"] = str(BENCH_DIR)
         env.update(server.env)
         started = time.perf_counter()
-        self.proc = subprocess.Popen(["taskset", "-c", "0", *argv], cwd=server.cwd, env=env)
+        log = open(LOG_DIR / f"{server.name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", *argv], cwd=server.cwd, env=env, stdout=log, stderr=log
+        )
+        log.close()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cold_start = self._wait_healthy(started)
 
@@ -467,6 +472,7 @@ def main() -> None:
     command = "python benchmarks/run.py " + shlex.join(sys.argv[1:])
     if "openenv-core" in names and "throughput" not in skip:
         ensure_openenv_core()
+    LOG_DIR.mkdir(exist_ok=True)
     started = time.time()
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))} with `{command.strip()}`",
