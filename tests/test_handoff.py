@@ -15,7 +15,7 @@ from openenv.server.handoff import Handoff, LaneTicket
 @pytest.fixture
 async def handoff() -> AsyncIterator[Handoff]:
     pool = ThreadPoolExecutor(4)
-    lane = Handoff(pool, max_threads=4, blocking_after=0.002)
+    lane = Handoff(pool, max_threads=4, blocking_after=0.002, slow_after=0.01)
     yield lane
     lane.shutdown()
     pool.shutdown(wait=True)
@@ -51,9 +51,9 @@ async def test_a_blocking_call_does_not_hold_up_others(handoff: Handoff) -> None
     for i in range(20):
         assert await handoff.call(LaneTicket(), abs, -i) == i
     assert not blocked.done()
-    assert slow.slow > 0  # its next calls go to the slow lane
     gate.set()
     assert await blocked is True
+    assert slow.slow > 0  # it took longer than slow_after: its next calls go to the slow lane
 
 
 async def test_threads_stay_capped_when_every_call_blocks(handoff: Handoff) -> None:

@@ -9,10 +9,13 @@ wake-up and one loop wake-up per batch rather than per call.
 A blocking call never holds up the others for long. While work is queued, a
 timer on the event loop checks the workers every ``blocking_after`` seconds:
 when every awake worker is inside a call older than that, it wakes (or
-starts) another worker to go on draining, up to ``max_threads``. The session
-whose call blocked is moved to the *slow lane*, a plain thread pool, until
-its calls are quick again; so slow sessions queue among themselves and the
-fast lane stays fast. User code never runs on the event loop thread.
+starts) another worker to go on draining, up to ``max_threads``. A session
+whose call took longer than ``slow_after`` moves to the *slow lane*, a plain
+thread pool, until its calls are quick again; so slow sessions queue among
+themselves and the fast lane stays fast. (A worker merely preempted by a
+busy machine looks stuck too; demoting on the finished call's length, with a
+larger threshold, keeps such sessions in the fast lane.) User code never
+runs on the event loop thread.
 
 >>> import asyncio
 >>> from concurrent.futures import ThreadPoolExecutor
@@ -94,10 +97,12 @@ class Handoff:
         slow_lane: Executor,
         max_threads: int = 64,
         blocking_after: float = 0.002,
+        slow_after: float = 0.02,
     ) -> None:
         self.slow_lane = slow_lane
         self.max_threads = max_threads
         self.blocking_after = blocking_after
+        self.slow_after = slow_after
         self._pending: deque[_Call] = deque()
         self._done: deque[tuple[_Call, bool, Any]] = deque()
         self._lock = threading.Lock()
@@ -156,7 +161,7 @@ class Handoff:
         try:
             return await loop.run_in_executor(self.slow_lane, lambda: fn(*args, **kwargs))
         finally:
-            if _monotonic() - started > self.blocking_after:
+            if _monotonic() - started > self.slow_after:
                 ticket.slow = _SLOW_CREDITS
             else:
                 ticket.slow -= 1
@@ -183,10 +188,9 @@ class Handoff:
                 stuck_before = _monotonic() - self.blocking_after
                 active = self._active
                 if all(0.0 < w.started < stuck_before for w in active):
-                    for worker in active:
-                        call = worker.current
-                        if call is not None:
-                            call.ticket.slow = _SLOW_CREDITS
+                    # Only wake a helper here: a worker that looks stuck may just have
+                    # been preempted, and demoting its session would make a quick
+                    # session queue behind slow ones. Demotion waits for the call's end.
                     self._wake_one()
         assert self._loop is not None
         self._loop.call_later(self.blocking_after, self._watch)
@@ -238,7 +242,7 @@ class Handoff:
                     result = (call, False, exc)
                 worker.started = 0.0
                 worker.current = None
-                if _monotonic() - started > self.blocking_after:
+                if _monotonic() - started > self.slow_after:
                     call.ticket.slow = _SLOW_CREDITS
                 done.append(result)
                 if not self._notified:
