@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import orjson
 import pytest
 
@@ -109,3 +111,49 @@ def test_fatal_codes_are_exactly_the_session_ending_ones() -> None:
         ErrorCode.FACTORY_ERROR,
         ErrorCode.SESSION_ERROR,
     }
+
+
+def test_observation_frame_carries_the_json_dump_of_every_field() -> None:
+    from datetime import datetime
+
+    from pydantic import BaseModel
+
+    class Position(BaseModel):
+        x: int
+
+    class Located(Observation):
+        pos: Position
+        when: datetime
+        tags: tuple[str, ...]
+
+    seen = Located(
+        pos=Position(x=1),
+        when=datetime(2020, 1, 2),
+        tags=("a",),
+        reward=1.0,
+        done=True,
+        metadata={"k": 1},
+    )
+    assert orjson.loads(protocol.observation_frame(seen, 3)) == {
+        "type": "observation",
+        "data": {
+            "observation": seen.model_dump(mode="json", exclude={"reward", "done", "metadata"}),
+            "reward": 1.0,
+            "done": True,
+            "metadata": {"k": 1},
+        },
+        "id": 3,
+    }
+
+
+def test_every_client_message_type_is_decoded() -> None:
+    # The fast per-type validators must cover the whole union, or a new message
+    # type would be refused as UNKNOWN_TYPE.
+    union = typing.get_args(typing.get_args(protocol.ClientMessage)[0])
+    for cls in union:
+        kind = cls.model_fields["type"].default
+        data = {"name": "t"} if kind == "call_tool" else {}
+        frame = orjson.dumps({"type": kind, "data": data} if kind != "state" else {"type": kind})
+        if kind in {"close", "list_tools"}:
+            frame = orjson.dumps({"type": kind})
+        assert isinstance(protocol.parse_client_message(frame), cls)

@@ -1,4 +1,4 @@
-"""Calling environment code: ``async def`` on the loop, plain ``def`` in a worker thread.
+"""Calling environment code: ``async def`` on the loop, plain ``def`` on a worker thread.
 
 A deadline cancels an ``async def`` call. A thread cannot be killed, so a
 plain ``def`` that overruns is left running and handed back to the caller as
@@ -13,7 +13,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-__all__ = ["DeadlineExceeded", "call"]
+__all__ = ["DeadlineExceeded", "Submit", "call", "on_executor"]
+
+# Starts fn(*args, **kwargs) on a worker thread; the future resolves with its outcome.
+Submit = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], "asyncio.Future[Any]"]
 
 
 class DeadlineExceeded(Exception):
@@ -25,10 +28,21 @@ class DeadlineExceeded(Exception):
         self.stuck = stuck
 
 
+def on_executor(executor: Executor) -> Submit:
+    """A ``Submit`` that runs calls on a plain executor (for rare, possibly slow calls)."""
+
+    def submit(
+        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        return asyncio.wrap_future(executor.submit(fn, *args, **kwargs))
+
+    return submit
+
+
 async def call(
     fn: Callable[..., Any],
     *args: Any,
-    executor: Executor,
+    submit: Submit,
     timeout: float | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -41,8 +55,7 @@ async def call(
                 return await fn(*args, **kwargs)
         except TimeoutError:
             raise DeadlineExceeded(timeout, None) from None
-    work = executor.submit(fn, *args, **kwargs)
-    future = asyncio.wrap_future(work)
+    future = submit(fn, args, kwargs)
     if timeout is None:
         result = await future
     else:
@@ -50,8 +63,6 @@ async def call(
             async with asyncio.timeout(timeout):
                 result = await asyncio.shield(future)
         except TimeoutError:
-            if work.cancel():  # still queued behind busy threads: it never ran
-                raise DeadlineExceeded(timeout, None) from None
             future.add_done_callback(_consume)
             raise DeadlineExceeded(timeout, future) from None
     if inspect.isawaitable(result):  # a plain def that returned a coroutine

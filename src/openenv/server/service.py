@@ -17,6 +17,7 @@ from openenv.environment import Environment
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
+from openenv.server.handoff import Handoff
 from openenv.server.metrics import Metrics
 from openenv.server.sessions import SessionRegistry, SessionState
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -66,6 +67,7 @@ class EnvService:
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Connection] = set()
         self.executor = self._new_executor()
+        self.handoff = Handoff(self.executor, settings.max_threads)
         self._executor_stopped = False
         self.started_at = time.time()
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
@@ -79,7 +81,9 @@ class EnvService:
         """
         try:
             env = await calls.call(
-                self.env_factory, executor=self.executor, timeout=self.settings.factory_timeout
+                self.env_factory,
+                submit=calls.on_executor(self.executor),
+                timeout=self.settings.factory_timeout,
             )
         except calls.DeadlineExceeded as exc:
             if exc.stuck is None:
@@ -103,7 +107,9 @@ class EnvService:
                 env = future.result()
                 if isinstance(env, Environment):
                     await calls.call(
-                        env.close, executor=self.executor, timeout=self.settings.close_timeout
+                        env.close,
+                        submit=calls.on_executor(self.executor),
+                        timeout=self.settings.close_timeout,
                     )
             except Exception:
                 logger.exception("closing an environment whose factory overran failed")
@@ -124,6 +130,7 @@ class EnvService:
         # A fresh pool per run: the same app may be served again after a shutdown.
         if self._executor_stopped:
             self.executor = self._new_executor()
+            self.handoff = Handoff(self.executor, self.settings.max_threads)
             self._executor_stopped = False
         self.draining = False
         LIVE_SERVICES.add(self)
@@ -142,6 +149,7 @@ class EnvService:
                     await reaper
             await self.drain()
             LIVE_SERVICES.discard(self)
+            self.handoff.shutdown()
             self.executor.shutdown(wait=False, cancel_futures=True)
             self._executor_stopped = True
 

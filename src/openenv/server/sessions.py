@@ -11,10 +11,12 @@ import asyncio
 import collections
 import difflib
 import enum
+import functools
 import inspect
 import logging
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,6 +27,7 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
+from openenv.server.handoff import LaneTicket
 from openenv.tasks import TaskSpec, task_class
 from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
@@ -160,6 +163,9 @@ class Session:
         self._reset_accepts = _accepted_kwargs(env.reset)
         self._bad_frames = 0
         self._stuck: asyncio.Future[Any] | None = None
+        # This session's lane in the thread hand-over (see server/handoff.py).
+        self._ticket = LaneTicket()
+        self._submit = functools.partial(service.handoff.submit, self._ticket)
         self._task_cls = task_class(env.reset)
         try:
             self.tools = tools_of(type(env))
@@ -369,9 +375,7 @@ class Session:
     ) -> _R:
         """Call into the environment; its failures become error replies."""
         try:
-            result = await calls.call(
-                fn, *args, executor=self._service.executor, timeout=timeout, **kwargs
-            )
+            result = await calls.call(fn, *args, submit=self._submit, timeout=timeout, **kwargs)
         except calls.DeadlineExceeded as exc:
             if exc.stuck is not None:
                 # The thread cannot be stopped: end the session, and keep the slot
@@ -420,7 +424,7 @@ class Session:
                 await asyncio.wait([self._stuck])
             await calls.call(
                 self.env.close,
-                executor=self._service.executor,
+                submit=self._submit,
                 timeout=self._settings.close_timeout,
             )
         except calls.DeadlineExceeded as exc:
@@ -466,6 +470,21 @@ def _read_state(env: Environment[Any, Any, Any]) -> Any:
 
 def _accepted_kwargs(fn: Callable[..., Any]) -> set[str] | None:
     """Keyword names ``fn`` accepts, or ``None`` when it takes ``**kwargs``."""
+    # Every session of a class asks about the same function: inspect it once.
+    key = getattr(fn, "__func__", None)
+    if key is None:
+        return _inspect_kwargs(fn)
+    try:
+        return _KWARGS_CACHE[key]
+    except KeyError:
+        accepted = _KWARGS_CACHE[key] = _inspect_kwargs(fn)
+        return accepted
+
+
+_KWARGS_CACHE: weakref.WeakKeyDictionary[Any, set[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _inspect_kwargs(fn: Callable[..., Any]) -> set[str] | None:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None

@@ -1,0 +1,1 @@
+"""The benchmark environment's server side."""

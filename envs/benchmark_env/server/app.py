@@ -1,0 +1,39 @@
+"""The benchmark environment's ASGI apps: `uvicorn server.app:app` from this folder.
+
+`app` serves the plain `def step` (waits in `time.sleep`, off the event loop);
+`async_app` the `async def step` (waits in `asyncio.sleep`, on the loop).
+`OPENENV_MAX_CONCURRENT_ENVS` sets the session cap (default 1024) and
+`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: none).
+"""
+
+import os
+
+from benchmark_env.models import BenchAction, BenchObservation
+from benchmark_env.server.environment import AsyncBenchmarkEnvironment, BenchmarkEnvironment
+from openenv import ConcurrencyConfig, create_app
+
+app = create_app(
+    BenchmarkEnvironment,
+    BenchAction,
+    BenchObservation,
+    ConcurrencyConfig.from_env(max_concurrent_envs=1024),
+)
+async_app = create_app(
+    AsyncBenchmarkEnvironment,
+    BenchAction,
+    BenchObservation,
+    ConcurrencyConfig.from_env(max_concurrent_envs=1024),
+)
+
+
+def main() -> None:
+    """Serve `app` on $HOST:$PORT (default 0.0.0.0:8000); the `benchmark-server` script."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Run plain ``def`` environment calls on worker threads, cheaply and without stalls.
+
+``loop.run_in_executor`` costs two futures, a queue hand-over and a loop
+wake-up per call; for a cheap ``step`` that is most of the server's work.
+``Handoff`` keeps one *fast lane*: calls go into a deque that an awake worker
+drains, and results come back in batches, so a busy server pays one thread
+wake-up and one loop wake-up per batch rather than per call.
+
+A blocking call never holds up the others for long. While work is queued, a
+timer on the event loop checks the workers every ``blocking_after`` seconds:
+when every awake worker is inside a call older than that, it wakes (or
+starts) another worker to go on draining, up to ``max_threads``. A session
+whose call took longer than ``slow_after`` moves to the *slow lane*, a plain
+thread pool, until its calls are quick again; so slow sessions queue among
+themselves and the fast lane stays fast. (A worker merely preempted by a
+busy machine looks stuck too; demoting on the finished call's length, with a
+larger threshold, keeps such sessions in the fast lane.) User code never
+runs on the event loop thread.
+
+>>> import asyncio
+>>> from concurrent.futures import ThreadPoolExecutor
+>>> async def main() -> int:
+...     handoff = Handoff(ThreadPoolExecutor(2))
+...     try:
+...         return await handoff.call(LaneTicket(), sum, [1, 2, 3])
+...     finally:
+...         handoff.shutdown()
+>>> asyncio.run(main())
+6
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+__all__ = ["Handoff", "LaneTicket"]
+
+_monotonic = time.monotonic
+
+# How many quick calls in a row bring a session back from the slow lane.
+_SLOW_CREDITS = 16
+
+
+class LaneTicket:
+    """Which lane one caller (a session) uses; calls of one ticket never overlap."""
+
+    __slots__ = ("slow",)
+
+    def __init__(self) -> None:
+        self.slow = 0  # > 0: quick calls still needed before returning to the fast lane
+
+
+class _Call:
+    __slots__ = ("args", "fn", "future", "kwargs", "ticket")
+
+    def __init__(
+        self,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.ticket = ticket
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.future = future
+
+
+class _Worker:
+    __slots__ = ("current", "started", "thread", "wake")
+
+    def __init__(self, handoff: Handoff) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()  # held = asleep; released by the loop to wake the worker
+        self.current: _Call | None = None
+        self.started = 0.0
+        self.thread = threading.Thread(
+            target=handoff._work, args=(self,), name="openenv-env-fast", daemon=True
+        )
+        self.thread.start()
+
+
+class Handoff:
+    """The fast lane (batched hand-over to a few workers) in front of a slow-lane pool."""
+
+    def __init__(
+        self,
+        slow_lane: Executor,
+        max_threads: int = 64,
+        blocking_after: float = 0.002,
+        slow_after: float = 0.02,
+    ) -> None:
+        self.slow_lane = slow_lane
+        self.max_threads = max_threads
+        self.blocking_after = blocking_after
+        self.slow_after = slow_after
+        self._pending: deque[_Call] = deque()
+        self._done: deque[tuple[_Call, bool, Any]] = deque()
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._idle: list[_Worker] = []
+        self._active: list[_Worker] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._notified = False
+        self._watching = False
+        self._stopped = False
+
+    @property
+    def threads(self) -> int:
+        """Fast-lane threads started so far (the slow lane counts its own)."""
+        return len(self._workers)
+
+    async def call(
+        self, ticket: LaneTicket, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` on a worker thread and return (or raise) its result."""
+        return await self.submit(ticket, fn, args, kwargs)
+
+    def submit(
+        self,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> asyncio.Future[Any]:
+        """Start ``fn(*args, **kwargs)`` on a worker thread; the future gets its outcome.
+
+        Cancelling the future does not stop the call: a thread cannot be interrupted.
+        """
+        loop = asyncio.get_running_loop()
+        if ticket.slow:
+            return self._submit_slow(loop, ticket, fn, args, kwargs)
+        if self._loop is not loop:
+            self._loop = loop
+        future = loop.create_future()
+        call = _Call(ticket, fn, args, kwargs, future)
+        with self._lock:
+            self._pending.append(call)
+            if not self._active:
+                self._wake_one()
+        if not self._watching:
+            self._watching = True
+            loop.call_later(self.blocking_after, self._watch)
+        return future
+
+    def shutdown(self) -> None:
+        """Let idle workers exit; busy ones exit after their call. Idempotent."""
+        with self._lock:
+            self._stopped = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.wake.release()
+
+    # -- loop thread --------------------------------------------------------
+
+    def _submit_slow(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> asyncio.Future[Any]:
+        started = _monotonic()
+
+        def timed() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                # Credits follow the call's own length, even if nobody awaits it.
+                if _monotonic() - started > self.slow_after:
+                    ticket.slow = _SLOW_CREDITS
+                else:
+                    ticket.slow -= 1
+
+        return asyncio.wrap_future(self.slow_lane.submit(timed), loop=loop)
+
+    def _wake_one(self) -> None:
+        """Wake an idle worker, or start one below the cap; caller holds the lock."""
+        if self._idle:
+            worker = self._idle.pop()
+        elif len(self._workers) < self.max_threads and not self._stopped:
+            worker = _Worker(self)
+            self._workers.append(worker)
+        else:
+            return  # every thread is busy; the watch keeps looking
+        self._active.append(worker)
+        worker.wake.release()
+
+    def _watch(self) -> None:
+        """While work waits, make sure some awake worker is not stuck in a long call."""
+        with self._lock:
+            if not self._pending and not self._active:
+                self._watching = False
+                return
+            if self._pending:
+                stuck_before = _monotonic() - self.blocking_after
+                active = self._active
+                if all(0.0 < w.started < stuck_before for w in active):
+                    # Only wake a helper here: a worker that looks stuck may just have
+                    # been preempted, and demoting its session would make a quick
+                    # session queue behind slow ones. Demotion waits for the call's end.
+                    self._wake_one()
+        assert self._loop is not None
+        self._loop.call_later(self.blocking_after, self._watch)
+
+    def _deliver(self) -> None:
+        self._notified = False
+        done = self._done
+        while done:
+            call, ok, value = done.popleft()
+            future = call.future
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    # -- worker threads -----------------------------------------------------
+
+    def _work(self, worker: _Worker) -> None:
+        pending, done = self._pending, self._done
+        while True:
+            worker.wake.acquire()
+            if self._stopped and not pending:
+                return
+            while True:
+                try:
+                    call = pending.popleft()
+                except IndexError:
+                    with self._lock:
+                        if pending:
+                            continue
+                        self._active.remove(worker)
+                        if self._stopped:
+                            return
+                        self._idle.append(worker)
+                    break
+                worker.current = call
+                worker.started = started = _monotonic()
+                try:
+                    result: tuple[_Call, bool, Any] = (
+                        call,
+                        True,
+                        call.fn(*call.args, **call.kwargs),
+                    )
+                except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
+                    result = (call, False, RuntimeError(f"StopIteration: {exc}"))
+                except BaseException as exc:  # handed to the awaiting coroutine
+                    result = (call, False, exc)
+                worker.started = 0.0
+                worker.current = None
+                if _monotonic() - started > self.slow_after:
+                    call.ticket.slow = _SLOW_CREDITS
+                done.append(result)
+                if not self._notified:
+                    self._notified = True
+                    loop = self._loop
+                    assert loop is not None
+                    # A closed loop raises RuntimeError: nobody is waiting any more.
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(self._deliver)

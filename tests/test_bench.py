@@ -1,0 +1,86 @@
+"""`openenv bench` and `run_bench` against real servers on loopback."""
+
+from __future__ import annotations
+
+import functools
+
+import orjson
+import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker
+from typer.testing import CliRunner
+
+from openenv import ConcurrencyConfig, create_app
+from openenv.bench import run_bench
+from openenv.cli import app as cli
+from openenv.testing import run_server
+
+
+@pytest.mark.parametrize("client", ["picows", "websockets"])
+def test_every_session_takes_its_steps_and_the_server_saw_them(client: str) -> None:
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PingEnvironment, tracker),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=8),
+    )
+    with run_server(app) as url:
+        report = run_bench(url, sessions=8, steps=20, action={"message": "x"}, client=client)
+    assert (report.steps, report.sessions_ok, dict(report.errors)) == (160, 8, {})
+    assert len(report.latencies) == 160
+    assert len(report.connect_times) == 8
+    assert report.latency(50) <= report.latency(99) <= report.latency(100)
+    tracker.wait_closed(8)  # the load generator closed every session it opened
+
+
+def test_errors_are_counted_by_code_and_refused_sessions_fail() -> None:
+    app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2))
+    with run_server(app) as url:
+        report = run_bench(url, sessions=3, steps=5, action={"message": 42})
+    assert report.sessions_ok == 0
+    assert report.errors["VALIDATION_ERROR"] == 10  # 2 admitted sessions x 5 steps
+    assert report.errors["CAPACITY_REACHED"] == 1
+    assert "valid string" in report.error_samples["VALIDATION_ERROR"]
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="either steps or duration"):
+        run_bench("http://127.0.0.1:9", steps=1, duration=1.0)
+    with pytest.raises(ValueError, match="unknown client"):
+        run_bench("http://127.0.0.1:9", steps=1, client="curl")
+
+
+def test_a_server_that_is_not_there_fails_every_session() -> None:
+    report = run_bench("http://127.0.0.1:9", sessions=2, steps=1, connect_timeout=2)
+    assert report.sessions_failed == 2
+    assert report.errors["CONNECT_FAILED"] == 2
+
+
+def test_cli_prints_json_and_exits_1_when_sessions_fail(echo_url: str) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(
+        cli,
+        [
+            "bench",
+            echo_url,
+            "-c",
+            "4",
+            "--duration",
+            "0.3",
+            "--action",
+            '{"message": "hi"}',
+            "--json",
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    report = orjson.loads(ok.stdout)
+    assert report["sessions_ok"] == 4
+    assert report["steps"] > 0
+    assert report["errors"] == {}
+    bad = runner.invoke(cli, ["bench", echo_url, "-c", "2", "--steps", "2", "--action", "{}"])
+    assert bad.exit_code == 1
+    assert "VALIDATION_ERROR" in bad.stdout
+    both = runner.invoke(cli, ["bench", echo_url, "--steps", "1", "--duration", "1"])
+    assert both.exit_code == 2
+    not_json = runner.invoke(cli, ["bench", echo_url, "--action", "{nope"])
+    assert not_json.exit_code == 2

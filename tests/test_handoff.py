@@ -1,0 +1,93 @@
+"""The fast-lane hand-over of plain ``def`` calls: results, errors, blocking calls, threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from openenv.server.handoff import Handoff, LaneTicket
+
+
+@pytest.fixture
+async def handoff() -> AsyncIterator[Handoff]:
+    pool = ThreadPoolExecutor(4)
+    lane = Handoff(pool, max_threads=4, blocking_after=0.002, slow_after=0.01)
+    yield lane
+    lane.shutdown()
+    pool.shutdown(wait=True)
+
+
+async def test_results_and_errors_come_back_to_their_caller(handoff: Handoff) -> None:
+    def fail() -> None:
+        raise ValueError("boom")
+
+    def stop() -> None:
+        raise StopIteration
+
+    tickets = [LaneTicket() for _ in range(50)]
+    results = await asyncio.gather(*(handoff.call(t, pow, i, 2) for i, t in enumerate(tickets)))
+    assert results == [i * i for i in range(50)]
+    with pytest.raises(ValueError, match="boom"):
+        await handoff.call(LaneTicket(), fail)
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await handoff.call(LaneTicket(), stop)
+    assert await handoff.call(LaneTicket(), lambda x=1, *, y: x + y, y=2) == 3
+
+
+async def test_cheap_calls_share_a_worker_not_a_thread_each(handoff: Handoff) -> None:
+    await asyncio.gather(*(handoff.call(LaneTicket(), abs, -i) for i in range(2000)))
+    assert handoff.threads <= 4
+
+
+async def test_a_blocking_call_does_not_hold_up_others(handoff: Handoff) -> None:
+    gate = threading.Event()
+    slow = LaneTicket()
+    blocked = asyncio.ensure_future(handoff.call(slow, gate.wait, 30))
+    # Queued behind the blocked call, these still finish: the watch wakes another worker.
+    for i in range(20):
+        assert await handoff.call(LaneTicket(), abs, -i) == i
+    assert not blocked.done()
+    gate.set()
+    assert await blocked is True
+    assert slow.slow > 0  # it took longer than slow_after: its next calls go to the slow lane
+
+
+async def test_threads_stay_capped_when_every_call_blocks(handoff: Handoff) -> None:
+    gate = threading.Event()
+    calls = [asyncio.ensure_future(handoff.call(LaneTicket(), gate.wait, 30)) for _ in range(10)]
+
+    for _ in range(2000):  # poll, with a deadline, until the watch has woken every worker
+        if handoff.threads == 4:
+            break
+        await asyncio.sleep(0.005)
+    assert handoff.threads == 4
+    assert not any(c.done() for c in calls)
+    gate.set()
+    assert await asyncio.gather(*calls) == [True] * 10
+    assert handoff.threads == 4
+
+
+async def test_a_slow_ticket_returns_to_the_fast_lane_after_quick_calls(handoff: Handoff) -> None:
+    ticket = LaneTicket()
+    ticket.slow = 3
+    for _ in range(3):
+        assert await handoff.call(ticket, abs, -1) == 1
+    assert ticket.slow == 0
+
+
+async def test_shutdown_lets_the_workers_exit() -> None:
+    before = set(threading.enumerate())
+    pool = ThreadPoolExecutor(2)
+    lane = Handoff(pool, max_threads=2)
+    await asyncio.gather(*(lane.call(LaneTicket(), abs, -i) for i in range(100)))
+    started = set(threading.enumerate()) - before
+    assert started
+    lane.shutdown()
+    pool.shutdown(wait=True)
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
