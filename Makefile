@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e envs/echo_env
+	$(BIN)/pip install --quiet -e '.[ray,spark]'
 	@touch $@
 
 demo: $(STAMP)

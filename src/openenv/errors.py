@@ -5,6 +5,7 @@
     ├── ConnectionFailedError           could not open a session (refused, timed out, bad URL)
     ├── SessionClosedError              the connection dropped or the session ended
     ├── EnvTimeoutError                 no reply within the client's message timeout
+    ├── EngineError                     a runtime engine cannot be loaded or misbehaved
     └── ServerError                     the server answered with an ``error`` frame
         ├── ProtocolError               INVALID_JSON, UNKNOWN_TYPE
         ├── EnvValidationError          VALIDATION_ERROR
@@ -26,6 +27,7 @@ __all__ = [
     "CapacityError",
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
+    "EngineError",
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
@@ -70,6 +72,10 @@ class SessionClosedError(OpenEnvError):
 
 class EnvTimeoutError(OpenEnvError, TimeoutError):
     """The server did not reply within the client's ``message_timeout``."""
+
+
+class EngineError(OpenEnvError):
+    """A runtime engine is unknown, its extra is not installed, or it broke its contract."""
 
 
 class ServerError(OpenEnvError):
