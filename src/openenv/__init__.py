@@ -30,6 +30,7 @@ from openenv.errors import (
     CapacityError,
     ConcurrencyConfigurationError,
     ConnectionFailedError,
+    EngineError,
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
@@ -41,6 +42,20 @@ from openenv.errors import (
     SessionError,
 )
 from openenv.protocol import CloseCode, ErrorCode
+from openenv.runtime import (
+    Agent,
+    EngineName,
+    EpisodeSession,
+    ParallelizableAgent,
+    RandomAgent,
+    RunConfig,
+    Runners,
+    RuntimeEngine,
+    Task,
+    TaskResult,
+    TaskStatus,
+    exec_tasks,
+)
 from openenv.types import Action, EnvironmentMetadata, Observation, State, StepResult
 
 if TYPE_CHECKING:
@@ -50,23 +65,32 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "Agent",
     "AnyObservation",
     "CapacityError",
     "CloseCode",
     "ConcurrencyConfig",
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
+    "EngineError",
+    "EngineName",
     "EnvClient",
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
     "Environment",
     "EnvironmentMetadata",
+    "EpisodeSession",
     "ErrorCode",
     "FactoryError",
     "Observation",
     "OpenEnvError",
+    "ParallelizableAgent",
     "ProtocolError",
+    "RandomAgent",
+    "RunConfig",
+    "Runners",
+    "RuntimeEngine",
     "ServerError",
     "ServerSettings",
     "SessionClosedError",
@@ -74,8 +98,12 @@ __all__ = [
     "State",
     "StepResult",
     "SyncEnvClient",
+    "Task",
+    "TaskResult",
+    "TaskStatus",
     "WebSocketEnvClient",
     "create_app",
+    "exec_tasks",
 ]
 
 _LAZY = {
