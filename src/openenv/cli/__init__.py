@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 import openenv
+from openenv.cli.run import run as run_episodes
 
 __all__ = ["app", "main"]
 
@@ -58,6 +59,9 @@ def demo(
         raise typer.Exit(1) from None
     if report.failed_sessions:
         raise typer.Exit(1)
+
+
+app.command(name="run")(run_episodes)
 
 
 def main() -> None:
