@@ -31,5 +31,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
 
+# Each benchmark is a prerequisite of `bench`; `make bench-runtime` runs one alone.
+.PHONY: bench-runtime
+bench: bench-runtime
+
+bench-runtime: $(STAMP)
+	$(BIN)/python benchmarks/runtime_bench.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

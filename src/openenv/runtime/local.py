@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pickle
 import sys
 import time
@@ -55,12 +56,16 @@ class LocalRuntime(RuntimeEngine):
         batch, unsendable = pack(items, settings)
         for index, result in unsendable:
             record(index, result)
+        # The worker imports what this process can: openenv itself may come from
+        # a path added at run time rather than from an installed package.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "openenv.runtime.worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            env=env,
         )
         assert proc.stdin is not None
         assert proc.stdout is not None
