@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
+import resource
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from openenv import WebSocketEnvClient
 from openenv.cli.demo import serve_subprocess
@@ -70,6 +72,30 @@ async def floor_reuse(url: str, episodes: int, steps: int, in_flight: int) -> No
     await asyncio.gather(*(slot() for _ in range(in_flight)))
 
 
+def cpu_seconds() -> float:
+    """CPU used by this process and its reaped children (local worker processes).
+
+    Ray's and Spark's workers are not children of this process: their CPU is not counted.
+    """
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class Row(NamedTuple):
+    name: str
+    seconds: float
+    cpu: float  # client-side CPU seconds, see cpu_seconds()
+    startup: float
+
+
+def measure(name: str, fn: Callable[[], Any], startup: float = 0.0) -> Row:
+    cpu, started = cpu_seconds(), time.perf_counter()
+    fn()
+    return Row(name, time.perf_counter() - started, cpu_seconds() - cpu, startup)
+
+
 def timed(fn: Callable[[], Any]) -> float:
     started = time.perf_counter()
     fn()
@@ -94,7 +120,7 @@ def main() -> None:
             engine_name="spark", worker_num=args.workers, max_concurrency=per_worker
         ),
     }
-    rows: list[tuple[str, float, float]] = []  # name, seconds, start-up seconds
+    rows: list[Row] = []
     ray_dir = tempfile.mkdtemp(prefix="oe-ray-")
     with serve_subprocess("echo_env.server.app:app", None, max_sessions=4 * args.in_flight) as url:
         tasks = [
@@ -104,10 +130,9 @@ def main() -> None:
 
         def floors(when: str) -> None:
             for name, floor in (("new", floor_new), ("reuse", floor_reuse)):
-                started = time.perf_counter()
-                run_coroutine(floor(url, args.episodes, args.steps, args.in_flight))
-                seconds = time.perf_counter() - started
-                rows.append((f"floor: gather, {name} sessions ({when})", seconds, 0.0))
+                coro = floor(url, args.episodes, args.steps, args.in_flight)
+                label = f"floor: gather, {name} sessions ({when})"
+                rows.append(measure(label, functools.partial(run_coroutine, coro)))
 
         floors("first")
         for name in engines:
@@ -120,13 +145,12 @@ def main() -> None:
                 startup = timed(lambda: local_context(args.workers))
             # Warm-up: worker processes start and import openenv before the clock runs.
             startup += timed(lambda n=name: Runners.sync_run_task(tasks[:8], configs[n]))
-            started = time.perf_counter()
-            results = Runners.sync_run_task(tasks, configs[name])
-            seconds = time.perf_counter() - started
+            results: list[Any] = []
+            run = functools.partial(Runners.sync_run_task, tasks, configs[name])
+            rows.append(measure(name, lambda r=run, out=results: out.extend(r()), startup))
             failed = [r for r in results if not r.ok]
             if failed:
                 raise SystemExit(f"{name}: {len(failed)} episodes failed, e.g. {failed[0].error}")
-            rows.append((name, seconds, startup))
         floors("last")
     shutil.rmtree(ray_dir, ignore_errors=True)
     report(rows, args)
@@ -147,23 +171,28 @@ def start_ray(temp_dir: str, workers: int) -> None:
     )
 
 
-def report(rows: list[tuple[str, float, float]], args: argparse.Namespace) -> None:
-    new = statistics.mean(args.episodes / s for name, s, _ in rows if "new sessions" in name)
-    reuse = statistics.mean(args.episodes / s for name, s, _ in rows if "reuse sessions" in name)
+def report(rows: list[Row], args: argparse.Namespace) -> None:
+    def rate(row: Row) -> float:
+        return args.episodes / row.seconds
+
+    new = statistics.mean(rate(r) for r in rows if "new sessions" in r.name)
+    reuse = statistics.mean(rate(r) for r in rows if "reuse sessions" in r.name)
     print(
         f"\n{args.episodes} episodes x {args.steps} steps, {args.in_flight} in flight "
         f"({args.workers} workers x {max(1, args.in_flight // args.workers)} for multi-worker "
         f"engines), echo server in one uvicorn process, {os.cpu_count()} cores\n"
     )
     print(
-        "| run | wall s | episodes/s | steps/s | vs floor (new) | vs floor (reuse) | start-up s |"
+        "| run | wall s | episodes/s | vs floor (new) | vs floor (reuse) "
+        "| client CPU ms/episode | start-up s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, seconds, startup in rows:
-        rate = args.episodes / seconds
+    for row in rows:
+        outside = " (+ workers)" if row.name in {"ray", "spark"} else ""
         print(
-            f"| {name} | {seconds:.2f} | {rate:,.0f} | {rate * args.steps:,.0f} "
-            f"| {rate / new:.2f}x | {rate / reuse:.2f}x | {startup:.1f} |"
+            f"| {row.name} | {row.seconds:.2f} | {rate(row):,.0f} | {rate(row) / new:.2f}x "
+            f"| {rate(row) / reuse:.2f}x | {row.cpu / args.episodes * 1000:.2f}{outside} "
+            f"| {row.startup:.1f} |"
         )
 
 

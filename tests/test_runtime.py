@@ -349,6 +349,18 @@ def test_a_broken_custom_engine_is_caught() -> None:
         Runners.sync_run_task(tasks, QUICK.model_copy(update={"cls": Shuffling}))
 
 
+def test_spark_without_a_master_says_how_to_get_one() -> None:
+    # In a fresh process: no Spark context is active, and no master is configured.
+    code = (
+        "from openenv.runtime import RunConfig; from openenv.runtime.spark import context; "
+        "context(RunConfig(engine_name='spark'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "EngineError: no Spark master is configured" in run.stderr
+    assert "in_local=True" in run.stderr
+
+
 # -- RandomAgent --------------------------------------------------------------
 
 
