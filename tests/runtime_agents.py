@@ -78,3 +78,10 @@ class AsyncCounter:
     async def act(self, observation: Any) -> dict[str, str]:
         self.calls += 1
         return {"message": "x" * self.calls}
+
+
+async def ping_agent(session: EpisodeSession) -> str:
+    """One step of a ``servers.PingEnvironment``; the task called "slow" asks it to block."""
+    await session.reset()
+    result = await session.step({"message": session.task.id, "block": session.task.id == "slow"})
+    return str(result.observation.message)

@@ -298,6 +298,20 @@ def test_act_agents_may_be_async_and_stop_at_max_steps() -> None:
 PROCESSES = QUICK.model_copy(update={"worker_num": 2, "max_concurrency": 1})
 
 
+def test_closures_and_lambdas_travel_to_worker_processes() -> None:
+    suffix = "!"  # captured by the closure, which cloudpickle sends by value
+
+    async def shout(session: EpisodeSession) -> str:
+        await session.reset()
+        result = await session.step({"message": session.task.id + suffix})
+        return str(result.observation.echoed_message)
+
+    make_env = lambda: EchoEnvironment(max_steps=2)  # noqa: E731 - a lambda on purpose
+    tasks = [Task(id=f"t{i}", env=make_env, agent=shout) for i in range(4)]
+    results = Runners.sync_run_task(tasks, PROCESSES)
+    assert [r.value for r in results] == ["t0!", "t1!", "t2!", "t3!"]
+
+
 def test_a_dead_worker_loses_only_its_own_unfinished_tasks() -> None:
     # Dealt round-robin: t0 and t2 go to one worker, which dies on t0.
     agents = [exiting_agent, echo_agent, echo_agent, echo_agent]

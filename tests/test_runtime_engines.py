@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,9 @@ from runtime_agents import (
     failing_agent,
     hanging_agent,
     messages,
+    ping_agent,
 )
+from servers import Ping, PingEnvironment, Pong
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -219,3 +222,34 @@ def test_in_process_factory_tasks_need_no_server(engine: dict[str, Any]) -> None
     # Random actions are seeded by task: every engine draws the same ones.
     reference = Runners.sync_run_task(tasks[6:], RunConfig())
     assert [(r.value, r.reward) for r in results[6:]] == [(r.value, r.reward) for r in reference]
+
+
+def test_results_stream_back_as_tasks_finish(engine: dict[str, Any]) -> None:
+    # "slow" blocks in the server until "fast"'s result has reached the driver. If
+    # results came back only at the end of the run, "slow" would time out instead.
+    gate = threading.Event()
+
+    def make_env() -> PingEnvironment:
+        return PingEnvironment(gate=gate)
+
+    base = RunConfig(**engine).engine_name.value
+    module, _, name = ENGINES[base].partition(":")
+    parent: type[RuntimeEngine] = getattr(__import__(module, fromlist=[name]), name)
+
+    class OpensTheGate(parent):  # type: ignore[valid-type, misc]
+        async def run(self, tasks: Any, on_result: Any) -> list[TaskResult]:
+            def arrived(index: int, result: TaskResult) -> None:
+                if result.task_id == "fast":
+                    gate.set()
+                on_result(index, result)
+
+            return await super().run(tasks, arrived)
+
+    app = create_app(make_env, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        tasks = [
+            Task(id="slow", env=url, agent=ping_agent, timeout=20),
+            Task(id="fast", env=url, agent=ping_agent),
+        ]
+        results = run(tasks, engine, cls=OpensTheGate)
+    assert [(r.status.value, r.value) for r in results] == [("ok", "slow"), ("ok", "fast")]
