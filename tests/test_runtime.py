@@ -112,6 +112,18 @@ def test_the_runtime_imports_no_server_and_no_engine() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_runtime_exports_are_complete_and_sorted() -> None:
+    import openenv.runtime
+
+    public = {
+        name
+        for name, value in vars(openenv.runtime).items()
+        if not name.startswith("_") and getattr(value, "__module__", "").startswith("openenv")
+    }
+    assert public <= set(openenv.runtime.__all__), public - set(openenv.runtime.__all__)
+    assert openenv.runtime.__all__ == sorted(openenv.runtime.__all__)
+
+
 # -- tasks --------------------------------------------------------------------
 
 

@@ -23,10 +23,10 @@ from openenv.runtime.session import EpisodeSession
 from openenv.runtime.task import EnvFactory, Task, TaskError, TaskResult, TaskStatus
 
 __all__ = [
-    "ENGINES",
     "Agent",
     "AgentFunction",
     "BatchSettings",
+    "ENGINES",
     "EngineName",
     "EnvFactory",
     "EpisodeSession",
