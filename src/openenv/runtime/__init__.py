@@ -14,7 +14,7 @@ imported only when their engine is chosen.
 """
 
 from openenv.runtime.agents import Agent, AgentFunction, ParallelizableAgent
-from openenv.runtime.base import ENGINES, BatchSettings, RuntimeEngine
+from openenv.runtime.base import BatchSettings, RuntimeEngine
 from openenv.runtime.config import EngineName, RunConfig
 from openenv.runtime.local import LocalRuntime
 from openenv.runtime.random_agent import RandomAgent
@@ -26,7 +26,6 @@ __all__ = [
     "Agent",
     "AgentFunction",
     "BatchSettings",
-    "ENGINES",
     "EngineName",
     "EnvFactory",
     "EpisodeSession",
