@@ -85,3 +85,8 @@ async def ping_agent(session: EpisodeSession) -> str:
     await session.reset()
     result = await session.step({"message": session.task.id, "block": session.task.id == "slow"})
     return str(result.observation.message)
+
+
+async def env_var_agent(session: EpisodeSession) -> str | None:
+    """Reports the worker's OPENENV_TEST_MARK: proves options reached the worker."""
+    return os.environ.get("OPENENV_TEST_MARK")

@@ -26,6 +26,7 @@ from runtime_agents import (
     Shouter,
     chain_agent,
     echo_agent,
+    env_var_agent,
     failing_agent,
     hanging_agent,
     messages,
@@ -253,3 +254,10 @@ def test_results_stream_back_as_tasks_finish(engine: dict[str, Any]) -> None:
         ]
         results = run(tasks, engine, cls=OpensTheGate)
     assert [(r.status.value, r.value) for r in results] == [("ok", "slow"), ("ok", "fast")]
+
+
+def test_ray_options_reach_the_ray_tasks(ray_cluster: None) -> None:
+    options = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"OPENENV_TEST_MARK": "marked"}}}
+    tasks = [Task(id=f"t{i}", env=EchoEnvironment, agent=env_var_agent) for i in range(2)]
+    results = run(tasks, ENGINES_UNDER_TEST["ray"], engine_options=options)
+    assert [r.value for r in results] == ["marked", "marked"]
