@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ import pytest
 from pydantic import BaseModel, Field
 from rich.console import Console
 from runtime_agents import AsyncCounter, echo_agent, exiting_agent, messages
-from servers import Ping, PingEnvironment, Pong
+from servers import Ping, PingEnvironment, Pong, Tracker
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -292,6 +293,32 @@ def test_in_process_errors_are_the_servers_errors() -> None:
     )
     assert errors[2][0] == "TypeError"
     assert "Environment[MyAction, MyObservation, MyState]" in errors[2][1]
+
+
+def test_in_process_environments_and_threads_are_released() -> None:
+    tracker = Tracker()
+
+    async def one_step(session: EpisodeSession) -> int:
+        await session.reset()
+        return (await session.step(Ping(message="hi"))).observation.count
+
+    async def fails(session: EpisodeSession) -> None:
+        await session.reset()
+        await session.step(Ping(fail=True))
+
+    make = functools.partial(PingEnvironment, tracker)
+    tasks = [Task(id=f"t{i}", env=make, agent=fails if i == 3 else one_step) for i in range(10)]
+    results = Runners.sync_run_task(tasks, QUICK.model_copy(update={"max_concurrency": 4}))
+    assert [r.value for r in results] == [1, 1, 1, None, 1, 1, 1, 1, 1, 1]
+    assert results[3].error is not None
+    assert results[3].error.type == "EnvExecutionError"
+    # Sessions are reused between episodes, so fewer environments than tasks; all closed.
+    assert 1 <= len(tracker.created) <= 5
+    assert sorted(tracker.closed) == sorted(tracker.created)
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("openenv-inprocess") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "in-process worker threads outlived the run"
+        time.sleep(0.01)
 
 
 def test_act_agents_may_be_async_and_stop_at_max_steps() -> None:

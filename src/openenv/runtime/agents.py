@@ -8,6 +8,9 @@ Two shapes are accepted, and the runtime tells them apart by ``act``:
   runtime runs the loop: ``reset``, then ``act`` and ``step`` until ``done`` or
   the task's ``max_steps``. Its value is the final observation, as a dict.
 
+A sync ``act`` runs on the event loop, between the steps of every other
+episode of its worker: keep it quick, or make it ``async def``.
+
 An ``act`` agent may also define ``for_episode(session)`` returning the agent
 to use for that episode, for per-episode state (``RandomAgent`` uses it to
 fetch the action schema and seed its generator).

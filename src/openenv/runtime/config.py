@@ -37,7 +37,9 @@ class RunConfig(BaseModel):
     Args:
         engine_name: ``local`` (asyncio, or worker processes), ``ray`` or ``spark``.
         worker_num: Worker processes (local), Ray tasks, or Spark partitions.
-        max_concurrency: Episodes in flight per worker.
+        max_concurrency: Episodes in flight per worker. Keep the total within
+            the server's session cap (``max_concurrent_envs``): an episode
+            refused for capacity is retried, then fails with ``CapacityError``.
         sequence_dependent: Run the tasks one after another, in order; each
             agent sees the previous task's result as ``session.previous``.
         in_local: Run a distributed engine on this machine (Ray: a fresh local
