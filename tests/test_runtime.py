@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import importlib
 import io
 import random
 import socket
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -384,6 +386,23 @@ def test_what_cannot_be_pickled_fails_alone() -> None:
     assert "cannot be pickled to send it to a worker" in results[0].error.message
     assert results[2].error is not None
     assert "returned a lock that cannot be pickled" in results[2].error.message
+
+
+def test_a_result_the_driver_cannot_unpickle_fails_alone(tmp_path: Path) -> None:
+    # A module only the worker puts on its path: the driver cannot rebuild its objects.
+    (tmp_path / "worker_only_mod.py").write_text("class Thing:\n    pass\n")
+    folder = str(tmp_path)
+
+    async def returns_a_worker_only_type(session: EpisodeSession) -> Any:
+        sys.path.insert(0, folder)
+        return importlib.import_module("worker_only_mod").Thing()
+
+    tasks = [factory_task("t0", returns_a_worker_only_type), factory_task("t1", echo_agent)]
+    results = Runners.sync_run_task(tasks, PROCESSES)
+    assert [r.status.value for r in results] == ["error", "ok"]
+    assert results[0].error is not None
+    assert results[0].error.type == "ResultUnpicklingError"
+    assert "worker_only_mod" in results[0].error.message
 
 
 def test_a_broken_custom_engine_is_caught() -> None:

@@ -97,28 +97,40 @@ def run_packed(batch: Batch, emit: Callable[[bytes], None]) -> None:
 
 
 def encode_results(pairs: Pairs) -> bytes:
-    """Pickle results; a value that cannot be pickled turns its result into an error."""
-    try:
-        return bytes(cloudpickle.dumps(pairs))
-    except Exception:
-        return bytes(cloudpickle.dumps([(i, _portable(r)) for i, r in pairs]))
+    """Pickle results, each on its own, beside its index and task id.
+
+    A value that cannot be pickled turns its result into an error here; one
+    that cannot be unpickled on the other side does so in ``decode_results``.
+    """
+    return bytes(
+        cloudpickle.dumps([(index, result.task_id, _dumps(result)) for index, result in pairs])
+    )
 
 
-def _portable(result: TaskResult) -> TaskResult:
+def _dumps(result: TaskResult) -> bytes:
     try:
-        cloudpickle.dumps(result)
+        return bytes(cloudpickle.dumps(result))
     except Exception as exc:
-        error = TaskError(
-            type=type(exc).__name__,
-            message=(
-                f"the agent returned a {type(result.value).__name__} that cannot be pickled "
-                f"to send it back from the worker: {exc}"
-            ),
+        message = (
+            f"the agent returned a {type(result.value).__name__} that cannot be pickled "
+            f"to send it back from the worker: {exc}"
         )
-        return replace(result, status=TaskStatus.ERROR, value=None, error=error)
-    return result
+        error = TaskError(type=type(exc).__name__, message=message)
+        return bytes(
+            cloudpickle.dumps(replace(result, status=TaskStatus.ERROR, value=None, error=error))
+        )
 
 
 def decode_results(data: bytes) -> Pairs:
-    pairs: Pairs = cloudpickle.loads(data)
+    pairs: Pairs = []
+    for index, task_id, blob in cloudpickle.loads(data):
+        try:
+            result: TaskResult = cloudpickle.loads(blob)
+        except Exception as exc:
+            message = (
+                f"the worker's result could not be unpickled here "
+                f"(is the agent's return type importable?): {type(exc).__name__}: {exc}"
+            )
+            result = failed_result(task_id, "ResultUnpicklingError", message, time.time())
+        pairs.append((index, result))
     return pairs
