@@ -261,7 +261,7 @@ def test_run_config_timeout_applies_to_every_task() -> None:
         await asyncio.Event().wait()
 
     tasks = [factory_task("t0", hangs), factory_task("t1", echo_agent)]
-    results = Runners.sync_run_task(tasks, QUICK.model_copy(update={"timeout": 0.3}))
+    results = Runners.sync_run_task(tasks, QUICK.model_copy(update={"timeout": 2.0}))
     assert [r.status for r in results] == [TaskStatus.TIMEOUT, TaskStatus.OK]
 
 

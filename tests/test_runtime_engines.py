@@ -227,7 +227,8 @@ def test_in_process_factory_tasks_need_no_server(engine: dict[str, Any]) -> None
 
 def test_results_stream_back_as_tasks_finish(engine: dict[str, Any]) -> None:
     # "slow" blocks in the server until "fast"'s result has reached the driver. If
-    # results came back only at the end of the run, "slow" would time out instead.
+    # results came back only at the end of the run, "slow" would time out instead
+    # (at 25 s, before the server gives up waiting at 30 s).
     gate = threading.Event()
 
     def make_env() -> PingEnvironment:
@@ -249,7 +250,7 @@ def test_results_stream_back_as_tasks_finish(engine: dict[str, Any]) -> None:
     app = create_app(make_env, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
     with run_server(app) as url:
         tasks = [
-            Task(id="slow", env=url, agent=ping_agent, timeout=20),
+            Task(id="slow", env=url, agent=ping_agent, timeout=25),
             Task(id="fast", env=url, agent=ping_agent),
         ]
         results = run(tasks, engine, cls=OpensTheGate)
