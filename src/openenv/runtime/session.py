@@ -44,6 +44,15 @@ class EpisodeSession:
             ``sequence_dependent`` (``None`` for the first task, and otherwise).
         steps: Steps taken so far.
         reward: Sum of the rewards so far.
+
+    >>> from openenv.runtime import Runners, Task
+    >>> from echo_env.server.environment import EchoEnvironment
+    >>> async def peek(session):
+    ...     await session.reset()
+    ...     await session.step({"message": "hey"})
+    ...     return session.steps, session.reward, (await session.state()).step_count
+    >>> Runners.sync_run_task([Task(id="t0", env=EchoEnvironment, agent=peek)])[0].value
+    (1, 0.3, 1)
     """
 
     def __init__(self, task: Task, client: SessionClient, previous: TaskResult | None) -> None:
