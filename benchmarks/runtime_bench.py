@@ -152,6 +152,10 @@ def main() -> None:
             if failed:
                 raise SystemExit(f"{name}: {len(failed)} episodes failed, e.g. {failed[0].error}")
         floors("last")
+    if "ray" in engines:
+        import ray
+
+        ray.shutdown()  # before removing its folder, which it writes to as it stops
     shutil.rmtree(ray_dir, ignore_errors=True)
     report(rows, args)
 
