@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-servers bench-churn bench-fuzz bench-tools clean chromium
+.PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz bench-tools clean chromium
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,mcp,bench]' -e envs/echo_env -e envs/counter_env -e envs/benchmark_env
+	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark]' -e envs/echo_env -e envs/counter_env -e envs/benchmark_env
 	@touch $@
 
 demo: $(STAMP)
@@ -31,7 +31,7 @@ pytest: $(STAMP) chromium
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-servers bench-churn bench-fuzz bench-tools
+bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -49,6 +49,10 @@ bench-tools: $(STAMP)
 # Closed-loop load against our server, OpenEnv and bare echo servers; see benchmarks/.
 bench-servers: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# Runners on every engine against a hand-written asyncio.gather floor.
+bench-runtime: $(STAMP)
+	$(BIN)/python benchmarks/runtime_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

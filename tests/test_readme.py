@@ -14,8 +14,11 @@ from openenv.testing import run_server
 README = Path(__file__).parents[1] / "README.md"
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def _python_blocks(section: str | None = None) -> list[str]:
+    text = README.read_text()
+    if section is not None:
+        text = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
 def test_readme_environment_serves_and_its_client_plays(tmp_path: Path) -> None:
@@ -36,3 +39,20 @@ def test_readme_environment_serves_and_its_client_plays(tmp_path: Path) -> None:
     assert lines[0].startswith("mean steps to solve: ")
     assert 1 <= float(lines[0].split(": ")[1]) <= 7  # binary search over 100 numbers
     assert lines[1] == "lower"
+
+
+def test_readme_runs_many_episodes(tmp_path: Path) -> None:
+    env_code, runner_code = _python_blocks()[0], _python_blocks("Run many episodes")[0]
+    (tmp_path / "my_env.py").write_text(env_code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("my_env")
+        with run_server(module.app) as url:
+            code = runner_code.replace("http://localhost:8000", url)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_env", None)
+    assert out.getvalue().splitlines() == ["550 ok, target of t7: 7"]

@@ -43,6 +43,7 @@ from openenv.errors import (
     ConcurrencyConfigurationError,
     ConnectionFailedError,
     DeadlineError,
+    EngineError,
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
@@ -58,6 +59,20 @@ from openenv.errors import (
     UnknownToolError,
 )
 from openenv.protocol import CloseCode, EnvInfo, ErrorCode, TaskPage
+from openenv.runtime import (
+    Agent,
+    EngineName,
+    EpisodeSession,
+    ParallelizableAgent,
+    RandomAgent,
+    RunConfig,
+    Runners,
+    RuntimeEngine,
+    Task,
+    TaskResult,
+    TaskStatus,
+    exec_tasks,
+)
 from openenv.tasks import TaskSpec
 from openenv.tools import (
     ImageContent,
@@ -83,6 +98,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "Agent",
     "AnyObservation",
     "AuthenticationError",
     "CapacityError",
@@ -91,6 +107,8 @@ __all__ = [
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
     "DeadlineError",
+    "EngineError",
+    "EngineName",
     "EnvClient",
     "EnvExecutionError",
     "EnvInfo",
@@ -101,6 +119,7 @@ __all__ = [
     "Environment",
     "EnvironmentMetadata",
     "EpisodeFinishedError",
+    "EpisodeSession",
     "ErrorCode",
     "FactoryError",
     "ImageContent",
@@ -109,9 +128,14 @@ __all__ = [
     "Observation",
     "OpenEnvClient",
     "OpenEnvError",
+    "ParallelizableAgent",
     "ProtocolError",
+    "RandomAgent",
     "RemoteEnv",
     "RequestFailedError",
+    "RunConfig",
+    "Runners",
+    "RuntimeEngine",
     "ServerError",
     "ServerSettings",
     "SessionClosedError",
@@ -122,8 +146,11 @@ __all__ = [
     "SyncEnvSession",
     "SyncOpenEnvClient",
     "SyncRemoteEnv",
+    "Task",
     "TaskPage",
+    "TaskResult",
     "TaskSpec",
+    "TaskStatus",
     "TextContent",
     "ToolInfo",
     "ToolOutput",
@@ -131,6 +158,7 @@ __all__ = [
     "WebSocketEnvClient",
     "create_app",
     "create_multi_app",
+    "exec_tasks",
     "serve",
     "tool",
 ]

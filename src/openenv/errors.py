@@ -8,6 +8,7 @@
     ├── EnvTimeoutError                 no reply within the client's message timeout
     ├── RequestFailedError              an HTTP request (``/tasks``, ``/envs``, ...) failed
     │   └── NotFoundError               404: no such split or environment
+    ├── EngineError                     a runtime engine cannot be loaded or misbehaved
     └── ServerError                     the server answered with an ``error`` frame
         ├── ProtocolError               INVALID_JSON, UNKNOWN_TYPE
         ├── EnvValidationError          VALIDATION_ERROR
@@ -34,6 +35,7 @@ __all__ = [
     "ConcurrencyConfigurationError",
     "ConnectionFailedError",
     "DeadlineError",
+    "EngineError",
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
@@ -100,6 +102,10 @@ class RequestFailedError(OpenEnvError):
 
 class NotFoundError(RequestFailedError, LookupError):
     """No such split or environment on the server; ``detail`` lists the real ones."""
+
+
+class EngineError(OpenEnvError):
+    """A runtime engine is unknown, its extra is not installed, or it broke its contract."""
 
 
 class ServerError(OpenEnvError):

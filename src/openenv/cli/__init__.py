@@ -10,6 +10,7 @@ from rich.console import Console
 
 import openenv
 from openenv.cli.bench import bench
+from openenv.cli.run import run as run_episodes
 
 __all__ = ["app", "main"]
 
@@ -62,6 +63,7 @@ def demo(
 
 
 app.command("bench")(bench)
+app.command(name="run")(run_episodes)
 
 
 def main() -> None:

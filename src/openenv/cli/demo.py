@@ -1,9 +1,10 @@
-"""``openenv demo``: serve an environment and drive it with many parallel sessions."""
+"""``openenv demo``: serve an environment and play many parallel episodes through ``Runners``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -18,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from openenv.client import WebSocketEnvClient
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
 
 __all__ = ["DemoReport", "drive", "serve_subprocess"]
 
@@ -100,32 +100,37 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> No
             time.sleep(0.05)
 
 
-async def drive(
-    url: str, sessions: int, steps: int, progress: Progress | None = None
-) -> DemoReport:
-    """Run ``sessions`` concurrent episodes of ``steps`` steps each; measure every step."""
+async def drive(url: str, sessions: int, steps: int, progress: bool | None = None) -> DemoReport:
+    """Run ``sessions`` concurrent episodes of ``steps`` steps each through ``Runners``.
+
+    Each episode is a task for the local engine; its agent times every step.
+    """
     report = DemoReport(sessions=sessions)
-    task = progress.add_task("stepping", total=sessions * steps) if progress else None
-
-    async def episode(index: int) -> None:
-        try:
-            async with WebSocketEnvClient(url) as env:
-                await env.reset(seed=index)
-                for step in range(steps):
-                    started = time.perf_counter()
-                    await env.step({"message": f"agent {index} step {step}"})
-                    report.latencies.append(time.perf_counter() - started)
-                    report.steps += 1
-                    if progress is not None and task is not None:
-                        progress.advance(task)
-        except Exception as exc:
-            report.failed_sessions += 1
-            report.errors[type(exc).__name__] += 1
-
+    agent = functools.partial(_timed_episode, steps=steps)
+    tasks = [Task(id=f"session-{i}", env=url, agent=agent, seed=i) for i in range(sessions)]
+    config = RunConfig(max_concurrency=sessions, progress=progress)
     started = time.perf_counter()
-    await asyncio.gather(*(episode(i) for i in range(sessions)))
+    results = await Runners.run_task(tasks, config)
     report.elapsed = time.perf_counter() - started
+    for result in results:
+        report.steps += result.steps
+        if result.ok:
+            report.latencies.extend(result.value)
+        else:
+            report.failed_sessions += 1
+            report.errors[result.error.type if result.error else result.status.value] += 1
     return report
+
+
+async def _timed_episode(session: EpisodeSession, steps: int) -> list[float]:
+    """Reset, then send ``steps`` messages; return each step's latency in seconds."""
+    await session.reset()
+    latencies = []
+    for step in range(steps):
+        started = time.perf_counter()
+        await session.step({"message": f"agent {session.task.seed} step {step}"})
+        latencies.append(time.perf_counter() - started)
+    return latencies
 
 
 def render(report: DemoReport, console: Console) -> None:
@@ -148,14 +153,7 @@ def run_demo(
 ) -> DemoReport:
     with serve_subprocess(app, app_dir, max_sessions=sessions) as url:
         console.print(f"serving [bold]{app}[/] at {url}; {sessions} sessions x {steps} steps")
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as progress:
-            report = asyncio.run(drive(url, sessions, steps, progress))
+        report = asyncio.run(drive(url, sessions, steps))
     console.print("server stopped cleanly")
     render(report, console)
     return report

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import httpx
 from pydantic import BaseModel
 
 from openenv import protocol
@@ -37,6 +36,10 @@ from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
+    # Imported on first use instead: importing httpx also imports its CLI (rich,
+    # click, pygments) when those are installed, which driving sessions never needs.
+    import httpx
+
     from openenv.client.remote_sync import SyncEnvSession, SyncOpenEnvClient, SyncRemoteEnv
 
 __all__ = ["EnvSession", "Environments", "OpenEnvClient", "RemoteEnv"]
@@ -365,6 +368,8 @@ async def _get_json(
     url: str, params: Mapping[str, Any] | None = None, http: httpx.AsyncClient | None = None
 ) -> Any:
     """GET a JSON document; HTTP errors become ``NotFoundError`` / ``RequestFailedError``."""
+    import httpx
+
     try:
         if http is None:
             async with _http_client() as own:
@@ -383,10 +388,14 @@ async def _get_json(
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     # Loading the CA bundle costs ~0.2 s: once per process, not once per request.
+    import httpx
+
     return httpx.create_ssl_context()
 
 
 def _http_client() -> httpx.AsyncClient:
+    import httpx
+
     return httpx.AsyncClient(verify=_ssl_context())
 
 

@@ -19,7 +19,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,9 +33,11 @@ from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
 
 if TYPE_CHECKING:
-    from openenv.server.service import EnvService
+    from openenv.server.config import ServerSettings
+    from openenv.server.metrics import Metrics
+    from openenv.types import Action
 
-__all__ = ["EnvFailure", "Session", "SessionRegistry", "SessionState"]
+__all__ = ["EnvFailure", "Lane", "Session", "SessionHost", "SessionRegistry", "SessionState"]
 
 _R = TypeVar("_R")
 
@@ -142,6 +144,33 @@ class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[session {self.extra['session_id'] if self.extra else '?'}] {msg}", kwargs
 
 
+class Lane(Protocol):
+    """Where a session's plain ``def`` calls run (``server/handoff.py``'s ``Handoff``)."""
+
+    def submit(
+        self,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> asyncio.Future[Any]: ...
+
+
+class SessionHost(Protocol):
+    """What a session needs from the server that holds it (an ``EnvService``)."""
+
+    @property
+    def action_cls(self) -> type[Action]: ...
+    @property
+    def registry(self) -> SessionRegistry: ...
+    @property
+    def settings(self) -> ServerSettings: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def handoff(self) -> Lane: ...
+
+
 class Session:
     """One client's environment instance and the dispatch of its messages.
 
@@ -149,7 +178,7 @@ class Session:
     when it is no longer ``OPEN``, ``close_code`` says how to close the socket.
     """
 
-    def __init__(self, env: Environment[Any, Any, Any], service: EnvService) -> None:
+    def __init__(self, env: Environment[Any, Any, Any], service: SessionHost) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.env = env
         self.state = SessionState.OPEN

@@ -1,0 +1,137 @@
+"""``openenv run``: play many episodes against an environment server, on any engine."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from openenv.errors import EngineError
+from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
+
+__all__ = ["load_agent", "render_summary", "run", "write_results"]
+
+
+def load_agent(spec: str) -> Any:
+    """Import ``module:attribute``; a class is instantiated with no arguments.
+
+    >>> type(load_agent("openenv.runtime:RandomAgent")).__name__
+    'RandomAgent'
+    >>> load_agent("openenv.runtime:NoSuchAgent")
+    Traceback (most recent call last):
+    ...
+    ValueError: module 'openenv.runtime' has no attribute 'NoSuchAgent'
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--agent takes module:attribute (e.g. my_agents:play), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, find modules in this folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        # Only a missing module itself is "not found"; a broken import inside it is its own error.
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj() if isinstance(obj, type) else obj
+
+
+def run(
+    env: Annotated[str, typer.Option("--env", help="The environment server's URL.")],
+    agent: Annotated[
+        str | None,
+        typer.Option(help="The agent, as module:attribute. Default: RandomAgent."),
+    ] = None,
+    tasks: Annotated[int, typer.Option(min=1, help="Episodes to play.")] = 10,
+    engine: Annotated[EngineName, typer.Option(help="Where to run them.")] = EngineName.LOCAL,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Worker processes, Ray tasks or Spark partitions.")
+    ] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight per worker.")] = 64,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="Step budget of an act() agent's episode.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds each episode may take.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Episode i is reset with seed + i.")] = 0,
+    in_local: Annotated[
+        bool, typer.Option(help="Run Ray or Spark as a local cluster on this machine.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Write every result to this file, as JSON Lines.")
+    ] = None,
+    progress: Annotated[
+        bool | None, typer.Option(help="Show progress (default: on a terminal).")
+    ] = None,
+) -> None:
+    """Play many episodes against an environment server and summarise them."""
+    console = Console()
+    try:
+        player = load_agent(agent) if agent else RandomAgent(seed=seed)
+        batch = [
+            Task(id=f"task-{i}", env=env, agent=player, seed=seed + i, max_steps=max_steps)
+            for i in range(tasks)
+        ]
+        config = RunConfig(
+            engine_name=engine,
+            worker_num=workers,
+            max_concurrency=concurrency,
+            timeout=timeout,
+            in_local=in_local,
+            progress=progress,
+        )
+        started = time.perf_counter()
+        results = Runners.sync_run_task(batch, config)
+        elapsed = time.perf_counter() - started
+    except (ValueError, TypeError, EngineError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if out is not None:
+        write_results(results, out)
+    render_summary(results, elapsed, console)
+    if any(not r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def write_results(results: list[TaskResult], path: Path) -> None:
+    """One JSON object per line; values JSON cannot hold are written as their repr."""
+    with path.open("wb") as file:
+        for result in results:
+            file.write(orjson.dumps(result.to_dict(), default=repr) + b"\n")
+
+
+def render_summary(results: list[TaskResult], elapsed: float, console: Console) -> None:
+    statuses = Counter(r.status.value for r in results)
+    errors = Counter(r.error.type for r in results if r.error is not None)
+    steps = sum(r.steps for r in results)
+    table = Table(title="openenv run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row(
+        "episodes",
+        f"{len(results)} ({statuses['ok']} ok, {statuses['error']} error, "
+        f"{statuses['timeout']} timeout)",
+    )
+    table.add_row("steps", f"{steps:,}")
+    table.add_row("mean reward", f"{sum(r.reward for r in results) / len(results):.3f}")
+    table.add_row("wall time", f"{elapsed:.2f} s")
+    table.add_row("episodes/s", f"{len(results) / elapsed:,.1f}" if elapsed else "-")
+    table.add_row("errors", ", ".join(f"{k}: {n}" for k, n in errors.most_common()) or "none")
+    console.print(table)

@@ -1,0 +1,163 @@
+"""Run tasks on one event loop: the core that every engine runs in its workers.
+
+``run_batch`` plays a share of tasks with at most ``max_concurrency`` in
+flight (or one after another when ``sequence_dependent``), through one
+``ClientPool``; ``run_one`` turns one task into exactly one ``TaskResult``,
+whatever happens: the agent raising, the task's deadline passing, or the
+connection failing after every retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
+from openenv.runtime.agents import drive
+from openenv.runtime.base import BatchSettings, ResultCallback
+from openenv.runtime.pool import ClientPool
+from openenv.runtime.session import EpisodeSession
+from openenv.runtime.task import Task, TaskError, TaskResult, TaskStatus
+
+__all__ = ["RETRYABLE", "run_batch", "run_coroutine", "run_one"]
+
+_T = TypeVar("_T")
+
+# Connection-level failures: the episode never reached the environment, or
+# lost it. Worth another attempt on a fresh session; nothing else is.
+RETRYABLE: tuple[type[Exception], ...] = (ConnectionFailedError, CapacityError, SessionClosedError)
+
+_MAX_BACKOFF = 10.0
+
+
+async def run_batch(
+    items: Sequence[tuple[int, Task]], settings: BatchSettings, on_result: ResultCallback
+) -> None:
+    """Run ``(index, task)`` pairs; report each result as ``on_result(index, result)``."""
+    pool = ClientPool(settings.max_concurrency)
+    try:
+        if settings.sequence_dependent:
+            previous: TaskResult | None = None
+            for index, task in items:
+                previous = await run_one(task, settings, pool, previous)
+                on_result(index, previous)
+            return
+        pending = iter(items)
+
+        async def worker() -> None:
+            # Workers share one iterator: each takes the next task when it is free.
+            for index, task in pending:
+                on_result(index, await run_one(task, settings, pool))
+
+        await asyncio.gather(*(worker() for _ in range(min(settings.max_concurrency, len(items)))))
+    finally:
+        await pool.aclose()
+
+
+class _Attempts:
+    """What the task did so far, across its attempts."""
+
+    def __init__(self) -> None:
+        self.started_at = time.time()
+        self.count = 0
+        self.session: EpisodeSession | None = None
+
+    def result(
+        self,
+        task: Task,
+        status: TaskStatus,
+        value: Any = None,
+        error: TaskError | None = None,
+    ) -> TaskResult:
+        session = self.session
+        return TaskResult(
+            task_id=task.id,
+            status=status,
+            value=value,
+            reward=session.reward if session else 0.0,
+            steps=session.steps if session else 0,
+            error=error,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            attempts=max(self.count, 1),
+        )
+
+
+async def run_one(
+    task: Task,
+    settings: BatchSettings,
+    pool: ClientPool,
+    previous: TaskResult | None = None,
+) -> TaskResult:
+    """Play one task to exactly one result; never raises for the task's own failures."""
+    attempts = _Attempts()
+    limit = task.timeout if task.timeout is not None else settings.timeout
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            value = await _with_retries(task, settings, pool, previous, attempts)
+    except TimeoutError as exc:
+        if not deadline.expired():  # the agent's own TimeoutError, not the deadline
+            return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
+        message = f"task {task.id!r} did not finish within its {limit:g} s timeout"
+        return attempts.result(task, TaskStatus.TIMEOUT, error=TaskError("TimeoutError", message))
+    except Exception as exc:
+        return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
+    return attempts.result(task, TaskStatus.OK, value=value)
+
+
+async def _with_retries(
+    task: Task,
+    settings: BatchSettings,
+    pool: ClientPool,
+    previous: TaskResult | None,
+    attempts: _Attempts,
+) -> Any:
+    while True:
+        attempts.count += 1
+        try:
+            return await _attempt(task, pool, previous, attempts)
+        except RETRYABLE:
+            if attempts.count > settings.retries:
+                raise
+        delay = min(_MAX_BACKOFF, settings.retry_backoff * 2 ** (attempts.count - 1))
+        await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter spreads out reconnects
+
+
+async def _attempt(
+    task: Task, pool: ClientPool, previous: TaskResult | None, attempts: _Attempts
+) -> Any:
+    client, reused = await pool.acquire(task)
+    while True:
+        session = attempts.session = EpisodeSession(task, client, previous)
+        finished = False
+        try:
+            value = await drive(task.agent, session)
+            finished = True
+            return value
+        except RETRYABLE:
+            if not (reused and session.requests == 0):
+                raise
+            # A kept session that the server has since closed (idle timeout,
+            # restart): the episode never started, so try a fresh one at once.
+        finally:
+            await pool.release(task, client, reusable=finished)
+        client, reused = await pool.acquire(task, fresh=True)
+
+
+def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine on a new event loop (uvloop's where installed); for workers."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(coro)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # an optional speed-up; asyncio's loop behaves the same
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

@@ -1,0 +1,83 @@
+"""Open sessions kept between the episodes of one batch.
+
+A session that ended its episode cleanly is handed to the next task for the
+same environment, which starts with ``reset``: no new handshake, no new
+environment instance. A session that saw any failure is closed instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
+
+from openenv.client import WebSocketEnvClient
+from openenv.runtime.inprocess import InProcessClient
+from openenv.runtime.session import SessionClient
+from openenv.runtime.task import Task
+
+__all__ = ["ClientPool"]
+
+_CLOSE_TIMEOUT = 5.0
+
+
+class ClientPool:
+    """Sessions for the tasks of one batch, reused across episodes; close with ``aclose``."""
+
+    def __init__(self, max_idle: int) -> None:
+        self.max_idle = max_idle
+        self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
+        """A connected session for ``task``, and whether it was used before."""
+        idle = self._idle.get(_key(task))
+        if idle and not fresh:
+            return idle.pop(), True
+        client = self._new(task)
+        try:
+            await client.connect()
+        except BaseException:
+            await _close(client)
+            raise
+        return client, False
+
+    async def release(self, task: Task, client: SessionClient, *, reusable: bool) -> None:
+        idle = self._idle[_key(task)]
+        if reusable and len(idle) < self.max_idle:
+            idle.append(client)
+        else:
+            await _close(client)
+
+    async def aclose(self) -> None:
+        clients = [c for idle in self._idle.values() for c in idle]
+        self._idle.clear()
+        await asyncio.gather(*(_close(c) for c in clients))
+        if self._executor is not None:
+            # A `def` environment method stuck past its task's timeout keeps its
+            # thread; the run does not wait for it.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _new(self, task: Task) -> SessionClient:
+        if isinstance(task.env, str):
+            return (task.client_cls or WebSocketEnvClient)(task.env)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
+            )
+        return InProcessClient(task.env, self._executor)
+
+
+def _key(task: Task) -> Hashable:
+    env = task.env if isinstance(task.env, str) else id(task.env)
+    return (env, task.client_cls)
+
+
+async def _close(client: SessionClient) -> None:
+    # A failed session may be half-dead; closing it must neither raise nor hang.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await client.close()

@@ -1,0 +1,203 @@
+"""``RandomAgent``: valid random actions from any environment's action schema.
+
+>>> from pydantic import Field
+>>> from openenv import Action
+>>> class Move(Action):
+...     steps: int = Field(ge=1, le=3)
+...     note: str = ""
+>>> agent = RandomAgent(Move, seed=3)
+>>> action = agent.act(None)
+>>> Move.model_validate(action).steps in {1, 2, 3}
+True
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import string
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from openenv.types import Action
+
+if TYPE_CHECKING:
+    from openenv.runtime.session import EpisodeSession
+
+__all__ = ["RandomAgent", "sample_schema"]
+
+
+class RandomAgent:
+    """Samples a valid action from the action's JSON Schema at every step.
+
+    With no schema, each episode fetches the environment's own (from the
+    server's ``GET /schema``, or the in-process environment's model), so any
+    environment can be smoke-tested with no agent code:
+    ``Task(id="t0", env=url, agent=RandomAgent(seed=0))``.
+
+    Episodes are reproducible: each one draws from a generator seeded by the
+    agent's ``seed`` and the task's ``id`` and ``seed``, whichever engine runs it.
+
+    Args:
+        action: An ``Action`` class or its JSON Schema; ``None``: ask the environment.
+        seed: Seeds every episode's generator together with the task's.
+    """
+
+    def __init__(
+        self,
+        action: type[Action] | dict[str, Any] | None = None,
+        seed: int | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        if isinstance(action, type):
+            action = action.model_json_schema()
+        self.schema = action
+        self.seed = seed
+        self.rng = rng or random.Random(seed)
+
+    async def for_episode(self, session: EpisodeSession) -> RandomAgent:
+        schema = self.schema if self.schema is not None else await session.action_schema()
+        task = session.task
+        rng = random.Random(f"{self.seed}:{task.id}:{task.seed}")
+        return RandomAgent(schema, self.seed, rng=rng)
+
+    def act(self, observation: Any) -> Any:
+        if self.schema is None:
+            raise TypeError(
+                "RandomAgent() has no action schema; give it one (RandomAgent(MyAction)) "
+                "or let the runtime fetch the environment's"
+            )
+        return sample_schema(self.schema, self.rng)
+
+
+def sample_schema(schema: dict[str, Any], rng: random.Random) -> Any:
+    """Draw one value that validates against a (pydantic-made) JSON Schema.
+
+    >>> import random
+    >>> sample_schema({"type": "integer", "minimum": 3, "maximum": 3}, random.Random(0))
+    3
+    >>> sample_schema({"enum": ["a"]}, random.Random(0))
+    'a'
+    """
+    return _Sampler(schema, rng).sample(schema, "")
+
+
+class _Sampler:
+    def __init__(self, root: dict[str, Any], rng: random.Random) -> None:
+        self.root = root
+        self.rng = rng
+
+    def sample(self, schema: dict[str, Any], where: str) -> Any:
+        rng = self.rng
+        if "$ref" in schema:
+            return self.sample(self._resolve(schema["$ref"]), where)
+        if "const" in schema:
+            return schema["const"]
+        if "enum" in schema:
+            return rng.choice(schema["enum"])
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.sample(rng.choice(schema[key]), where)
+        if "allOf" in schema:
+            merged: dict[str, Any] = {}
+            for part in schema["allOf"]:
+                merged.update(self._resolve(part["$ref"]) if "$ref" in part else part)
+            return self.sample(merged, where)
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            kind = rng.choice(kind)
+        if kind is None:
+            kind = "object" if "properties" in schema else "null"
+        method = getattr(self, f"_{kind}", None)
+        if method is None:
+            raise TypeError(f"RandomAgent cannot sample {where or 'the action'}: type {kind!r}")
+        return method(schema, where)
+
+    def _resolve(self, ref: str) -> dict[str, Any]:
+        if not ref.startswith("#/"):
+            raise TypeError(f"RandomAgent cannot follow the schema reference {ref!r}")
+        node: Any = self.root
+        for part in ref[2:].split("/"):
+            node = node[part]
+        resolved: dict[str, Any] = node
+        return resolved
+
+    def _null(self, schema: dict[str, Any], where: str) -> None:
+        return None
+
+    def _boolean(self, schema: dict[str, Any], where: str) -> bool:
+        return self.rng.random() < 0.5
+
+    def _integer(self, schema: dict[str, Any], where: str) -> int:
+        low, high = -100, 100
+        if "minimum" in schema:
+            low = int(schema["minimum"])
+            high = max(high, low)
+        if "exclusiveMinimum" in schema:
+            low = int(schema["exclusiveMinimum"]) + 1
+            high = max(high, low)
+        if "maximum" in schema:
+            high = int(schema["maximum"])
+            low = min(low, high)
+        if "exclusiveMaximum" in schema:
+            high = int(schema["exclusiveMaximum"]) - 1
+            low = min(low, high)
+        step = int(schema.get("multipleOf", 1))
+        choices = range(-(-low // step) * step, high + 1, step)
+        if not choices:
+            raise TypeError(f"RandomAgent cannot sample {where}: no integer fits {schema}")
+        return self.rng.choice(choices)
+
+    def _number(self, schema: dict[str, Any], where: str) -> float:
+        if "multipleOf" in schema:
+            return float(self._integer(schema, where))
+        low = float(schema.get("minimum", schema.get("exclusiveMinimum", -100.0)))
+        high = float(schema.get("maximum", schema.get("exclusiveMaximum", max(100.0, low + 1))))
+        value = self.rng.uniform(low, high)
+        # An exclusive bound excludes its end point, which uniform() may return.
+        if value == schema.get("exclusiveMinimum") or value == schema.get("exclusiveMaximum"):
+            value = (low + high) / 2
+        return value
+
+    def _string(self, schema: dict[str, Any], where: str) -> str:
+        if "pattern" in schema:
+            raise TypeError(
+                f"RandomAgent cannot sample {where}: strings matching {schema['pattern']!r}; "
+                f"write an agent for this environment"
+            )
+        fmt = schema.get("format")
+        if fmt == "uuid":
+            return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+        if fmt == "date-time":
+            moment = datetime.datetime.fromtimestamp(self.rng.randrange(2**31), datetime.UTC)
+            return moment.isoformat()
+        if fmt == "date":
+            return datetime.date.fromordinal(self.rng.randrange(700_000, 760_000)).isoformat()
+        low = int(schema.get("minLength", 0))
+        high = int(schema.get("maxLength", max(low, 12)))
+        length = self.rng.randint(low, high)
+        return "".join(self.rng.choices(string.ascii_lowercase + " ", k=length))
+
+    def _array(self, schema: dict[str, Any], where: str) -> list[Any]:
+        prefix = schema.get("prefixItems", [])
+        low = int(schema.get("minItems", len(prefix)))
+        high = int(schema.get("maxItems", max(low, len(prefix) + 3)))
+        length = self.rng.randint(low, high)
+        items = schema.get("items", {})
+        out = [self.sample(s, f"{where}[{i}]") for i, s in enumerate(prefix[:length])]
+        if items is not False:
+            out += [self.sample(items, f"{where}[{i}]") for i in range(len(out), length)]
+        return out
+
+    def _object(self, schema: dict[str, Any], where: str) -> dict[str, Any]:
+        required = set(schema.get("required", ()))
+        out: dict[str, Any] = {}
+        for name, sub in schema.get("properties", {}).items():
+            if name in required or self.rng.random() < 0.5:
+                out[name] = self.sample(sub, f"{where}.{name}" if where else name)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and not schema.get("properties"):
+            for i in range(self.rng.randint(0, 3)):
+                out[f"key{i}"] = self.sample(extra, f"{where}.key{i}")
+        return out

@@ -1,0 +1,118 @@
+"""``EpisodeSession``: the environment session an agent drives for one task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from typing import TYPE_CHECKING, Any, Protocol
+
+from openenv.client import http_url
+from openenv.types import Action, State, StepResult
+
+if TYPE_CHECKING:
+    from openenv.runtime.task import Task, TaskResult
+
+__all__ = ["EpisodeSession", "SessionClient", "fetch_schema"]
+
+
+class SessionClient(Protocol):
+    """What an episode needs of a client: a remote ``EnvClient`` or an in-process one."""
+
+    url: str
+    action_cls: type[Action]
+
+    async def connect(self) -> Any: ...
+    async def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> StepResult[Any]: ...
+    async def step(self, action: Any) -> StepResult[Any]: ...
+    async def state(self) -> State: ...
+    async def close(self) -> None: ...
+
+
+class EpisodeSession:
+    """One task's view of its environment: ``reset``, ``step``, ``state``, and bookkeeping.
+
+    ``reset()`` with no arguments uses the task's ``seed``, ``episode_id`` and
+    ``reset_kwargs``. Every ``step`` is counted and its reward added up; the
+    runtime reports both in the task's result.
+
+    Attributes:
+        task: The task being played.
+        previous: The previous task's result when the run is
+            ``sequence_dependent`` (``None`` for the first task, and otherwise).
+        steps: Steps taken so far.
+        reward: Sum of the rewards so far.
+
+    >>> from openenv.runtime import Runners, Task
+    >>> from echo_env.server.environment import EchoEnvironment
+    >>> async def peek(session):
+    ...     await session.reset()
+    ...     await session.step({"message": "hey"})
+    ...     return session.steps, session.reward, (await session.state()).step_count
+    >>> Runners.sync_run_task([Task(id="t0", env=EchoEnvironment, agent=peek)])[0].value
+    (1, 0.3, 1)
+    """
+
+    def __init__(self, task: Task, client: SessionClient, previous: TaskResult | None) -> None:
+        self.task = task
+        self.client = client
+        self.previous = previous
+        self.steps = 0
+        self.reward = 0.0
+        self.requests = 0  # answered requests; 0 means the session was never used
+
+    @property
+    def max_steps(self) -> int | None:
+        return self.task.max_steps
+
+    async def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> StepResult[Any]:
+        """Start the episode; arguments left out come from the task."""
+        result = await self.client.reset(
+            seed=self.task.seed if seed is None else seed,
+            episode_id=self.task.episode_id if episode_id is None else episode_id,
+            **{**self.task.reset_kwargs, **kwargs},
+        )
+        self.requests += 1
+        return result
+
+    async def step(self, action: Any) -> StepResult[Any]:
+        """Apply an action (a model or a dict of its fields)."""
+        result = await self.client.step(action)
+        self.requests += 1
+        self.steps += 1
+        if result.reward is not None:
+            self.reward += result.reward
+        return result
+
+    async def state(self) -> State:
+        """The environment's current state."""
+        state = await self.client.state()
+        self.requests += 1
+        return state
+
+    async def action_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the environment's action (from ``GET /schema`` when remote)."""
+        if self.client.action_cls is not Action:
+            return self.client.action_cls.model_json_schema()
+        return await fetch_schema(self.client.url)
+
+
+_schemas: dict[str, dict[str, Any]] = {}
+
+
+async def fetch_schema(url: str) -> dict[str, Any]:
+    """The action schema a server publishes; fetched once per server and process."""
+    root = http_url(url)
+    if root not in _schemas:
+        _schemas[root] = await asyncio.to_thread(_get_action_schema, f"{root}/schema")
+    return _schemas[root]
+
+
+def _get_action_schema(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        schema: dict[str, Any] = json.load(response)["action"]
+    return schema

@@ -1,0 +1,181 @@
+"""One episode to run (``Task``) and what came of it (``TaskResult``).
+
+Both are plain frozen dataclasses, so they pickle (and cloudpickle) as they
+are and travel to worker processes, Ray tasks and Spark partitions.
+
+>>> async def agent(session):
+...     await session.reset()
+...     return (await session.step({"message": "hi"})).observation.echoed_message
+>>> task = Task(id="t0", env="http://127.0.0.1:8000", agent=agent, seed=0)
+>>> task.id, task.seed
+('t0', 0)
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from openenv.client import ws_url
+from openenv.environment import Environment
+
+if TYPE_CHECKING:
+    from openenv.client import EnvClient
+
+__all__ = ["EnvFactory", "Task", "TaskError", "TaskResult", "TaskStatus"]
+
+EnvFactory = Callable[[], Environment[Any, Any, Any]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One episode: where the environment is, how to reset it, and who plays.
+
+    Args:
+        id: Names the task in its result; unique within a run.
+        env: A server URL (``http://host:port`` or ``ws://host:port/ws``), or
+            a zero-argument factory (e.g. the environment class) to play the
+            environment in the worker's own process, with no server at all.
+        agent: An ``async def agent(session) -> Any``, or an object with
+            ``act(observation) -> action`` (see ``openenv.runtime.Agent``).
+        seed: Passed to ``reset`` (unless the agent passes its own).
+        episode_id: Passed to ``reset`` likewise.
+        reset_kwargs: Further keyword arguments for the environment's ``reset``.
+        max_steps: The step budget of the ``act()`` loop; function agents read
+            it as ``session.max_steps``. ``None``: until ``done``.
+        timeout: Seconds the whole task may take, retries included; overrides
+            ``RunConfig.timeout``.
+        client_cls: An ``EnvClient`` subclass to parse a URL environment's
+            replies into typed models (default: ``WebSocketEnvClient``).
+    """
+
+    id: str
+    env: str | EnvFactory
+    agent: Any
+    seed: int | None = None
+    episode_id: str | None = None
+    reset_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    max_steps: int | None = None
+    timeout: float | None = None
+    client_cls: type[EnvClient[Any, Any, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"Task id must be a non-empty string, got {self.id!r}")
+        if isinstance(self.env, str):
+            ws_url(self.env)  # a malformed URL fails here, naming the accepted forms
+        elif isinstance(self.env, Environment):
+            name = type(self.env).__name__
+            raise TypeError(
+                f"Task {self.id!r}: env must be a URL or a factory that makes a new "
+                f"environment per episode, got an instance of {name}; pass {name} "
+                f"(or functools.partial({name}, ...)) instead of {name}(...)"
+            )
+        elif not callable(self.env):
+            raise TypeError(
+                f"Task {self.id!r}: env must be a URL or an environment factory, "
+                f"got {type(self.env).__name__}"
+            )
+        if not callable(getattr(self.agent, "act", None)) and not callable(self.agent):
+            raise TypeError(
+                f"Task {self.id!r}: agent must be an `async def agent(session)` or an "
+                f"object with act(observation), got {type(self.agent).__name__}"
+            )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"Task {self.id!r}: max_steps must be >= 1, got {self.max_steps}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"Task {self.id!r}: timeout must be > 0, got {self.timeout}")
+
+
+class TaskStatus(enum.StrEnum):
+    """How a task ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class TaskError:
+    """Why a task failed: the exception's type and message, and where it was raised.
+
+    >>> TaskError.from_exception(ValueError("bad move")).describe()
+    'ValueError: bad move'
+    """
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> TaskError:
+        text = "".join(traceback.format_exception(exc))
+        return cls(type=type(exc).__name__, message=str(exc), traceback=text)
+
+    def describe(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What one task produced. Every run returns exactly one per task, in input order.
+
+    Args:
+        task_id: The task's ``id``.
+        status: ``ok``, ``error`` (the agent or the environment raised, or the
+            connection failed after every retry) or ``timeout``.
+        value: What the agent returned (``None`` unless ``ok``).
+        reward: The sum of the rewards of every step the task took.
+        steps: How many steps it took (in its last attempt).
+        error: Why it failed, unless ``ok``.
+        started_at: When it started, in seconds since the epoch.
+        ended_at: When it ended, likewise.
+        attempts: 1, plus one per retry after a connection-level failure.
+
+    >>> result = TaskResult(task_id="t0", status=TaskStatus.OK, value=3, reward=1.5, steps=3)
+    >>> result.ok, result.to_dict()["status"]
+    (True, 'ok')
+    """
+
+    task_id: str
+    status: TaskStatus
+    value: Any = None
+    reward: float = 0.0
+    steps: int = 0
+    error: TaskError | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TaskStatus.OK
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end."""
+        return self.ended_at - self.started_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (a pydantic ``value`` is dumped; other values are kept as they are)."""
+        value = self.value
+        dump = getattr(value, "model_dump", None)
+        if callable(dump):
+            value = dump(mode="json")
+        error = None
+        if self.error is not None:
+            error = {"type": self.error.type, "message": self.error.message}
+        return {
+            "task_id": self.task_id,
+            "status": self.status.value,
+            "value": value,
+            "reward": self.reward,
+            "steps": self.steps,
+            "error": error,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "attempts": self.attempts,
+        }

@@ -1,0 +1,83 @@
+"""``openenv run`` and ``openenv demo``, both on top of ``Runners``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from openenv.cli import app
+from openenv.cli.demo import drive
+from openenv.cli.run import load_agent
+
+runner = CliRunner()
+
+
+def test_run_plays_random_episodes_and_writes_json_lines(echo_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    outcome = runner.invoke(
+        app, ["run", "--env", echo_url, "--tasks", "5", "--max-steps", "3", "--out", str(out)]
+    )
+    assert outcome.exit_code == 0, outcome.output
+    assert "5 (5 ok, 0 error, 0 timeout)" in outcome.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == [f"task-{i}" for i in range(5)]
+    assert all(r["status"] == "ok" and r["steps"] == 3 for r in rows)
+    assert all(set(r["value"]) >= {"echoed_message", "done"} for r in rows)
+
+
+def test_run_with_an_agent_that_fails_exits_non_zero(echo_url: str) -> None:
+    outcome = runner.invoke(
+        app, ["run", "--env", echo_url, "--agent", "runtime_agents:failing_agent", "--tasks", "2"]
+    )
+    assert outcome.exit_code == 1
+    assert "2 (0 ok, 2 error, 0 timeout)" in outcome.output
+    assert "ValueError: 2" in outcome.output
+
+
+def test_run_on_worker_processes_with_an_act_agent_class(echo_url: str) -> None:
+    outcome = runner.invoke(
+        app,
+        [
+            *("run", "--env", echo_url, "--agent", "runtime_agents:Shouter", "--tasks", "4"),
+            *("--workers", "2", "--max-steps", "2"),
+        ],
+    )
+    assert outcome.exit_code == 0, outcome.output
+    assert "4 (4 ok" in outcome.output
+
+
+def test_run_explains_a_bad_agent(echo_url: str) -> None:
+    for spec, message in [
+        ("runtime_agents", "module:attribute"),
+        ("no_such_module_xyz:agent", "cannot import module 'no_such_module_xyz'"),
+        ("runtime_agents:nope", "has no attribute 'nope'"),
+    ]:
+        outcome = runner.invoke(app, ["run", "--env", echo_url, "--agent", spec])
+        assert outcome.exit_code == 2
+        assert message in outcome.output
+
+
+def test_run_refuses_a_bad_url() -> None:
+    outcome = runner.invoke(app, ["run", "--env", "localhost:8000"])
+    assert outcome.exit_code == 2
+    assert "isn't a valid environment URL" in outcome.output
+
+
+def test_load_agent_reports_errors_inside_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The module exists but imports something missing: that is the error shown, not "not found".
+    (tmp_path / "broken_agent_mod.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="not_installed_dependency_xyz"):
+        load_agent("broken_agent_mod:play")
+
+
+async def test_demo_drives_episodes_through_runners(echo_url: str) -> None:
+    report = await drive(echo_url, sessions=8, steps=5, progress=False)
+    assert (report.sessions, report.failed_sessions, report.steps) == (8, 0, 40)
+    assert len(report.latencies) == 40
+    assert report.percentile(50) <= report.percentile(99)
