@@ -9,6 +9,9 @@ import typer
 from rich.console import Console
 
 import openenv
+from openenv.cli.scaffold import init_command
+from openenv.cli.serve import serve_command
+from openenv.cli.validate import validate_command
 
 __all__ = ["app", "main"]
 
@@ -58,6 +61,11 @@ def demo(
         raise typer.Exit(1) from None
     if report.failed_sessions:
         raise typer.Exit(1)
+
+
+app.command("init")(init_command)
+app.command("serve")(serve_command)
+app.command("validate")(validate_command)
 
 
 def main() -> None:
