@@ -12,6 +12,7 @@ may land on that other worker.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,12 +141,14 @@ def serve(
                 log_level="info",
             )
             server = uvicorn.Server(config)
-            if reload:
-                ChangeReload(config, target=server.run, sockets=[sock]).run()
-            elif workers > 1:
-                Multiprocess(config, sockets=[sock]).run()
-            else:
-                server.run(sockets=[sock])
+            # uvicorn re-raises Ctrl+C once it has shut down; that shutdown is a normal end.
+            with contextlib.suppress(KeyboardInterrupt):
+                if reload:
+                    ChangeReload(config, target=server.run, sockets=[sock]).run()
+                elif workers > 1:
+                    Multiprocess(config, sockets=[sock]).run()
+                else:
+                    server.run(sockets=[sock])
 
 
 def _check_applied(

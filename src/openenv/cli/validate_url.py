@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import operator
 import urllib.error
 import urllib.request
 from typing import Any
@@ -208,16 +210,30 @@ def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
 
 
 def _sample_number(schema: dict[str, Any], *, integer: bool) -> int | float:
-    step = 1 if integer else 0.5
-    low: float | None = schema.get("minimum")
-    if low is None and "exclusiveMinimum" in schema:
-        low = schema["exclusiveMinimum"] + step
-    high: float | None = schema.get("maximum")
-    if high is None and "exclusiveMaximum" in schema:
-        high = schema["exclusiveMaximum"] - step
-    value: float = 0 if low is None or low <= 0 else low
-    if high is not None and value > high:
-        value = high
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high = schema.get("maximum", schema.get("exclusiveMaximum"))
+    candidates: list[float] = [0]
+    if low is not None:
+        candidates += [low, math.floor(low) + 1]
+    if high is not None:
+        candidates += [high, math.ceil(high) - 1]
+    if low is not None and high is not None:
+        candidates.append((low + high) / 2)
     if multiple := schema.get("multipleOf"):
-        value = -(-value // multiple) * multiple
-    return int(value) if integer else float(value)
+        candidates = [math.ceil(c / multiple) * multiple for c in candidates]
+    for value in candidates:
+        if (not integer or float(value).is_integer()) and _fits(value, schema):
+            return int(value) if integer else float(value)
+    return int(low or 0) if integer else float(low or 0)  # a best effort; the server will say
+
+
+def _fits(value: float, schema: dict[str, Any]) -> bool:
+    return all(test(value, schema[key]) for key, test in _BOUNDS if key in schema)
+
+
+_BOUNDS = (
+    ("minimum", operator.ge),
+    ("exclusiveMinimum", operator.gt),
+    ("maximum", operator.le),
+    ("exclusiveMaximum", operator.lt),
+)
