@@ -21,10 +21,12 @@ from pathlib import Path
 
 import pytest
 from dockerfiles import Image, build, expanded, stop, wait_healthy
+from readme_blocks import expected_output, python_block
 
 from echo_env import EchoAction, EchoEnv
 
 REPO = Path(__file__).parents[1]
+DEFAULT_URL = "http://127.0.0.1:8000"
 # Building the image venv installs openenv's dependencies; a loaded machine needs a while.
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,6 +131,11 @@ def test_init_install_validate_serve_play_and_test(image: Image, tmp_path: Path)
         assert "✗" not in live.stdout
         with urllib.request.urlopen(f"{url}/health") as response:
             assert json.load(response)["max_sessions"] == 8
+
+        example = python_block(folder / "README.md")
+        documented = run(image, "python", "-c", example.replace(DEFAULT_URL, url), cwd=tmp_path)
+        assert documented.returncode == 0, documented.stderr
+        assert documented.stdout.splitlines() == expected_output(example)
 
         played = run(image, "python", "-c", CLIENT, url, "7", cwd=tmp_path)
         assert played.returncode == 0, played.stderr

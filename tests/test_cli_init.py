@@ -125,6 +125,14 @@ def test_the_rendered_code_passes_ruff_in_its_own_project(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_rendered_code_type_checks_strictly(tmp_path: Path) -> None:
+    init_env("typed_env", tmp_path)
+    mypy = Path(sys.executable).with_name("mypy")
+    command = [mypy, "--strict", "--cache-dir", tmp_path / ".mypy_cache", "typed_env"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_echo_env_has_exactly_the_template_layout(tmp_path: Path) -> None:
     rendered = init_env("echo_env", tmp_path)
     assert files(ECHO) == files(rendered)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -11,9 +12,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_envs import write_env
@@ -164,3 +167,26 @@ def test_an_app_that_would_ignore_the_session_timeout_is_refused(tmp_path: Path)
     folder = str(write_env(tmp_path / "env", config=cap_only))
     line = refused(folder, "--max-sessions", "1", "--session-timeout", "5")
     assert line.startswith("error: server/app.py ignores OPENENV_SESSION_TIMEOUT: asked for 5.0s")
+
+
+def test_reload_serves_the_edited_app(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+    app_py = folder / "server" / "app.py"
+    with serving(folder, "--reload") as (url, proc):
+        assert health(url)["max_sessions"] == 8
+        edited = app_py.read_text().replace("max_concurrent_envs=8", "max_concurrent_envs=9")
+        app_py.write_text(edited)
+        deadline = time.monotonic() + 30
+        while health(url).get("max_sessions") != 9:
+            assert time.monotonic() < deadline, (folder / "serve.log").read_text()
+            time.sleep(0.1)
+        assert stop(proc, signal.SIGINT) == 0
+
+
+def health(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+    except OSError:  # between the old process and the new one
+        return {}

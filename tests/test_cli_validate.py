@@ -131,6 +131,12 @@ def test_a_broken_app_names_file_line_and_error(tmp_path: Path) -> None:
     )
 
 
+def test_an_app_that_exits_does_not_end_the_validation(tmp_path: Path) -> None:
+    exits = "import sys\n\nsys.exit(3)\n"
+    report = validate_folder(write_env(tmp_path / "env", app=exits))
+    assert detail(report, "app") == "importing server/app.py:3 failed: SystemExit: 3"
+
+
 def test_an_uninstalled_package_says_how_to_install_it(tmp_path: Path) -> None:
     uses_package = "from inline_env.models import Ping\n"
     folder = write_env(tmp_path / "env", app=uses_package)

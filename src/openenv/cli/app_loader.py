@@ -89,7 +89,7 @@ def _import(folder: Path) -> ModuleType:
                 exc,
             ) from None
         raise AppLoadError(_describe(folder, exc), exc) from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a sys.exit() in user code must not end our process
         raise AppLoadError(_describe(folder, exc), exc) from None
 
 

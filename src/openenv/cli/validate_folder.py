@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import re
 import sys
@@ -177,7 +178,8 @@ def _check_factory(factory: Any, report: Checklist) -> None:
     finally:
         for env in {id(first): first, id(second): second}.values():
             if isinstance(env, Environment):
-                _call(env.close)
+                with contextlib.suppress(Exception):  # a failing close() is not the factory's fault
+                    _call(env.close)
 
 
 def _check_concurrency(service: Any, report: Checklist) -> bool:
