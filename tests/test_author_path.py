@@ -110,6 +110,9 @@ def test_init_install_validate_serve_play_and_test(image: Image, tmp_path: Path)
 
     installed = run(image, "pip", "install", "-e", f"{folder}[test]", cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr
+    # Installed in editable mode, the name is taken by this very folder: refreshing it is fine.
+    refreshed = run(image, "openenv", "init", "my_env", "--force", cwd=tmp_path)
+    assert refreshed.returncode == 0, refreshed.stderr
 
     checked = run(image, "openenv", "validate", "my_env", "--json", cwd=tmp_path)
     report = json.loads(checked.stdout)

@@ -12,7 +12,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from openenv.cli import app
-from openenv.cli.scaffold import init_env, template_dir
+from openenv.cli.scaffold import init_env, render_template, template_dir
 
 REPO = Path(__file__).parents[1]
 ECHO = REPO / "envs" / "echo_env"
@@ -79,6 +79,8 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
         ("json", "would shadow Python's own json module"),
         ("openenv", "would shadow openenv's openenv module"),
         ("server", "would shadow openenv's server module"),
+        ("pydantic", "'pydantic' is already installed here (pydantic); an environment of that"),
+        ("echo_env", "pick another name, e.g. 'echo_env_env'"),
     ],
 )
 def test_bad_names_are_refused_in_one_line(tmp_path: Path, name: str, message: str) -> None:
@@ -134,7 +136,8 @@ def test_the_rendered_code_type_checks_strictly(tmp_path: Path) -> None:
 
 
 def test_echo_env_has_exactly_the_template_layout(tmp_path: Path) -> None:
-    rendered = init_env("echo_env", tmp_path)
+    rendered = tmp_path / "echo_env"
+    render_template("echo_env", rendered)  # `init` refuses the name: echo_env is installed
     assert files(ECHO) == files(rendered)
     for same in (".dockerignore", "server/Dockerfile"):
         assert (ECHO / same).read_text() == (rendered / same).read_text(), same

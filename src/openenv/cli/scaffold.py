@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
 import re
 import sys
@@ -10,7 +11,16 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["check_name", "class_prefix", "init_command", "init_env", "next_steps", "template_dir"]
+__all__ = [
+    "check_name",
+    "check_not_installed",
+    "class_prefix",
+    "init_command",
+    "init_env",
+    "next_steps",
+    "render_template",
+    "template_dir",
+]
 
 # The template is a working environment whose names are these placeholders.
 NAME_PLACEHOLDER = "__env_name__"
@@ -94,7 +104,8 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         The new environment's folder.
 
     Raises:
-        ValueError: ``name`` is not a usable package name.
+        ValueError: ``name`` is not a usable package name, or a module of
+            that name is installed already.
         FileExistsError: the folder exists and ``force`` is false.
 
     >>> import tempfile
@@ -109,6 +120,33 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         raise FileExistsError(f"{target} exists and is not a folder")
     if target.exists() and not force:
         raise FileExistsError(f"{target} already exists; pass --force to overwrite its files")
+    check_not_installed(name, target)
+    render_template(name, target)
+    return target
+
+
+def check_not_installed(name: str, target: Path) -> None:
+    """Refuse a name that already imports from elsewhere: installing ours would replace it.
+
+    >>> check_not_installed("typer", Path("typer"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: 'typer' is already installed here (typer); ... e.g. 'typer_env'
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return
+    locations = [*(spec.submodule_search_locations or []), *([spec.origin] if spec.origin else [])]
+    if any(Path(place).resolve().is_relative_to(target.resolve()) for place in locations):
+        return  # our own earlier copy, installed in editable mode: --force may refresh it
+    raise ValueError(
+        f"{name!r} is already installed here ({spec.name}); an environment of that name "
+        f"would replace it, so pick another name, e.g. '{name}_env'"
+    )
+
+
+def render_template(name: str, target: Path) -> None:
+    """Write the template into ``target`` with ``name`` and its class prefix filled in."""
     replacements = {NAME_PLACEHOLDER: name, PREFIX_PLACEHOLDER: class_prefix(name)}
     source = template_dir()
     for path in sorted(source.rglob("*")):
@@ -118,7 +156,6 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         destination = target / _render(str(relative), replacements)
         destination.parent.mkdir(parents=True, exist_ok=True)
         destination.write_text(_render(path.read_text(encoding="utf-8"), replacements))
-    return target
 
 
 def next_steps(folder: Path) -> list[str]:
