@@ -82,6 +82,23 @@ def test_an_app_that_fails_to_import_is_refused(tmp_path: Path) -> None:
     assert refused(folder) == ("error: importing server/app.py:1 failed: RuntimeError: no GPU here")
 
 
+def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path) -> None:
+    failing = (
+        "import contextlib\n"
+        "from fastapi import FastAPI\n\n\n"
+        "@contextlib.asynccontextmanager\n"
+        "async def lifespan(app):\n"
+        "    raise RuntimeError('cannot reach the simulator')\n"
+        "    yield\n\n\n"
+        "app = FastAPI(lifespan=lifespan)\n"
+    )
+    result = CliRunner().invoke(app, ["serve", str(write_env(tmp_path / "env", app=failing))])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the app failed to start (exit code 3); see the log above"
+    )
+
+
 @contextlib.contextmanager
 def serving(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     log, out = folder / "serve.log", folder / "serve.out"

@@ -131,6 +131,19 @@ def test_a_broken_app_names_file_line_and_error(tmp_path: Path) -> None:
     )
 
 
+def test_an_app_not_made_by_create_app_fails(tmp_path: Path) -> None:
+    plain = "from fastapi import FastAPI\n\napp = FastAPI()\n\n\ndef main() -> None:\n    pass\n"
+    report = validate_folder(write_env(tmp_path / "env", app=plain))
+    assert statuses(report) == {
+        "layout": "pass",
+        "pyproject": "pass",
+        "app": "fail",
+        "factory": "skip",
+        "concurrency": "skip",
+        "serve options": "skip",
+    }
+
+
 def test_an_app_that_exits_does_not_end_the_validation(tmp_path: Path) -> None:
     exits = "import sys\n\nsys.exit(3)\n"
     report = validate_folder(write_env(tmp_path / "env", app=exits))

@@ -107,6 +107,7 @@ def serve(
         AppLoadError: ``server/app.py`` is missing, fails to import, or ignores
             the cap or timeout asked for.
         OSError: the address cannot be listened on.
+        RuntimeError: the app failed to start.
     """
     import uvicorn
     from uvicorn.supervisors import ChangeReload, Multiprocess
@@ -148,7 +149,15 @@ def serve(
                 elif workers > 1:
                     Multiprocess(config, sockets=[sock]).run()
                 else:
-                    server.run(sockets=[sock])
+                    _run(server, sock)
+
+
+def _run(server: Any, sock: socket.socket) -> None:
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn's way out when the app's startup fails
+        message = f"the app failed to start (exit code {exc.code}); see the log above"
+        raise RuntimeError(message) from None
 
 
 def _check_applied(
@@ -235,6 +244,6 @@ def serve_command(
             reload=reload,
             on_ready=ready,
         )
-    except (ValueError, OSError, AppLoadError) as exc:
+    except (ValueError, OSError, RuntimeError, AppLoadError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

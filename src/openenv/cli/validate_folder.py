@@ -118,6 +118,8 @@ def _check_app(folder: Path, report: Checklist) -> None:
             service = getattr(getattr(app, "state", None), "openenv", None)
             if service is None:
                 report.add("app", "fail", "`app` in server/app.py was not made by create_app()")
+                for name in ("factory", "concurrency", "serve options"):
+                    report.add(name, "skip", "not an openenv app")
                 return
             if not callable(main):
                 report.add("app", "fail", "server/app.py has no main() for the `server` script")
