@@ -23,6 +23,7 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint --no-color Dockerfile templates/env/server/Dockerfile envs/*/server/Dockerfile
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

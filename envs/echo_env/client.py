@@ -1,11 +1,12 @@
 """Typed client for the echo environment."""
 
-from echo_env.models import EchoAction, EchoObservation
 from openenv import EnvClient, State
+
+from echo_env.models import EchoAction, EchoObservation
 
 
 class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
-    """Drive an echo environment server.
+    """Drive the echo environment server; one client is one session.
 
     >>> import asyncio
     >>> async def main() -> None:

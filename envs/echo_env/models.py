@@ -1,8 +1,7 @@
 """What the echo environment's agents send and receive."""
 
-from pydantic import Field
-
 from openenv import Action, Observation
+from pydantic import Field
 
 
 class EchoAction(Action):

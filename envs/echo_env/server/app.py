@@ -6,9 +6,10 @@
 
 import os
 
+from openenv import ConcurrencyConfig, create_app
+
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, create_app
 
 app = create_app(
     EchoEnvironment,

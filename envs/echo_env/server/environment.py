@@ -3,8 +3,9 @@
 import uuid
 from typing import Any
 
-from echo_env.models import EchoAction, EchoObservation
 from openenv import Environment, State
+
+from echo_env.models import EchoAction, EchoObservation
 
 
 class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):

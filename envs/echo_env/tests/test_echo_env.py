@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
+from openenv.testing import run_server
 
 from echo_env import EchoAction, EchoEnv
 from echo_env.server.app import app
-from openenv.testing import run_server
 
 
 def test_episode_through_the_sync_client() -> None:

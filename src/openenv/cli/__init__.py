@@ -11,6 +11,9 @@ from rich.console import Console
 import openenv
 from openenv.cli.bench import bench
 from openenv.cli.run import run as run_episodes
+from openenv.cli.scaffold import init_command
+from openenv.cli.serve import serve_command
+from openenv.cli.validate import validate_command
 
 __all__ = ["app", "main"]
 
@@ -64,6 +67,9 @@ def demo(
 
 app.command("bench")(bench)
 app.command(name="run")(run_episodes)
+app.command("init")(init_command)
+app.command("serve")(serve_command)
+app.command("validate")(validate_command)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import uvicorn
 
 from openenv.server.service import LIVE_SERVICES
 
-__all__ = ["GracefulServer", "serve", "uvicorn_config"]
+__all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
 
 def uvicorn_config(
@@ -112,18 +112,38 @@ def serve(
     if app_dir is not None:
         sys.path.insert(0, str(app_dir))
     config = uvicorn_config(app, host=host, port=port, fd=fd, **options)
-    server = GracefulServer(config)
+    if workers > 1 or config.should_reload:
+        run_on_socket(app, config.bind_socket(), workers=workers, app_dir=app_dir, **options)
+    else:
+        GracefulServer(config).run()
+
+
+def run_on_socket(
+    app: Any,
+    sock: socket.socket,
+    *,
+    workers: int = 1,
+    app_dir: str | Path | None = None,
+    **options: Any,
+) -> None:
+    """Serve on a socket the caller bound and listens on (``openenv serve`` does).
+
+    ``workers > 1`` runs that many processes, each with its own sessions;
+    ``reload=True`` restarts the app when its files change.
+    """
     if workers > 1:
         if not isinstance(app, str):
             raise ValueError("workers > 1 needs the app as an import string, e.g. 'server.app:app'")
-        sock = config.bind_socket()
         _supervise(workers, app, app_dir, sock, options)
-    elif config.should_reload:
+        return
+    config = uvicorn_config(app, **options)
+    server = GracefulServer(config)
+    if config.should_reload:
         from uvicorn.supervisors import ChangeReload
 
-        ChangeReload(config, target=server.run, sockets=[config.bind_socket()]).run()
+        ChangeReload(config, target=server.run, sockets=[sock]).run()
     else:
-        server.run()
+        server.run(sockets=[sock])
 
 
 def _worker(

@@ -1,0 +1,239 @@
+"""``openenv serve``: run an environment folder's app with uvicorn, in one or more processes.
+
+A WebSocket session lives in the process that accepted its connection, for as
+long as the connection stays open. So N worker processes are N independent
+servers behind one socket, each holding its own sessions: the session cap is
+split between them (``OPENENV_MAX_CONCURRENT_ENVS`` = total // N per worker),
+and the total can never be exceeded, whichever worker the kernel hands a
+connection to. A client refused by a full worker gets ``CAPACITY_REACHED``
+(close code 1013, try again later) even if another worker has room; its retry
+may land on that other worker.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from openenv.cli.app_loader import APP_MODULE, AppLoadError, imported_app
+
+__all__ = ["ServeInfo", "serve", "serve_command", "split_sessions"]
+
+MAX_SESSIONS_VAR = "OPENENV_MAX_CONCURRENT_ENVS"
+SESSION_TIMEOUT_VAR = "OPENENV_SESSION_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class ServeInfo:
+    """What ``serve`` is about to serve, once its socket is listening."""
+
+    name: str
+    folder: Path
+    url: str
+    workers: int
+    sessions_per_worker: int | None
+    max_sessions: int | None = None
+
+    def describe(self) -> str:
+        """One line for the terminal.
+
+        >>> ServeInfo("echo", Path("envs/echo_env"), "http://127.0.0.1:8000", 2, 32).describe()
+        'serving echo from envs/echo_env at http://127.0.0.1:8000 (2 workers x 32 sessions = 64)'
+        """
+        where = f"serving {self.name} from {self.folder} at {self.url}"
+        if self.sessions_per_worker is None:
+            return f"{where} ({self.workers} worker{'s' if self.workers > 1 else ''})"
+        if self.workers == 1:
+            return f"{where} (up to {self.sessions_per_worker} sessions)"
+        total = self.workers * self.sessions_per_worker
+        split = f"{self.workers} workers x {self.sessions_per_worker} sessions = {total}"
+        if self.max_sessions is not None and self.max_sessions != total:
+            split += f"; --max-sessions {self.max_sessions} rounded down to split evenly"
+        return f"{where} ({split})"
+
+
+def split_sessions(max_sessions: int, workers: int) -> int:
+    """Each worker's share of the session cap, rounded down so the total holds.
+
+    >>> split_sessions(64, 4), split_sessions(10, 3)
+    (16, 3)
+    >>> split_sessions(1, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: --max-sessions 1 is fewer than --workers 2: every worker needs at least one session
+    """
+    if max_sessions < workers:
+        raise ValueError(
+            f"--max-sessions {max_sessions} is fewer than --workers {workers}: "
+            f"every worker needs at least one session"
+        )
+    return max_sessions // workers
+
+
+def serve(
+    path: str | Path = ".",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = 1,
+    max_sessions: int | None = None,
+    session_timeout: float | None = None,
+    reload: bool = False,
+    on_ready: Callable[[ServeInfo], None] | None = None,
+) -> None:
+    """Serve the environment in ``path`` (its ``server/app.py``) until interrupted.
+
+    Args:
+        path: The environment folder.
+        host: Interface to listen on; ``0.0.0.0`` for every interface.
+        port: TCP port; 0 picks a free one (see ``ServeInfo.url``).
+        workers: Server processes sharing the socket; sessions stay in the
+            process that accepted them.
+        max_sessions: Total session cap across all workers (default: the app's
+            own cap, per worker). Passed as ``OPENENV_MAX_CONCURRENT_ENVS``.
+        session_timeout: Idle seconds before a session is closed; passed as
+            ``OPENENV_SESSION_TIMEOUT``.
+        reload: Restart the server when a file in ``path`` changes (one worker).
+        on_ready: Called once the socket listens, before requests are served.
+
+    Raises:
+        ValueError: the options contradict each other.
+        AppLoadError: ``server/app.py`` is missing, fails to import, or ignores
+            the cap or timeout asked for.
+        OSError: the address cannot be listened on.
+        RuntimeError: the app failed to start.
+    """
+    from openenv.server.runner import run_on_socket
+
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if reload and workers > 1:
+        raise ValueError("--reload runs one process; it cannot be combined with --workers")
+    if session_timeout is not None and session_timeout <= 0:
+        raise ValueError(f"--session-timeout must be positive, got {session_timeout}")
+    folder = Path(path).resolve()
+    environ: dict[str, str | None] = {}
+    share = None if max_sessions is None else split_sessions(max_sessions, workers)
+    if share is not None:
+        environ[MAX_SESSIONS_VAR] = str(share)
+    if session_timeout is not None:
+        environ[SESSION_TIMEOUT_VAR] = str(session_timeout)
+    # The environment stays applied while serving, so worker processes inherit it.
+    with imported_app(folder, environ) as app:
+        name, sessions = _check_applied(app, share, session_timeout)
+        sock = _listen(host, port)
+        with sock:
+            url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+            if on_ready is not None:
+                on_ready(ServeInfo(name, Path(path), url, workers, sessions, max_sessions))
+            # openenv's runner: heartbeats, frame limits, and on SIGTERM/SIGINT a
+            # drain (close 1001 to every session, every environment closed), exit 0.
+            options: dict[str, Any] = {"log_level": "info"}
+            if reload:
+                options.update(reload=True, reload_dirs=[str(folder)])
+            try:
+                run_on_socket(
+                    # Workers and the reloader import the app in their own processes.
+                    f"{APP_MODULE}:app" if workers > 1 or reload else app,
+                    sock,
+                    workers=workers,
+                    app_dir=folder,
+                    **options,
+                )
+            except SystemExit as exc:  # uvicorn's way out when the app's startup fails
+                message = f"the app failed to start (exit code {exc.code}); see the log above"
+                raise RuntimeError(message) from None
+
+
+def _check_applied(
+    app: Any, share: int | None, session_timeout: float | None
+) -> tuple[str, int | None]:
+    """Refuse to serve an app that would silently ignore --max-sessions or --session-timeout."""
+    service = getattr(getattr(app, "state", None), "openenv", None)
+    if service is None:
+        if share is not None or session_timeout is not None:
+            raise AppLoadError(
+                "server/app.py's `app` was not made by openenv.create_app, so "
+                "--max-sessions and --session-timeout cannot apply to it"
+            )
+        return "the app", None
+    cap = service.registry.max_sessions
+    if share is not None and cap != share:
+        raise AppLoadError(
+            f"server/app.py ignores {MAX_SESSIONS_VAR}: asked for {share} sessions per worker, "
+            f"its app holds {cap}. Build its config with ConcurrencyConfig.from_env(...)"
+        )
+    timeout = service.concurrency.session_timeout
+    if session_timeout is not None and timeout != session_timeout:
+        raise AppLoadError(
+            f"server/app.py ignores {SESSION_TIMEOUT_VAR}: asked for {session_timeout}s, "
+            f"its app uses {timeout}. Build its config with ConcurrencyConfig.from_env(...)"
+        )
+    return str(service.metadata.name), int(cap)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        # Listen now: connections queue until the workers are up instead of being refused.
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def serve_command(
+    path: Annotated[
+        Path, typer.Argument(help="The environment folder, holding server/app.py.")
+    ] = Path("."),
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0: all).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one.")] = 8000,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Server processes; the session cap is split between them.")
+    ] = 1,
+    max_sessions: Annotated[
+        int | None,
+        typer.Option(min=1, help="Total session cap across workers (default: the app's own)."),
+    ] = None,
+    session_timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Close sessions idle this many seconds.")
+    ] = None,
+    reload: Annotated[
+        bool, typer.Option("--reload", help="Restart when a file in PATH changes.")
+    ] = False,
+) -> None:
+    """Serve the environment in PATH (default: this folder) over WebSocket sessions."""
+
+    def ready(info: ServeInfo) -> None:
+        typer.echo(f"{info.describe()}; Ctrl+C to stop")
+
+    try:
+        serve(
+            path,
+            host=host,
+            port=port,
+            workers=workers,
+            max_sessions=max_sessions,
+            session_timeout=session_timeout,
+            reload=reload,
+            on_ready=ready,
+        )
+    except (ValueError, OSError, RuntimeError, AppLoadError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,209 @@
+"""``openenv serve``: refusals in one line, and several worker processes sharing one cap."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_envs import write_env
+from dockerfiles import stop, wait_healthy
+from typer.testing import CliRunner
+
+from openenv import AnyObservation, CapacityError, WebSocketEnvClient
+from openenv.cli import app
+
+OPENENV = Path(sys.executable).with_name("openenv")
+
+
+def refused(*args: str) -> str:
+    """Run ``openenv serve ARGS`` in-process; it must fail with one line on stderr."""
+    result = CliRunner().invoke(app, ["serve", *args])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_a_folder_that_is_not_an_environment_is_refused(tmp_path: Path) -> None:
+    assert refused(str(tmp_path)) == (
+        f"error: {tmp_path.resolve()} has no server/app.py; is it an environment folder? "
+        f"(create one with: openenv init NAME)"
+    )
+
+
+def test_fewer_sessions_than_workers_is_refused(tmp_path: Path) -> None:
+    folder = str(write_env(tmp_path / "env"))
+    assert refused(folder, "--workers", "3", "--max-sessions", "2") == (
+        "error: --max-sessions 2 is fewer than --workers 3: every worker needs at least one session"
+    )
+
+
+def test_reload_with_workers_is_refused(tmp_path: Path) -> None:
+    folder = str(write_env(tmp_path / "env"))
+    line = refused(folder, "--reload", "--workers", "2")
+    assert line == "error: --reload runs one process; it cannot be combined with --workers"
+
+
+def test_an_app_that_would_ignore_the_cap_is_refused(tmp_path: Path) -> None:
+    folder = str(write_env(tmp_path / "env", config="ConcurrencyConfig(max_concurrent_envs=8)"))
+    line = refused(folder, "--max-sessions", "4")
+    assert line.startswith("error: server/app.py ignores OPENENV_MAX_CONCURRENT_ENVS")
+    assert "asked for 4 sessions per worker, its app holds 8" in line
+    assert "OPENENV_MAX_CONCURRENT_ENVS" not in os.environ
+
+
+def test_a_busy_port_is_refused(tmp_path: Path) -> None:
+    folder = str(write_env(tmp_path / "env"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = refused(folder, "--port", str(port))
+    assert line == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_an_app_that_fails_to_import_is_refused(tmp_path: Path) -> None:
+    folder = str(write_env(tmp_path / "env", app="raise RuntimeError('no GPU here')\n"))
+    assert refused(folder) == ("error: importing server/app.py:1 failed: RuntimeError: no GPU here")
+
+
+def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path) -> None:
+    failing = (
+        "import contextlib\n"
+        "from fastapi import FastAPI\n\n\n"
+        "@contextlib.asynccontextmanager\n"
+        "async def lifespan(app):\n"
+        "    raise RuntimeError('cannot reach the simulator')\n"
+        "    yield\n\n\n"
+        "app = FastAPI(lifespan=lifespan)\n"
+    )
+    result = CliRunner().invoke(app, ["serve", str(write_env(tmp_path / "env", app=failing))])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the app failed to start (exit code 3); see the log above"
+    )
+
+
+@contextlib.contextmanager
+def serving(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    log, out = folder / "serve.log", folder / "serve.out"
+    with log.open("wb") as err, out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--port", "0", *args],
+            stdout=stdout,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (match := re.search(r"at (http://\S+) \(", out.read_text())):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        wait_healthy(match.group(1), proc, log)
+        yield match.group(1), proc
+    finally:
+        stop(proc, signal.SIGINT)
+
+
+async def open_session(url: str) -> tuple[WebSocketEnvClient, int] | None:
+    """Open a session; its pid, or None if the worker that took the connection was full."""
+    client = WebSocketEnvClient(url, observation_cls=AnyObservation)
+    try:
+        result = await client.reset()
+    except CapacityError:
+        await client.close()
+        return None
+    return client, (result.observation.model_extra or {})["pid"]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(180)
+def test_workers_share_the_cap_and_refuse_beyond_it(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+
+    async def scenario(url: str) -> list[int]:
+        held: list[tuple[WebSocketEnvClient, int]] = []
+        # The kernel picks the worker for each connection; a full worker refuses (1013)
+        # even while the other has room, so keep trying until all 4 slots are held.
+        for _ in range(200):
+            if len(held) == 4:
+                break
+            if (session := await open_session(url)) is not None:
+                held.append(session)
+        pids = [pid for _, pid in held]
+        try:
+            assert len(held) == 4
+            assert sorted(Counter(pids).values()) == [2, 2]  # 2 processes x 2 sessions
+            for _ in range(10):  # both workers are full now: nobody gets in
+                assert await open_session(url) is None
+        finally:
+            for client, _ in held:
+                await client.close()
+        return pids
+
+    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc):
+        banner = (folder / "serve.out").read_text()
+        assert "(2 workers x 2 sessions = 4)" in banner
+        pids = asyncio.run(scenario(url))
+        assert proc.pid not in pids  # sessions live in the workers, not the supervisor
+        assert stop(proc, signal.SIGINT) == 0
+    deadline = time.monotonic() + 20
+    while not all(gone(pid) for pid in set(pids)):
+        assert time.monotonic() < deadline, "a worker outlived openenv serve"
+        time.sleep(0.05)
+
+
+def test_an_app_that_would_ignore_the_session_timeout_is_refused(tmp_path: Path) -> None:
+    # Reads the cap from the environment, but not the timeout.
+    cap_only = (
+        "ConcurrencyConfig(max_concurrent_envs=int(os.environ['OPENENV_MAX_CONCURRENT_ENVS']))"
+    )
+    folder = str(write_env(tmp_path / "env", config=cap_only))
+    line = refused(folder, "--max-sessions", "1", "--session-timeout", "5")
+    assert line.startswith("error: server/app.py ignores OPENENV_SESSION_TIMEOUT: asked for 5.0s")
+
+
+def test_reload_serves_the_edited_app(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+    app_py = folder / "server" / "app.py"
+    with serving(folder, "--reload") as (url, proc):
+        assert health(url)["max_sessions"] == 8
+        edited = app_py.read_text().replace("max_concurrent_envs=8", "max_concurrent_envs=9")
+        app_py.write_text(edited)
+        deadline = time.monotonic() + 30
+        while health(url).get("max_sessions") != 9:
+            assert time.monotonic() < deadline, (folder / "serve.log").read_text()
+            time.sleep(0.1)
+        assert stop(proc, signal.SIGINT) == 0
+
+
+def health(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+    except OSError:  # between the old process and the new one
+        return {}
