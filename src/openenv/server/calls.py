@@ -8,7 +8,9 @@ plain ``def`` that overruns is left running and handed back to the caller as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -47,7 +49,7 @@ async def call(
     **kwargs: Any,
 ) -> Any:
     """Run ``fn`` without blocking the event loop, within ``timeout`` seconds."""
-    if inspect.iscoroutinefunction(fn):
+    if _is_async(fn):
         if timeout is None:
             return await fn(*args, **kwargs)
         try:
@@ -68,6 +70,22 @@ async def call(
     if inspect.isawaitable(result):  # a plain def that returned a coroutine
         result = await result
     return result
+
+
+# Whether a function is ``async def``, by the function under a bound method:
+# asked on every step, and inspect's answer never changes for a function.
+_ASYNC: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    func = getattr(fn, "__func__", fn)
+    try:
+        return _ASYNC[func]
+    except (KeyError, TypeError):  # TypeError: not weak-referenceable (e.g. a builtin)
+        answer = inspect.iscoroutinefunction(fn)
+        with contextlib.suppress(TypeError):
+            _ASYNC[func] = answer
+        return answer
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

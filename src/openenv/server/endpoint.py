@@ -167,7 +167,7 @@ async def _refuse(
     close_code: CloseCode,
     **details: Any,
 ) -> None:
-    service.metrics.errors.labels(code.value).inc()
+    service.metrics.errors[code.value] += 1
     try:
         await websocket.send_text(protocol.error_frame(code, message, **details))
         await websocket.close(close_code)

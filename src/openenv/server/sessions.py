@@ -205,7 +205,7 @@ class Session:
         # The tool whose call ended the episode; tool calls are refused until a reset.
         self.finished_by: str | None = None
         service.registry.add(self)
-        self._metrics.opened.inc()
+        self._metrics.opened += 1
 
     async def handle(self, frame: str | bytes) -> str | None:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
@@ -250,13 +250,13 @@ class Session:
     def _error(
         self, code: ErrorCode, message: str, request_id: protocol.RequestId | None, **details: Any
     ) -> str:
-        self._metrics.errors.labels(code.value).inc()
+        self._metrics.errors[code.value] += 1
         if code in _CLIENT_FAULTS:
             self._bad_frames += 1
             if self._bad_frames >= self._settings.max_bad_frames:
                 self.log.warning("closing after %d bad frames in a row", self._bad_frames)
                 self._end(CloseCode.POLICY_VIOLATION)
-                self._metrics.errors.labels(ErrorCode.SESSION_ERROR.value).inc()
+                self._metrics.errors[ErrorCode.SESSION_ERROR.value] += 1
                 return protocol.error_frame(
                     ErrorCode.SESSION_ERROR,
                     f"closing the session after {self._bad_frames} bad frames in a row "
@@ -279,7 +279,7 @@ class Session:
             "step()", message.id, Observation, self._settings.step_timeout, self.env.step, action
         )
         self._metrics.step_seconds.observe(time.perf_counter() - started)
-        self._metrics.steps.inc()
+        self._metrics.steps += 1
         return protocol.observation_frame(observation, message.id)
 
     async def _reset(self, message: protocol.ResetRequest) -> str:
@@ -462,7 +462,7 @@ class Session:
             self.log.exception("close() raised; the slot is freed anyway")
         finally:
             self._service.registry.remove(self, reason)
-            self._metrics.closed.labels(reason).inc()
+            self._metrics.closed[reason] += 1
             self.log.debug("closed (%s)", reason)
 
 
