@@ -119,7 +119,11 @@ def main() -> None:
         asyncio.run(churn(ws_url, args.warmup, args.concurrency))
         before = proc_stats(server.pid)
         started = time.perf_counter()
-        outcomes = asyncio.run(churn(ws_url, args.sessions, args.concurrency))
+        # Two halves: the thread pools are bounded but grow lazily with load, so
+        # the second half (pools at their working size) is where a leak would show.
+        outcomes = asyncio.run(churn(ws_url, args.sessions // 2, args.concurrency))
+        middle = proc_stats(server.pid)
+        outcomes += asyncio.run(churn(ws_url, args.sessions - args.sessions // 2, args.concurrency))
         elapsed = time.perf_counter() - started
         deadline = time.monotonic() + 30
         while (state := health(url))["active_sessions"] and time.monotonic() < deadline:
@@ -136,8 +140,12 @@ def main() -> None:
         "outcomes": dict(outcomes),
         "leaked_slots": state["active_sessions"],
         "before": before,
+        "middle": middle,
         "after": after,
         "growth_pct": {k: round(100 * (after[k] - before[k]) / before[k], 1) for k in before},
+        "second_half_growth_pct": {
+            k: round(100 * (after[k] - middle[k]) / middle[k], 1) for k in before
+        },
         "server_exit_code": server.returncode,
     }
     if args.json:
@@ -151,8 +159,9 @@ def main() -> None:
     print(f"  leaked slots: {state['active_sessions']}")
     for key in before:
         print(
-            f"  {key:8} before {before[key]:>8,}  after {after[key]:>8,}  "
-            f"({result['growth_pct'][key]:+.1f}%)"
+            f"  {key:8} before {before[key]:>8,}  halfway {middle[key]:>8,}  "
+            f"after {after[key]:>8,}  ({result['growth_pct'][key]:+.1f}% in all, "
+            f"{result['second_half_growth_pct'][key]:+.1f}% in the second half)"
         )
     print(f"  server exit code after SIGTERM: {server.returncode}")
 
