@@ -17,7 +17,7 @@ from openenv.environment import Environment
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
-from openenv.server.handoff import Handoff
+from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.metrics import Metrics
 from openenv.server.sessions import SessionRegistry, SessionState
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -68,6 +68,9 @@ class EnvService:
         self.connections: set[Connection] = set()
         self.executor = self._new_executor()
         self.handoff = Handoff(self.executor, settings.max_threads)
+        # Factories (and closing what a late factory made) share one lane: cheap
+        # constructors stay on the fast lane instead of growing the thread pool.
+        self._factory_ticket = LaneTicket()
         self._executor_stopped = False
         self.started_at = time.time()
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
@@ -82,7 +85,7 @@ class EnvService:
         try:
             env = await calls.call(
                 self.env_factory,
-                submit=calls.on_executor(self.executor),
+                submit=self._submit_factory,
                 timeout=self.settings.factory_timeout,
             )
         except calls.DeadlineExceeded as exc:
@@ -108,7 +111,7 @@ class EnvService:
                 if isinstance(env, Environment):
                     await calls.call(
                         env.close,
-                        submit=calls.on_executor(self.executor),
+                        submit=self._submit_factory,
                         timeout=self.settings.close_timeout,
                     )
             except Exception:
@@ -119,6 +122,11 @@ class EnvService:
         task = asyncio.get_running_loop().create_task(reclaim())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _submit_factory(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        return self.handoff.submit(self._factory_ticket, fn, args, kwargs)
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
