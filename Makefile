@@ -5,14 +5,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz bench-tools clean chromium
+.PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz bench-tools clean chromium \
+	sandbox-python
 
-$(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/counter_env/pyproject.toml
+$(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/counter_env/pyproject.toml \
+		envs/coding_env/pyproject.toml envs/gymnasium_env/pyproject.toml envs/wordle_env/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,mcp]' -e envs/echo_env -e envs/counter_env
+	$(BIN)/pip install --quiet -e '.[dev,mcp,gymnasium]' -e envs/echo_env -e envs/counter_env \
+		-e envs/coding_env -e envs/gymnasium_env -e envs/wordle_env
 	@touch $@
 
 demo: $(STAMP)
@@ -27,7 +30,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) chromium
+pytest: $(STAMP) chromium sandbox-python
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
@@ -42,6 +45,11 @@ bench-fuzz: $(STAMP)
 # The web page tests drive Debian's Chromium; Playwright never downloads a browser.
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
+# coding_env runs programs under unprivileged uids when the server is root; they
+# need an interpreter outside /root (a pyenv or venv Python there is private).
+sandbox-python:
+	@test -x /usr/bin/python3 || { apt-get update -q && apt-get install -y -q python3-minimal; }
 
 bench-tools: $(STAMP)
 	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
