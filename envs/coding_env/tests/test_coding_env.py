@@ -7,10 +7,14 @@ limit is the kernel's; the tests check that nothing of any run survives it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import io
 import os
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -433,3 +437,14 @@ def test_bad_actions_get_validation_errors_and_the_session_goes_on() -> None:
         with pytest.raises(EnvValidationError):
             env.call_tool("run_code", source="print(1)")
         assert env.call_tool("run_code", code="print(1)").data["stdout"] == "1\n"
+
+
+def test_the_readme_example_runs_as_written() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", readme.split("## Drive", 1)[1], re.DOTALL)[0]
+    out = io.StringIO()
+    with run_server(app) as url, contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000", url), "README.md", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("Write a function `add(a, b)`")
+    assert lines[-3:] == ["ok 5", "3/3 tests passed 1.0", "the program exited with code 3"]

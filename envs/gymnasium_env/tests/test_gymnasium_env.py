@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import random
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import gymnasium
 import httpx
@@ -181,3 +185,21 @@ def test_50_concurrent_cartpole_sessions_match_local_play(cartpole_url: str) -> 
         local = local_episode("CartPole-v1", seed, actions)
         assert (total, steps) == (float(len(local) - 1), len(local) - 1), seed
     assert httpx.get(f"{cartpole_url}/health").json()["active_sessions"] == 0
+
+
+def test_the_readme_example_runs_as_written(cartpole_url: str) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", readme.split("## Drive", 1)[1], re.DOTALL)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000", cartpole_url), "README.md", "exec"), {})
+    returns = []
+    for seed in range(20):  # the same policy, played by Gymnasium in this process
+        env = gymnasium.make("CartPole-v1")
+        observation, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            observation, reward, terminated, truncated, _ = env.step(int(observation[2] > 0))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    assert out.getvalue() == f"mean return over 20 episodes: {sum(returns) / 20}\n"

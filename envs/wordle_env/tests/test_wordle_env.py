@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -144,3 +148,14 @@ def test_50_concurrent_tool_sessions() -> None:
         assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
     expected = [play_locally(word) for word in answers("test")[:50]]
     assert results == expected
+
+
+def test_the_readme_example_prints_what_it_says() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    drive = readme.split("## Drive", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", drive, re.DOTALL)[0]
+    printed = re.findall(r"```text\n(.*?)```", drive, re.DOTALL)[0]
+    out = io.StringIO()
+    with run_server(app) as url, contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000", url), "README.md", "exec"), {})
+    assert out.getvalue() == printed
