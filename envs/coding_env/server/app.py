@@ -1,19 +1,21 @@
 """The coding environment's ASGI app: `uvicorn server.app:app` from this folder.
 
 `OPENENV_MAX_CONCURRENT_ENVS` sets the session cap (default 256) and
-`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds. The sandbox's limits
-are `SandboxLimits()`'s defaults; serve `functools.partial(CodingEnvironment,
-limits=SandboxLimits(...))` for others.
+`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds; `CODING_ENV_<LIMIT>`
+sets each of the sandbox's limits (`CODING_ENV_TIMEOUT=30`,
+`CODING_ENV_MEMORY_BYTES=...`; see `SandboxLimits`).
 """
 
+import functools
 import os
 
 from coding_env.models import CodeAction, CodeObservation
 from coding_env.server.environment import CodingEnvironment
+from coding_env.server.sandbox import SandboxLimits
 from openenv import ConcurrencyConfig, create_app
 
 app = create_app(
-    CodingEnvironment,
+    functools.partial(CodingEnvironment, limits=SandboxLimits.from_env()),
     CodeAction,
     CodeObservation,
     ConcurrencyConfig.from_env(max_concurrent_envs=256),

@@ -59,6 +59,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodingState]):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, limits: SandboxLimits | None = None, per_test_seconds: float = 2.0):
+        """``per_test_seconds`` is CPU time; ``limits.timeout`` bounds a whole submission."""
         self.sandbox = Sandbox(limits)
         self.per_test_seconds = per_test_seconds
         self._task = load_split("train")[0]

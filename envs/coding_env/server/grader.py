@@ -2,7 +2,7 @@
 
 It reads ``tests.json`` (the tests, a per-test time limit and a report
 marker), deletes it, loads ``solution.py``, runs each test in a fresh copy of
-the solution's namespace with an alarm as its deadline, and prints one line
+the solution's namespace with a CPU-time alarm as its deadline, and prints one line
 ``MARKER`` + a JSON list of ``{"passed": bool, "error": str or null}``. It
 exits 1 when the solution does not load (with the error printed as Python
 would), else 0.
@@ -19,7 +19,7 @@ import traceback
 
 
 def _expired(signum: int, frame: object) -> None:
-    raise TimeoutError("the test ran out of time")
+    raise TimeoutError("the test used up its CPU time")
 
 
 def grade(tests: list[str], per_test: float) -> tuple[list[dict[str, object]], int]:
@@ -33,17 +33,18 @@ def grade(tests: list[str], per_test: float) -> tuple[list[dict[str, object]], i
         _print_error(exc)
         error = f"the solution failed to load: {_describe(exc)}"
         return [{"passed": False, "error": error} for _ in tests], 1
-    signal.signal(signal.SIGALRM, _expired)
+    # CPU time, not wall-clock time: a loaded machine must not fail a test.
+    signal.signal(signal.SIGPROF, _expired)
     outcomes: list[dict[str, object]] = []
     for test in tests:
-        signal.setitimer(signal.ITIMER_REAL, per_test)
+        signal.setitimer(signal.ITIMER_PROF, per_test)
         try:
             exec(compile(test, "<test>", "exec"), dict(namespace))
             outcomes.append({"passed": True, "error": None})
         except BaseException as exc:
             outcomes.append({"passed": False, "error": _describe(exc)})
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
     return outcomes, 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import pwd
@@ -45,7 +46,9 @@ class Lease:
     uid: int
     gid: int
     lock_fd: int
-    suspect: bool = False  # the supervisor may have died: check for leftovers before reuse
+    # Processes of the uid may be left (of a server that died, or of a supervisor
+    # that had to be killed): kill them, and check, before the uid is used again.
+    suspect: bool = False
 
 
 class UidPool:
@@ -63,9 +66,10 @@ class UidPool:
         self.lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), "openenv-sandbox-uids")
         self._lock = threading.Lock()
         self._in_use: set[int] = set()
-        self._checked: set[int] = set()  # uids seen free of leftover processes
+        # Uids of the range that had processes when this pool first looked (a
+        # server that died mid-run leaves some); None until it has looked.
+        self._leftovers: set[int] | None = None
         self._quarantined: set[int] = set()
-        self._next = 0
         self._dir_fd: int | None = None
 
     def acquire(self) -> Lease:
@@ -76,10 +80,12 @@ class UidPool:
         Raises:
             SandboxBusyError: every uid of the pool is in use.
         """
+        with self._lock:
+            if self._leftovers is None:  # one scan of /proc for the whole range
+                self._leftovers = {uid for uid in _uids_with_processes() if self._owns(uid)}
         while True:
             lease = self._claim_next()
             if not lease.suspect or _clear(lease.uid):
-                self._checked.add(lease.uid)
                 lease.suspect = False
                 return lease
             self._quarantine(lease)
@@ -93,19 +99,25 @@ class UidPool:
             self._in_use.discard(lease.uid)
         os.close(lease.lock_fd)
 
+    def _owns(self, uid: int) -> bool:
+        return self.first <= uid < self.first + self.count
+
     def _claim_next(self) -> Lease:
+        # The lowest free uid: the same few are reused, so a busy server touches
+        # only as many uids as it runs programs at once.
         with self._lock:
             directory = self._directory()
-            for offset in range(self.count):
-                uid = self.first + (self._next + offset) % self.count
+            assert self._leftovers is not None
+            for uid in range(self.first, self.first + self.count):
                 if uid in self._in_use or uid in self._quarantined or _has_account(uid):
                     continue
                 fd = _claim(directory, uid)
                 if fd is None:
                     continue  # another server process holds it
                 self._in_use.add(uid)
-                self._next = (uid - self.first + 1) % self.count
-                return Lease(uid=uid, gid=uid, lock_fd=fd, suspect=uid not in self._checked)
+                suspect = uid in self._leftovers
+                self._leftovers.discard(uid)
+                return Lease(uid=uid, gid=uid, lock_fd=fd, suspect=suspect)
         raise SandboxBusyError(
             f"all {self.count} sandbox uids ({self.first}-{self.first + self.count - 1}) "
             f"are running programs; try again when a run has finished"
@@ -147,6 +159,7 @@ def _claim(directory: int, uid: int) -> int | None:
     return fd
 
 
+@functools.cache
 def _has_account(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -172,6 +185,15 @@ def _clear(uid: int, patience: float = 2.0) -> bool:
 
 def processes_of(uid: int) -> list[int]:
     """The processes (zombies included) whose real uid is ``uid``, from /proc."""
+    return [pid for pid, owner in _process_owners() if owner == uid]
+
+
+def _uids_with_processes() -> set[int]:
+    return {owner for _, owner in _process_owners()}
+
+
+def _process_owners() -> list[tuple[int, int]]:
+    """(pid, real uid) of every process, zombies included."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -180,8 +202,7 @@ def processes_of(uid: int) -> list[int]:
             with open(f"/proc/{name}/status", "rb") as status:
                 for line in status:
                     if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(name))
+                        found.append((int(name), int(line.split()[1])))
                         break
         except (OSError, ValueError):
             continue

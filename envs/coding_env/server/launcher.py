@@ -1,7 +1,7 @@
 """The supervisor that runs inside the sandbox, between the server and the program.
 
-The server starts it as ``python -I -S -c <this file's source> <config>``, in a
-new session, in the run's working directory. When the server is root, it first
+The server starts it as ``python -I -S -c <this file's source> <config>``, in
+the run's working directory. When the server is root, it first
 becomes the run's unprivileged uid (doing it here rather than in the server's
 fork works with any event loop, uvloop included). It sets the resource limits, starts the program as
 its only child, reaps every process that ends up beneath it (it is a child
@@ -39,6 +39,12 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
     report: dict[str, object] = {"returncode": None, "stopped": False, "error": None}
     program = None
+    # A process group of our own (to be killed as one if we ever hang), in the
+    # server's session: a new session would be a new scheduling group
+    # ("autogroup"), weighing as much as the whole server however nice we are.
+    with contextlib.suppress(PermissionError):  # already a session (so group) leader
+        os.setpgid(0, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, config["limits"]["nice"])
     try:
         if config["uid"] is not None:
             _become(config["uid"], config["gid"])
@@ -110,7 +116,9 @@ def _supervise(program: int) -> tuple[int | None, bool]:
             return status, False
         info = signal.sigtimedwait(_WATCHED, 1.0)
         if info is not None and info.si_signo == signal.SIGTERM:
-            return None, True
+            # Too late if the program has ended meanwhile: then it was not stopped.
+            status = _reap(program)
+            return status, status is None
 
 
 def _reap(program: int | None) -> int | None:

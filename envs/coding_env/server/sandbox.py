@@ -9,8 +9,9 @@ apply, and lets every process of the run be killed at once.
 
 A supervisor process (``launcher.py``) sits between the server and the
 program: it applies the limits, reaps and kills everything the program
-starts, and reports the program's exit code. The server only reads the
-output (incrementally, up to the limit) and enforces the wall clock.
+starts, and reports the program's exit code. The server starts it off the
+event loop (``process.py``), reads the output incrementally, up to the
+limit, and enforces the wall clock.
 
 >>> import asyncio
 >>> result = asyncio.run(Sandbox(SandboxLimits(timeout=5)).run_code("print(6 * 7)"))
@@ -21,7 +22,6 @@ output (incrementally, up to the limit) and enforces the wall clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coding_env.models import ExecutionResult, Status
 from coding_env.server.identities import Lease, UidPool
+from coding_env.server.process import ChildProcess
 
 __all__ = ["Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
 
@@ -74,6 +75,28 @@ class SandboxLimits(BaseModel):
         default=16 * _MIB, ge=0, description="Largest file the program may write (RLIMIT_FSIZE)."
     )
     max_open_files: int = Field(default=64, ge=8, description="Open files (RLIMIT_NOFILE).")
+    nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="Scheduling niceness: busy programs leave the CPU to the server first.",
+    )
+
+    @classmethod
+    def from_env(cls, **defaults: Any) -> SandboxLimits:
+        """``defaults``, overridden by ``CODING_ENV_<FIELD>`` variables (``CODING_ENV_TIMEOUT``).
+
+        >>> import os
+        >>> os.environ["CODING_ENV_MEMORY_BYTES"] = str(64 * 2**20)
+        >>> SandboxLimits.from_env(timeout=5).memory_bytes // 2**20
+        64
+        >>> del os.environ["CODING_ENV_MEMORY_BYTES"]
+        """
+        values = dict(defaults)
+        for name in cls.model_fields:
+            if (raw := os.environ.get(f"CODING_ENV_{name.upper()}")) is not None:
+                values[name] = raw
+        return cls.model_validate(values)
 
 
 @functools.cache
@@ -170,26 +193,15 @@ class Sandbox:
             "argv": [self.python, "-I", "-S", script],
             "limits": limits.model_dump(exclude={"timeout", "max_output_bytes"}),
         }
+        argv = [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(config)]
         try:
             try:
-                process = await asyncio.create_subprocess_exec(
-                    self.python,
-                    "-I",
-                    "-S",
-                    "-c",
-                    _LAUNCHER,
-                    json.dumps(config),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    cwd=workdir,
-                    env=_environment(workdir),
-                    pass_fds=(report_w,),
-                    start_new_session=True,
+                child = await ChildProcess.start(
+                    argv, cwd=workdir, env=_environment(workdir), pass_fds=(report_w,)
                 )
             finally:
                 os.close(report_w)
-            run = _Run(process, limits, lease)
+            run = _Run(child, limits, lease)
             stopped_for = await run.supervise()
             report = _read_report(report_r)
         finally:
@@ -223,10 +235,8 @@ class _Capture:
 class _Run:
     """The server's side of one run: the wall clock, the output, stopping it."""
 
-    def __init__(
-        self, process: asyncio.subprocess.Process, limits: SandboxLimits, lease: Lease | None
-    ) -> None:
-        self.process = process
+    def __init__(self, child: ChildProcess, limits: SandboxLimits, lease: Lease | None) -> None:
+        self.child = child
         self.limits = limits
         self.lease = lease
         self.flooded = asyncio.Event()
@@ -235,51 +245,41 @@ class _Run:
 
     async def supervise(self) -> Status | None:
         """Wait for the run to end; why it was stopped, if it was."""
-        assert self.process.stdout is not None
-        assert self.process.stderr is not None
+        child = self.child
         readers = [
-            asyncio.create_task(self.stdout.pump(self.process.stdout)),
-            asyncio.create_task(self.stderr.pump(self.process.stderr)),
+            asyncio.create_task(self.stdout.pump(child.stdout)),
+            asyncio.create_task(self.stderr.pump(child.stderr)),
         ]
-        exited = asyncio.create_task(self.process.wait())
         flooded = asyncio.create_task(self.flooded.wait())
         stopped_for: Status | None = None
         try:
             await asyncio.wait(
-                {exited, flooded}, timeout=self.limits.timeout, return_when="FIRST_COMPLETED"
+                {child.exited, flooded}, timeout=self.limits.timeout, return_when="FIRST_COMPLETED"
             )
             if self.flooded.is_set():
                 stopped_for = "output_limit"
-            elif not exited.done():
+            elif not child.exited.done():
                 stopped_for = "timeout"
             if stopped_for is not None:
                 await self.stop()
             # Everything of the run is dead now, so the pipes are at their end.
             await asyncio.wait(readers, timeout=_STOP_GRACE)
         finally:
-            for task in (*readers, exited, flooded):
+            for task in (*readers, flooded):
                 task.cancel()
-            if self.process.returncode is None:  # cancelled from outside
-                await asyncio.shield(asyncio.create_task(self.stop()))
-            # Normally closed already (the pipes reached their end); not if the
-            # readers were given up on. asyncio.subprocess.Process has no close().
-            transport = getattr(self.process, "_transport", None)
-            if transport is not None:
-                transport.close()
+            # Shielded: cancelled from outside, the run must still be stopped and reaped.
+            await asyncio.shield(asyncio.create_task(self._close()))
         return stopped_for
 
     async def stop(self) -> None:
         """Have the supervisor kill the run; kill the supervisor if it does not answer."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), _STOP_GRACE)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            if self.lease is not None:
-                self.lease.suspect = True  # its uid is checked before anyone reuses it
-            await self.process.wait()
+        if not await self.child.terminate(_STOP_GRACE) and self.lease is not None:
+            self.lease.suspect = True  # its uid is checked before anyone reuses it
+
+    async def _close(self) -> None:
+        if not self.child.exited.done():
+            await self.stop()
+        await self.child.aclose()
 
 
 def _environment(workdir: str) -> dict[str, str]:
@@ -328,7 +328,7 @@ def _result(
             f"the program wrote more than {limits.max_output_bytes} bytes to {stream}; "
             f"the rest was discarded and the program killed"
         )
-    elif stopped_for == "timeout":
+    elif stopped_for == "timeout" and report.get("stopped"):
         status, message = "timeout", f"the program ran past {limits.timeout:g} s and was killed"
     elif exit_code == -signal.SIGXCPU:
         status = "cpu_limit"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from coding_env import (
     CodeAction,
@@ -111,15 +112,27 @@ SOLUTIONS = {
     "transpose": "def transpose(matrix):\n    return [list(row) for row in zip(*matrix)]\n",
 }
 
-# Tight limits, so that each failure mode is quick and exact.
+# Tight limits, so that each failure mode is quick and exact. The wall clock is
+# generous except where it is the subject: programs run at nice 19, and on a
+# machine loaded by others they may wait for the CPU.
 TIGHT = SandboxLimits(
-    timeout=1.5,
+    timeout=60,
     cpu_seconds=30,
     memory_bytes=64 * 2**20,
     max_processes=8,
     max_output_bytes=1000,
     max_file_bytes=2**20,
 )
+SHORT = TIGHT.model_copy(update={"timeout": 1.5})
+ROOMY = SandboxLimits(timeout=120)
+
+
+def make_app(limits: SandboxLimits, **settings: object) -> FastAPI:
+    env = functools.partial(CodingEnvironment, limits=limits)
+    return create_app(
+        env, CodeAction, CodeObservation, ConcurrencyConfig(max_concurrent_envs=64), **settings
+    )
+
 
 FORK_UNTIL_REFUSED = """\
 import os, time
@@ -175,15 +188,13 @@ def run_dirs() -> set[str]:
     return {name for name in os.listdir(tmp) if name.startswith("coding-env-")}
 
 
-@pytest.fixture
-def tight_url() -> Iterator[str]:
-    env = functools.partial(CodingEnvironment, limits=TIGHT)
-    with run_server(create_app(env, CodeAction, CodeObservation, ConcurrencyConfig(
-        max_concurrent_envs=32))) as url:  # fmt: skip
+@pytest.fixture(scope="module")
+def roomy_url() -> Iterator[str]:
+    with run_server(make_app(ROOMY)) as url:
         yield url
 
 
-def test_every_shipped_task_is_solved_by_its_reference_solution() -> None:
+def test_every_shipped_task_is_solved_by_its_reference_solution(roomy_url: str) -> None:
     async def main(url: str) -> dict[str, float]:
         env = RemoteEnv(url, task_cls=CodingTask)
         assert await env.list_splits() == ["train", "test"]
@@ -197,14 +208,18 @@ def test_every_shipped_task_is_solved_by_its_reference_solution() -> None:
         rewards = await asyncio.gather(*(solve(t) for t in tasks))  # type: ignore[arg-type]
         return {task.id: reward for task, reward in zip(tasks, rewards, strict=True)}
 
+    # The served app's task listing, the roomy app's runs: the same tasks.
     with run_server(app) as url:
-        rewards = asyncio.run(main(url))
+        assert httpx.get(f"{url}/tasks", params={"split": "test"}).json()["tasks"] == [
+            task.model_dump() for task in load_split("test")
+        ]
+    rewards = asyncio.run(main(roomy_url))
     assert rewards == dict.fromkeys(rewards, 1.0)
 
 
-def test_a_full_episode_through_the_client() -> None:
+def test_a_full_episode_through_the_client(roomy_url: str) -> None:
     task = load_split("test")[1]  # to_roman, 3 tests
-    with run_server(app) as url, CodingEnv(url).sync() as env:
+    with CodingEnv(roomy_url).sync() as env:
         first = env.reset(task=task).observation
         assert first.prompt.startswith("Write a function `to_roman(n)`")
         assert first.execution is None
@@ -241,8 +256,8 @@ def test_a_full_episode_through_the_client() -> None:
         assert env.reset(seed=0).observation.prompt.startswith("Write a function `add(a, b)`")
 
 
-def test_a_submission_that_does_not_compile_scores_zero() -> None:
-    with run_server(app) as url, CodingEnv(url).sync() as env:
+def test_a_submission_that_does_not_compile_scores_zero(roomy_url: str) -> None:
+    with CodingEnv(roomy_url).sync() as env:
         env.reset(seed=0)
         result = env.call_tool("submit", code="def add(a, b)\n    return a + b\n")
     assert (result.reward, result.finished) == (0.0, True)
@@ -256,7 +271,7 @@ def test_a_submission_that_does_not_compile_scores_zero() -> None:
     )
 
 
-def test_50_concurrent_sessions_run_and_submit() -> None:
+def test_50_concurrent_sessions_run_and_submit(roomy_url: str) -> None:
     async def main(url: str) -> list[tuple[str, float]]:
         env = RemoteEnv(url, task_cls=CodingTask)
         tasks = await env.list_tasks("train")
@@ -271,14 +286,14 @@ def test_50_concurrent_sessions_run_and_submit() -> None:
         return await asyncio.gather(*(episode(i) for i in range(50)))
 
     before = run_dirs()
-    with run_server(app) as url:
-        results = asyncio.run(main(url))
-        assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+    results = asyncio.run(main(roomy_url))
+    assert httpx.get(f"{roomy_url}/health").json()["active_sessions"] == 0
     assert results == [(f"{i * 2}\n", 1.0) for i in range(50)]
     wait_until_no_sandbox_processes()
     assert run_dirs() <= before  # every working directory was removed
 
 
+# Each: the program, the limits it runs under, and the result it must end with.
 CASES: dict[str, tuple[str, dict[str, object]]] = {
     "infinite loop": (
         "while True:\n    pass\n",
@@ -358,22 +373,40 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
-def test_failure_modes_end_with_exact_results(
-    tight_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+# Only these are about the wall clock; they run with SHORT limits.
+WALL_CLOCK_CASES = {"infinite loop", "fork bomb"}
+
+
+def test_failure_modes_end_with_exact_results(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENENV_TEST_SECRET", "hunter2")  # the server's environment
 
-    async def run(code: str) -> ExecutionResult:
-        async with CodingEnv(tight_url) as env:
+    async def run(url: str, code: str) -> ExecutionResult:
+        async with CodingEnv(url) as env:
             await env.reset(seed=0)
             execution = (await env.step(CodeAction(code=code))).observation.execution
             assert execution is not None
             return execution
 
-    async def main() -> list[ExecutionResult]:
-        return await asyncio.gather(*(run(code) for code, _ in CASES.values()))
+    async def main(short_url: str, tight_url: str) -> list[ExecutionResult]:
+        return await asyncio.gather(
+            *(
+                run(short_url if name in WALL_CLOCK_CASES else tight_url, code)
+                for name, (code, _) in CASES.items()
+            )
+        )
 
-    results = dict(zip(CASES, asyncio.run(main()), strict=True))
+    with run_server(make_app(SHORT)) as short_url, run_server(make_app(TIGHT)) as tight_url:
+        results = dict(zip(CASES, asyncio.run(main(short_url, tight_url)), strict=True))
+        wait_until_no_sandbox_processes()
+        # The servers are fine: no session left open, and the next one runs code as usual.
+        for url in (short_url, tight_url):
+            assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+        with CodingEnv(tight_url).sync() as env:
+            env.reset(seed=0)
+            still_here = env.step(CodeAction(code="print('still here')")).observation.execution
+    assert still_here == ExecutionResult(
+        status="ok", exit_code=0, stdout="still here\n", message="the program exited with code 0"
+    )
     for name, (_, expected) in CASES.items():
         got = results[name].model_dump(include=set(expected))
         assert got == expected, name
@@ -382,27 +415,14 @@ def test_failure_modes_end_with_exact_results(
     assert results["exception"].stderr.endswith("ZeroDivisionError: division by zero\n")
     assert results["file size limit"].stderr.endswith("OSError: [Errno 27] File too large\n")
     assert results["stderr flood"].stdout_truncated is False
-    wait_until_no_sandbox_processes()
-    # The server is fine: the next session runs code as usual.
-    with CodingEnv(tight_url).sync() as env:
-        env.reset(seed=0)
-        assert env.step(CodeAction(code="print('still here')")).observation.execution == (
-            ExecutionResult(
-                status="ok",
-                exit_code=0,
-                stdout="still here\n",
-                message="the program exited with code 0",
-            )
-        )
 
 
 def test_cpu_limit() -> None:
-    limits = SandboxLimits(timeout=60, cpu_seconds=1)
-    env = functools.partial(CodingEnvironment, limits=limits)
-    server_app = create_app(env, CodeAction, CodeObservation)
-    with run_server(server_app) as url, CodingEnv(url).sync() as client:
-        client.reset(seed=0)
-        obs = client.step(CodeAction(code="while True:\n    pass\n")).observation
+    with run_server(make_app(SandboxLimits(timeout=120, cpu_seconds=1))) as url:
+        client = CodingEnv(url, message_timeout=180).sync()
+        with client:
+            client.reset(seed=0)
+            obs = client.step(CodeAction(code="while True:\n    pass\n")).observation
     assert obs.execution is not None
     assert obs.execution.model_dump(include={"status", "exit_code", "message"}) == {
         "status": "cpu_limit",
@@ -412,8 +432,7 @@ def test_cpu_limit() -> None:
 
 
 def test_a_step_cancelled_by_the_server_deadline_leaves_nothing_behind() -> None:
-    env = functools.partial(CodingEnvironment, limits=SandboxLimits(timeout=60))
-    server_app = create_app(env, CodeAction, CodeObservation, step_timeout=1)
+    server_app = make_app(ROOMY, step_timeout=1)
     before = run_dirs()
     with run_server(server_app) as url, CodingEnv(url).sync() as client:
         client.reset(seed=0)
@@ -427,8 +446,8 @@ def test_a_step_cancelled_by_the_server_deadline_leaves_nothing_behind() -> None
     assert run_dirs() <= before
 
 
-def test_bad_actions_get_validation_errors_and_the_session_goes_on() -> None:
-    with run_server(app) as url, CodingEnv(url).sync() as env:
+def test_bad_actions_get_validation_errors_and_the_session_goes_on(roomy_url: str) -> None:
+    with CodingEnv(roomy_url).sync() as env:
         env.reset(seed=0)
         with pytest.raises(EnvValidationError):
             env.step({"code": 42})
@@ -439,12 +458,12 @@ def test_bad_actions_get_validation_errors_and_the_session_goes_on() -> None:
         assert env.call_tool("run_code", code="print(1)").data["stdout"] == "1\n"
 
 
-def test_the_readme_example_runs_as_written() -> None:
+def test_the_readme_example_runs_as_written(roomy_url: str) -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     code = re.findall(r"```python\n(.*?)```", readme.split("## Drive", 1)[1], re.DOTALL)[0]
     out = io.StringIO()
-    with run_server(app) as url, contextlib.redirect_stdout(out):
-        exec(compile(code.replace("http://localhost:8000", url), "README.md", "exec"), {})
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000", roomy_url), "README.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("Write a function `add(a, b)`")
     assert lines[-3:] == ["ok 5", "3/3 tests passed 1.0", "the program exited with code 3"]

@@ -76,6 +76,7 @@ def start(lease: Lease, code: str, max_processes: int = 8) -> tuple[subprocess.P
             "max_processes": max_processes,
             "max_file_bytes": 2**20,
             "max_open_files": 64,
+            "nice": 19,
         },
     }
     process = subprocess.Popen(
@@ -84,7 +85,6 @@ def start(lease: Lease, code: str, max_processes: int = 8) -> tuple[subprocess.P
         stdout=subprocess.PIPE,
         text=True,
         pass_fds=(report_w,),
-        start_new_session=True,
         user=lease.uid,
         group=lease.gid,
         extra_groups=[],
