@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench bench-churn bench-fuzz bench-tools clean chromium \
-	sandbox-python
+	sandbox-python bench-coding bench-spawn
 
 $(STAMP): pyproject.toml envs/echo_env/pyproject.toml envs/counter_env/pyproject.toml \
 		envs/coding_env/pyproject.toml envs/gymnasium_env/pyproject.toml envs/wordle_env/pyproject.toml
@@ -34,7 +34,7 @@ pytest: $(STAMP) chromium sandbox-python
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-churn bench-fuzz bench-tools
+bench: bench-churn bench-fuzz bench-tools bench-coding bench-spawn
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -53,6 +53,12 @@ sandbox-python:
 
 bench-tools: $(STAMP)
 	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
+
+bench-coding: $(STAMP) sandbox-python
+	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2
+
+bench-spawn: $(STAMP) sandbox-python
+	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -11,8 +11,10 @@ in the same run, measures:
   Run one at a time this would take N x S seconds; the wall time shows how
   many run at once.
 
-While the N-session rows run, `GET /health` is polled every 50 ms: its
-latency shows whether the event loop ever waits on a program.
+While the N-session rows run, another process polls `GET /health` every
+50 ms: its latency shows whether the server's event loop ever waits. The N
+rows run twice, against a server whose programs run at nice 19 (the default)
+and one at nice 0 (`CODING_ENV_NICE=0`), each in its own uvicorn process.
 Usage: python benchmarks/coding_sessions.py [--sessions 200] [--sleep 2]
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import socket
 import statistics
@@ -41,9 +42,26 @@ def free_port() -> int:
         return port
 
 
-def start_server(sessions: int) -> tuple[subprocess.Popen[bytes], str]:
+POLLER = """
+import sys, time, httpx
+latencies = []
+with httpx.Client(base_url=sys.argv[1], timeout=120) as http:
+    while sys.stdin.readline() == "poll\\n":
+        start = time.perf_counter()
+        http.get("/health").raise_for_status()
+        latencies.append(time.perf_counter() - start)
+print(",".join(map(str, latencies)))
+"""
+
+
+def start_server(sessions: int, nice: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "OPENENV_MAX_CONCURRENT_ENVS": str(sessions)}
+    env = {
+        **os.environ,
+        "OPENENV_MAX_CONCURRENT_ENVS": str(sessions),
+        "CODING_ENV_NICE": str(nice),
+        "CODING_ENV_TIMEOUT": "300",  # this measures speed, not the wall-clock limit
+    }
     cmd = [sys.executable, "-m", "uvicorn", "coding_env.server.app:app", "--port", str(port)]
     server = subprocess.Popen([*cmd, "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"
@@ -67,26 +85,28 @@ async def run_program(url: str, code: str, expected: str) -> None:
         assert (execution.status, execution.stdout) == ("ok", expected), execution
 
 
-async def health_latencies(url: str, stop: asyncio.Event) -> list[float]:
-    latencies = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        while not stop.is_set():
-            start = time.perf_counter()
-            (await http.get("/health")).raise_for_status()
-            latencies.append(time.perf_counter() - start)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.05)
-    return latencies
-
-
 async def while_polling(url: str, work: Awaitable[object]) -> tuple[float, list[float]]:
-    stop = asyncio.Event()
-    poller = asyncio.create_task(health_latencies(url, stop))
+    """Run ``work`` while another process polls /health every 50 ms."""
+    poller = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", POLLER, url, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    stdin = poller.stdin
+    assert stdin is not None
+
+    async def tick() -> None:
+        while True:
+            stdin.write(b"poll\n")
+            await stdin.drain()
+            await asyncio.sleep(0.05)
+
+    ticking = asyncio.create_task(tick())
     start = time.perf_counter()
     await work
     elapsed = time.perf_counter() - start
-    stop.set()
-    return elapsed, await poller
+    ticking.cancel()
+    stdin.write(b"stop\n")
+    output, _ = await poller.communicate()
+    return elapsed, [float(x) for x in output.decode().strip().split(",") if x]
 
 
 def describe(latencies: list[float]) -> str:
@@ -94,45 +114,49 @@ def describe(latencies: list[float]) -> str:
     return f"/health p50 {statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms ({len(ms)} polls)"
 
 
+async def one_at_a_time(url: str, runs: int = 20) -> float:
+    start = time.perf_counter()
+    async with CodingEnv(url) as env:
+        await env.reset(seed=0)
+        for i in range(runs):
+            execution = (await env.step(CodeAction(code=f"print({i})"))).observation.execution
+            assert execution is not None
+            assert execution.stdout == f"{i}\n", execution
+    return (time.perf_counter() - start) / runs
+
+
+async def at_once(url: str, sessions: int, sleep: float) -> None:
+    short = asyncio.gather(*(run_program(url, f"print({i})", f"{i}\n") for i in range(sessions)))
+    elapsed, polled = await while_polling(url, short)
+    print(
+        f"  {sessions} at once, print: {elapsed:.2f} s ({sessions / elapsed:.0f} runs/s); "
+        f"{describe(polled)}"
+    )
+    code = f"import time\ntime.sleep({sleep})\nprint('done')"
+    sleeping = asyncio.gather(*(run_program(url, code, "done\n") for _ in range(sessions)))
+    elapsed, polled = await while_polling(url, sleeping)
+    print(
+        f"  {sessions} at once, sleep {sleep:g} s: {elapsed:.2f} s "
+        f"(one at a time: {sessions * sleep:.0f} s); {describe(polled)}"
+    )
+
+
 async def main(sessions: int, sleep: float) -> None:
-    server, url = start_server(sessions)
-    try:
-        _, idle = await while_polling(url, asyncio.sleep(2))  # nothing else running
-        print(f"idle: {describe(idle)}")
-
-        runs = 20
-        start = time.perf_counter()
-        async with CodingEnv(url) as env:
-            await env.reset(seed=0)
-            for i in range(runs):
-                execution = (await env.step(CodeAction(code=f"print({i})"))).observation.execution
-                assert execution is not None
-                assert execution.stdout == f"{i}\n"
-        one = time.perf_counter() - start
-        print(f"one at a time: {runs} runs in {one:.2f} s ({one / runs * 1000:.0f} ms per run)")
-
-        short = asyncio.gather(
-            *(run_program(url, f"print({i})", f"{i}\n") for i in range(sessions))
-        )
-        elapsed, polled = await while_polling(url, short)
-        print(
-            f"{sessions} at once, print: {elapsed:.2f} s ({sessions / elapsed:.0f} runs/s); "
-            f"{describe(polled)}"
-        )
-
-        code = f"import time\ntime.sleep({sleep})\nprint('done')"
-        sleeping = asyncio.gather(*(run_program(url, code, "done\n") for _ in range(sessions)))
-        elapsed, polled = await while_polling(url, sleeping)
-        print(
-            f"{sessions} at once, sleep {sleep:g} s: {elapsed:.2f} s "
-            f"(one at a time: {sessions * sleep:.0f} s); {describe(polled)}"
-        )
-        async with httpx.AsyncClient() as http:
-            health = (await http.get(f"{url}/health")).json()
-        assert health["active_sessions"] == 0, health
-    finally:
-        server.terminate()
-        server.wait(30)
+    for nice in (19, 0):
+        server, url = start_server(sessions, nice)
+        try:
+            print(f"programs at nice {nice}:")
+            _, idle = await while_polling(url, asyncio.sleep(2))  # nothing else running
+            print(f"  idle: {describe(idle)}")
+            per_run = await one_at_a_time(url)
+            print(f"  one at a time: {per_run * 1000:.0f} ms per run")
+            await at_once(url, sessions, sleep)
+            async with httpx.AsyncClient() as http:
+                health = (await http.get(f"{url}/health")).json()
+            assert health["active_sessions"] == 0, health
+        finally:
+            server.terminate()
+            server.wait(30)
 
 
 if __name__ == "__main__":

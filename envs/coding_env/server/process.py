@@ -5,7 +5,7 @@ full ``fork()`` of the server, whose cost grows with its memory, and with a
 few hundred programs starting at once it stalls every session for seconds.
 Here ``subprocess.Popen`` runs in a worker thread instead (CPython spawns
 with ``vfork``), the exit is observed through a pidfd the loop polls, and
-the output pipes are read as asyncio streams. Signals go through the pidfd
+the output pipes are read with ``add_reader``. Signals go through the pidfd
 too, so they can never reach a recycled pid.
 
 >>> import asyncio
@@ -28,7 +28,45 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "PipeReader"]
+
+
+class PipeReader:
+    """The read end of a pipe, read from the event loop; its fd is closed exactly once.
+
+    Not ``loop.connect_read_pipe``: uvloop's transport closes the fd and then
+    the file object closes it again, which, with threads opening files at the
+    same time, can close someone else's fd.
+    """
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+
+    async def read(self, size: int = 65536) -> bytes:
+        """Up to ``size`` bytes, as soon as there are any; ``b""`` at the end."""
+        while True:
+            try:
+                return os.read(self._fd, size)
+            except BlockingIOError:
+                pass
+            readable = self._loop.create_future()
+            self._loop.add_reader(self._fd, _set_once, readable)
+            try:
+                await readable
+            finally:
+                self._loop.remove_reader(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class ChildProcess:
@@ -41,10 +79,8 @@ class ChildProcess:
         self._pidfd = os.pidfd_open(popen.pid)
         self.exited: asyncio.Future[None] = self._loop.create_future()
         self._loop.add_reader(self._pidfd, self._on_exit)
-        self._pipes = [open(stdout_fd, "rb", buffering=0), open(stderr_fd, "rb", buffering=0)]  # noqa: SIM115
-        self._transports: list[asyncio.BaseTransport] = []
-        self.stdout = asyncio.StreamReader()
-        self.stderr = asyncio.StreamReader()
+        self.stdout = PipeReader(stdout_fd)
+        self.stderr = PipeReader(stderr_fd)
 
     @classmethod
     async def start(
@@ -84,15 +120,7 @@ class ChildProcess:
         finally:
             os.close(out_w)
             os.close(err_w)
-        child = cls(popen, out_r, err_r)
-        await child._connect()
-        return child
-
-    async def _connect(self) -> None:
-        for pipe, reader in zip(self._pipes, (self.stdout, self.stderr), strict=True):
-            protocol = functools.partial(asyncio.StreamReaderProtocol, reader)
-            transport, _ = await self._loop.connect_read_pipe(protocol, pipe)
-            self._transports.append(transport)
+        return cls(popen, out_r, err_r)
 
     def _on_exit(self) -> None:
         self._loop.remove_reader(self._pidfd)
@@ -124,10 +152,8 @@ class ChildProcess:
 
     async def aclose(self) -> int:
         """Close the pipes, reap the child (killing it if it still runs); its exit code."""
-        for transport in self._transports:
-            transport.close()
-        for pipe in self._pipes:
-            pipe.close()  # a no-op for those a transport closed
+        self.stdout.close()
+        self.stderr.close()
         if not self.exited.done():
             self.kill_group()
             await self.exited

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coding_env.models import ExecutionResult, Status
 from coding_env.server.identities import Lease, UidPool
-from coding_env.server.process import ChildProcess
+from coding_env.server.process import ChildProcess, PipeReader
 
 __all__ = ["Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
 
@@ -218,7 +218,7 @@ class _Capture:
         self._limit = limit
         self._flooded = flooded
 
-    async def pump(self, stream: asyncio.StreamReader) -> None:
+    async def pump(self, stream: PipeReader) -> None:
         """Read to the end; past the limit, discard (and say so: the run is then stopped)."""
         while chunk := await stream.read(65536):
             room = self._limit - len(self.data)
