@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -60,9 +61,20 @@ def lease() -> Iterator[Lease]:
         pool.release(lease)
 
 
-def start(lease: Lease, code: str, max_processes: int = 8) -> tuple[subprocess.Popen[str], int]:
-    workdir = tempfile.mkdtemp(prefix="coding-env-test-")
-    os.chown(workdir, lease.uid, lease.gid)
+@pytest.fixture
+def workdir(lease: Lease) -> Iterator[str]:
+    # Not tmp_path: the run's uid must be able to reach it.
+    path = tempfile.mkdtemp(prefix="coding-env-test-")
+    os.chown(path, lease.uid, lease.gid)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def start(
+    lease: Lease, workdir: str, code: str, max_processes: int = 8
+) -> tuple[subprocess.Popen[str], int]:
     Path(workdir, "solution.py").write_text(code)
     report_r, report_w = os.pipe()
     config = {
@@ -98,8 +110,8 @@ def report_of(fd: int) -> dict[str, object]:
         return json.loads(pipe.read())  # type: ignore[no-any-return]
 
 
-def test_the_process_limit_counts_the_users_processes(lease: Lease) -> None:
-    process, report = start(lease, FORK_UNTIL_REFUSED)
+def test_the_process_limit_counts_the_users_processes(lease: Lease, workdir: str) -> None:
+    process, report = start(lease, workdir, FORK_UNTIL_REFUSED)
     stdout, _ = process.communicate(timeout=60)
     # The launcher is 1 of the user's processes: it allows 8 more, the
     # program and 7 children, so the 8th fork is refused.
@@ -108,8 +120,8 @@ def test_the_process_limit_counts_the_users_processes(lease: Lease) -> None:
     assert processes_of(lease.uid) == []  # the sleeping children were killed and reaped
 
 
-def test_stopping_kills_processes_that_left_the_group(lease: Lease) -> None:
-    process, report = start(lease, ESCAPE_AND_HANG)
+def test_stopping_kills_processes_that_left_the_group(lease: Lease, workdir: str) -> None:
+    process, report = start(lease, workdir, ESCAPE_AND_HANG)
     assert process.stdout is not None
     assert process.stdout.readline() == "started\n"
     deadline = time.monotonic() + 30
