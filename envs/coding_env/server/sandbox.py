@@ -164,9 +164,10 @@ class Sandbox:
 
     async def run(self, files: Mapping[str, str], script: str) -> ExecutionResult:
         """Write ``files`` into a fresh directory and run ``python -I -S script`` there."""
-        lease = await asyncio.to_thread(self.uids.acquire) if self.uids else None
-        workdir = tempfile.mkdtemp(prefix="coding-env-")
+        lease = await self._lease()
+        workdir: str | None = None
         try:
+            workdir = tempfile.mkdtemp(prefix="coding-env-")
             for name, text in files.items():
                 (Path(workdir) / name).write_text(text, encoding="utf-8")
                 if lease:
@@ -178,8 +179,23 @@ class Sandbox:
             # Shielded: a cancelled caller must not leave the directory or the uid behind.
             await asyncio.shield(asyncio.create_task(self._clean_up(workdir, lease)))
 
-    async def _clean_up(self, workdir: str, lease: Lease | None) -> None:
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
+    async def _lease(self) -> Lease | None:
+        if self.uids is None:
+            return None
+        uids = self.uids
+        future = asyncio.get_running_loop().run_in_executor(None, uids.acquire)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The uid may be claimed anyway, once nobody waits for it: give it back.
+            future.add_done_callback(
+                lambda done: done.exception() is None and uids.release(done.result())
+            )
+            raise
+
+    async def _clean_up(self, workdir: str | None, lease: Lease | None) -> None:
+        if workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
         if lease is not None and self.uids is not None:
             await asyncio.to_thread(self.uids.release, lease)
 
