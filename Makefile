@@ -5,14 +5,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz bench-tools clean chromium
+.PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
+	bench-tools bench-coding bench-spawn clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark]' -e envs/echo_env -e envs/counter_env -e envs/benchmark_env
+	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium]' -e envs/echo_env \
+		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
+		-e envs/wordle_env
 	@touch $@
 
 demo: $(STAMP)
@@ -28,11 +31,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) chromium
+pytest: $(STAMP) chromium sandbox-python
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools
+bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -44,6 +47,11 @@ bench-fuzz: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
 
+# coding_env runs programs under unprivileged uids when the server is root; they
+# need an interpreter outside /root (a pyenv or venv Python there is private).
+sandbox-python:
+	@test -x /usr/bin/python3 || { apt-get update -q && apt-get install -y -q python3-minimal; }
+
 bench-tools: $(STAMP)
 	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
 
@@ -54,6 +62,12 @@ bench-servers: $(STAMP)
 # Runners on every engine against a hand-written asyncio.gather floor.
 bench-runtime: $(STAMP)
 	$(BIN)/python benchmarks/runtime_bench.py
+
+bench-coding: $(STAMP) sandbox-python
+	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2
+
+bench-spawn: $(STAMP) sandbox-python
+	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

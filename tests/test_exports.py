@@ -1,10 +1,11 @@
 import openenv
+import openenv.adapters.gymnasium
 import openenv.client
 import openenv.server
 
 
 def test_all_is_complete_and_sorted() -> None:
-    for module in (openenv, openenv.client, openenv.server):
+    for module in (openenv, openenv.client, openenv.server, openenv.adapters.gymnasium):
         public = {
             name
             for name, value in vars(module).items()

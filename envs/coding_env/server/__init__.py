@@ -1,0 +1,1 @@
+"""The coding environment's server side: the sandbox, the grader and the tasks."""

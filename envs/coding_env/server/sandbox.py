@@ -1,0 +1,378 @@
+"""Run untrusted Python in a separate process, within limits, without blocking the loop.
+
+Each run gets a fresh temporary directory (removed afterwards), a minimal
+environment with nothing of the server's (no secrets), ``python -I -S``
+(isolated mode, standard library only) and the resource limits of
+``SandboxLimits``. When the server runs as root, each run also gets a uid of
+its own (``identities.UidPool``), which is what makes the process limit
+apply, and lets every process of the run be killed at once.
+
+A supervisor process (``launcher.py``) sits between the server and the
+program: it applies the limits, reaps and kills everything the program
+starts, and reports the program's exit code. The server starts it off the
+event loop (``process.py``), reads the output incrementally, up to the
+limit, and enforces the wall clock.
+
+>>> import asyncio
+>>> result = asyncio.run(Sandbox(SandboxLimits(timeout=5)).run_code("print(6 * 7)"))
+>>> result.status, result.exit_code, result.stdout
+('ok', 0, '42\\n')
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coding_env.models import ExecutionResult, Status
+from coding_env.server.identities import Lease, UidPool
+from coding_env.server.process import ChildProcess, PipeReader
+
+__all__ = ["Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
+
+_LAUNCHER = (Path(__file__).parent / "launcher.py").read_text(encoding="utf-8")
+_MIB = 2**20
+# How long the supervisor gets to kill and reap everything before it is killed itself.
+_STOP_GRACE = 5.0
+
+
+class SandboxLimits(BaseModel):
+    """What one run may use.
+
+    >>> SandboxLimits(timeout=2, memory_bytes=64 * 2**20).max_processes
+    16
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: float = Field(default=10.0, gt=0, description="Wall-clock seconds before a kill.")
+    cpu_seconds: int = Field(default=10, ge=1, description="CPU seconds (RLIMIT_CPU).")
+    memory_bytes: int = Field(
+        default=512 * _MIB, ge=32 * _MIB, description="Address space per process (RLIMIT_AS)."
+    )
+    max_processes: int = Field(
+        default=16,
+        ge=1,
+        description="Processes and threads of the program and its children (RLIMIT_NPROC).",
+    )
+    max_output_bytes: int = Field(
+        default=64 * 1024, ge=1, description="Bytes kept per stream; more kills the program."
+    )
+    max_file_bytes: int = Field(
+        default=16 * _MIB, ge=0, description="Largest file the program may write (RLIMIT_FSIZE)."
+    )
+    max_open_files: int = Field(default=64, ge=8, description="Open files (RLIMIT_NOFILE).")
+    nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="Scheduling niceness: busy programs leave the CPU to the server first.",
+    )
+
+    @classmethod
+    def from_env(cls, **defaults: Any) -> SandboxLimits:
+        """``defaults``, overridden by ``CODING_ENV_<FIELD>`` variables (``CODING_ENV_TIMEOUT``).
+
+        >>> import os
+        >>> os.environ["CODING_ENV_MEMORY_BYTES"] = str(64 * 2**20)
+        >>> SandboxLimits.from_env(timeout=5).memory_bytes // 2**20
+        64
+        >>> del os.environ["CODING_ENV_MEMORY_BYTES"]
+        """
+        values = dict(defaults)
+        for name in cls.model_fields:
+            if (raw := os.environ.get(f"CODING_ENV_{name.upper()}")) is not None:
+                values[name] = raw
+        return cls.model_validate(values)
+
+
+@functools.cache
+def shared_uid_pool() -> UidPool:
+    """The uids of this server process's runs (when it is root)."""
+    return UidPool()
+
+
+def default_python(drop_privileges: bool) -> str:
+    """The interpreter for sandboxed programs: ``$CODING_ENV_PYTHON``, else the server's own.
+
+    A program running under an unprivileged uid can only start an interpreter
+    every user may reach (not one under ``/root``, say); then the first of
+    the server's, ``/usr/bin/python3`` and ``/usr/local/bin/python3`` that is.
+    """
+    if configured := os.environ.get("CODING_ENV_PYTHON"):
+        return configured
+    if not drop_privileges:
+        return sys.executable
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if candidate and _anyone_can_run(candidate):
+            return candidate
+    raise RuntimeError(
+        f"no Python interpreter that an unprivileged user may run: {sys.executable} is not "
+        f"reachable by others; install one (e.g. apt-get install python3) or set "
+        f"CODING_ENV_PYTHON"
+    )
+
+
+def _anyone_can_run(path: str) -> bool:
+    target = Path(os.path.realpath(path))
+    try:
+        if not target.stat().st_mode & stat.S_IXOTH:
+            return False
+        return all(parent.stat().st_mode & stat.S_IXOTH for parent in target.parents)
+    except OSError:
+        return False
+
+
+class Sandbox:
+    """Runs programs under ``limits``; one instance may run many at once.
+
+    Args:
+        limits: What each run may use.
+        python: The interpreter for programs (default: ``default_python``).
+        uids: Where per-run uids come from when the server is root (default:
+            one pool per server process). Ignored otherwise.
+    """
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        python: str | None = None,
+        uids: UidPool | None = None,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.drop_privileges = os.geteuid() == 0
+        self.uids = (uids or shared_uid_pool()) if self.drop_privileges else None
+        self.python = python or default_python(self.drop_privileges)
+
+    async def run_code(self, code: str) -> ExecutionResult:
+        """Run ``code`` as ``solution.py``."""
+        return await self.run({"solution.py": code}, "solution.py")
+
+    async def run(self, files: Mapping[str, str], script: str) -> ExecutionResult:
+        """Write ``files`` into a fresh directory and run ``python -I -S script`` there."""
+        lease = await self._lease()
+        workdir: str | None = None
+        try:
+            workdir = tempfile.mkdtemp(prefix="coding-env-")
+            for name, text in files.items():
+                (Path(workdir) / name).write_text(text, encoding="utf-8")
+                if lease:
+                    os.chown(Path(workdir) / name, lease.uid, lease.gid)
+            if lease:
+                os.chown(workdir, lease.uid, lease.gid)
+            return await self._execute(workdir, script, lease)
+        finally:
+            # Shielded: a cancelled caller must not leave the directory or the uid behind.
+            await asyncio.shield(asyncio.create_task(self._clean_up(workdir, lease)))
+
+    async def _lease(self) -> Lease | None:
+        if self.uids is None:
+            return None
+        uids = self.uids
+        future = asyncio.get_running_loop().run_in_executor(None, uids.acquire)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The uid may be claimed anyway, once nobody waits for it: give it back.
+            future.add_done_callback(
+                lambda done: done.exception() is None and uids.release(done.result())
+            )
+            raise
+
+    async def _clean_up(self, workdir: str | None, lease: Lease | None) -> None:
+        if workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+        if lease is not None and self.uids is not None:
+            await asyncio.to_thread(self.uids.release, lease)
+
+    async def _execute(self, workdir: str, script: str, lease: Lease | None) -> ExecutionResult:
+        limits = self.limits
+        report_r, report_w = os.pipe()
+        config = {
+            "status_fd": report_w,
+            "uid": lease.uid if lease else None,
+            "gid": lease.gid if lease else None,
+            "argv": [self.python, "-I", "-S", script],
+            "limits": limits.model_dump(exclude={"timeout", "max_output_bytes"}),
+        }
+        argv = [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(config)]
+        try:
+            try:
+                child = await ChildProcess.start(
+                    argv, cwd=workdir, env=_environment(workdir), pass_fds=(report_w,)
+                )
+            finally:
+                os.close(report_w)
+            run = _Run(child, limits, lease)
+            stopped_for = await run.supervise()
+            report = _read_report(report_r)
+        finally:
+            os.close(report_r)
+        return _result(stopped_for, report, run.stdout, run.stderr, limits, workdir)
+
+
+class _Capture:
+    """One output stream, kept up to the limit; what is read survives a cancel."""
+
+    def __init__(self, limit: int, flooded: asyncio.Event) -> None:
+        self.data = bytearray()
+        self.truncated = False
+        self._limit = limit
+        self._flooded = flooded
+
+    async def pump(self, stream: PipeReader) -> None:
+        """Read to the end; past the limit, discard (and say so: the run is then stopped)."""
+        while chunk := await stream.read(65536):
+            room = self._limit - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+            if len(chunk) > room:
+                self.truncated = True
+                self._flooded.set()
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+class _Run:
+    """The server's side of one run: the wall clock, the output, stopping it."""
+
+    def __init__(self, child: ChildProcess, limits: SandboxLimits, lease: Lease | None) -> None:
+        self.child = child
+        self.limits = limits
+        self.lease = lease
+        self.flooded = asyncio.Event()
+        self.stdout = _Capture(limits.max_output_bytes, self.flooded)
+        self.stderr = _Capture(limits.max_output_bytes, self.flooded)
+
+    async def supervise(self) -> Status | None:
+        """Wait for the run to end; why it was stopped, if it was."""
+        child = self.child
+        readers = [
+            asyncio.create_task(self.stdout.pump(child.stdout)),
+            asyncio.create_task(self.stderr.pump(child.stderr)),
+        ]
+        flooded = asyncio.create_task(self.flooded.wait())
+        stopped_for: Status | None = None
+        try:
+            await asyncio.wait(
+                {child.exited, flooded}, timeout=self.limits.timeout, return_when="FIRST_COMPLETED"
+            )
+            if self.flooded.is_set():
+                stopped_for = "output_limit"
+            elif not child.exited.done():
+                stopped_for = "timeout"
+            if stopped_for is not None:
+                await self.stop()
+            # Everything of the run is dead now, so the pipes are at their end.
+            await asyncio.wait(readers, timeout=_STOP_GRACE)
+        finally:
+            for task in (*readers, flooded):
+                task.cancel()
+            # Shielded: cancelled from outside, the run must still be stopped and reaped.
+            await asyncio.shield(asyncio.create_task(self._close()))
+        return stopped_for
+
+    async def stop(self) -> None:
+        """Have the supervisor kill the run; kill the supervisor if it does not answer."""
+        if not await self.child.terminate(_STOP_GRACE) and self.lease is not None:
+            self.lease.suspect = True  # its uid is checked before anyone reuses it
+
+    async def _close(self) -> None:
+        if not self.child.exited.done():
+            await self.stop()
+        await self.child.aclose()
+
+
+def _environment(workdir: str) -> dict[str, str]:
+    # An allow-list, built from scratch: nothing of the server's environment.
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+            "LANG": "C.UTF-8"}  # fmt: skip
+
+
+def _read_report(fd: int) -> dict[str, Any] | None:
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    try:
+        report = json.loads(data)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")
+
+
+def _result(
+    stopped_for: Status | None,
+    report: dict[str, Any] | None,
+    stdout: _Capture,
+    stderr: _Capture,
+    limits: SandboxLimits,
+    workdir: str,
+) -> ExecutionResult:
+    exit_code = report.get("returncode") if report else None
+    # Tracebacks name "solution.py", not a random directory the agent never saw.
+    out = stdout.text().replace(workdir + os.sep, "")
+    err = stderr.text().replace(workdir + os.sep, "")
+    last_line = err.rstrip().rpartition("\n")[2]
+    status: Status
+    if report is None or report.get("error"):
+        why = report.get("error") if report else "the supervisor did not report"
+        status, message = "error", f"the program could not be run: {why}"
+    elif stdout.truncated or stderr.truncated:
+        stream = "stdout" if stdout.truncated else "stderr"
+        status = "output_limit"
+        message = (
+            f"the program wrote more than {limits.max_output_bytes} bytes to {stream}; "
+            f"the rest was discarded and the program killed"
+        )
+    elif stopped_for == "timeout" and report.get("stopped"):
+        status, message = "timeout", f"the program ran past {limits.timeout:g} s and was killed"
+    elif exit_code == -signal.SIGXCPU:
+        status = "cpu_limit"
+        message = f"the program used more than {limits.cpu_seconds} s of CPU and was killed"
+    elif exit_code == 0:
+        status, message = "ok", "the program exited with code 0"
+    elif exit_code == 1 and last_line.startswith("MemoryError"):
+        status = "memory_limit"
+        message = f"the program ran out of memory (limit {limits.memory_bytes // _MIB} MiB)"
+    elif exit_code == 1 and _SYNTAX.match(last_line) and "Traceback (most recent" not in err:
+        status, message = "syntax_error", f"the program does not compile: {last_line}"
+    elif isinstance(exit_code, int) and exit_code < 0:
+        status, message = "error", f"the program was killed by {_signal_name(-exit_code)}"
+    else:
+        status, message = "error", f"the program exited with code {exit_code}"
+    return ExecutionResult(
+        status=status,
+        exit_code=exit_code,
+        stdout=out,
+        stderr=err,
+        stdout_truncated=stdout.truncated,
+        stderr_truncated=stderr.truncated,
+        message=message,
+    )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,1 @@
+"""The Gymnasium environment's server side."""

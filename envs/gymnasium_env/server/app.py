@@ -1,0 +1,27 @@
+"""The Gymnasium environment's ASGI app: `uvicorn server.app:app` from this folder.
+
+`GYMNASIUM_ENV` picks the environment (default CartPole-v1; any id that
+`gymnasium.make` knows), `OPENENV_MAX_CONCURRENT_ENVS` the session cap
+(default 256) and `OPENENV_SESSION_TIMEOUT` the idle timeout in seconds.
+"""
+
+import os
+
+from gymnasium_env.server.environment import ENV_ID
+from openenv import ConcurrencyConfig
+from openenv.adapters.gymnasium import create_gymnasium_app
+
+app = create_gymnasium_app(ENV_ID, ConcurrencyConfig.from_env(max_concurrent_envs=256))
+
+
+def main() -> None:
+    """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The Wordle environment's server side: the word lists and the game."""
