@@ -129,9 +129,12 @@ def environment_models(
 
 def _host(action_cls: type[Action], executor: Executor) -> Any:
     """A one-slot stand-in for the server around an in-process session."""
+    from openenv.server.calls import on_executor
     from openenv.server.config import ServerSettings
     from openenv.server.metrics import Metrics
     from openenv.server.sessions import SessionRegistry
+
+    run_on_executor = on_executor(executor)
 
     class Host:
         def __init__(self) -> None:
@@ -145,6 +148,6 @@ def _host(action_cls: type[Action], executor: Executor) -> Any:
         def submit(
             self, ticket: object, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) -> asyncio.Future[Any]:
-            return asyncio.wrap_future(executor.submit(fn, *args, **kwargs))
+            return run_on_executor(fn, args, kwargs)
 
     return Host()

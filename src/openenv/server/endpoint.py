@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from openenv import protocol
 from openenv.protocol import CloseCode, ErrorCode
-from openenv.server.service import EnvService, FactoryTimeout
+from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session, SessionState
 
 __all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
@@ -33,40 +32,12 @@ class SessionEndpoint:
         # Browsers insist the server picks one of the subprotocols they offer.
         offered = scope.get("subprotocols") or ()
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        if service.draining:
-            await _refuse(
-                service,
-                websocket,
-                ErrorCode.SESSION_ERROR,
-                "server shutting down; connect to another instance or retry later",
-                CloseCode.GOING_AWAY,
-            )
-            return
-        if not await service.registry.acquire(service.concurrency.queue_timeout):
-            await _refuse(
-                service,
-                websocket,
-                ErrorCode.CAPACITY_REACHED,
-                f"server at capacity ({service.registry.max_sessions} sessions); retry later",
-                CloseCode.TRY_AGAIN_LATER,
-                active_sessions=service.registry.active,
-                max_sessions=service.registry.max_sessions,
-            )
-            return
         try:
-            env = await service.create_env()  # frees the slot itself if it fails
-        except Exception as exc:
-            if isinstance(exc, FactoryTimeout):
-                logger.error("%s", exc)
-                message = f"could not create the environment: {exc}"
-            else:
-                logger.exception("environment factory raised")
-                message = f"could not create the environment: {type(exc).__name__}: {exc}"
-            await _refuse(
-                service, websocket, ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR
-            )
+            session = await service.open_session()
+        except SessionRefused as refused:
+            await _refuse(websocket, refused)
             return
-        connection = Connection(websocket, Session(env, service), service)
+        connection = Connection(websocket, session, service)
         service.connections.add(connection)
         try:
             await connection.run()
@@ -159,17 +130,11 @@ class Connection:
             pass
 
 
-async def _refuse(
-    service: EnvService,
-    websocket: WebSocket,
-    code: ErrorCode,
-    message: str,
-    close_code: CloseCode,
-    **details: Any,
-) -> None:
-    service.metrics.errors[code.value] += 1
+async def _refuse(websocket: WebSocket, refused: SessionRefused) -> None:
     try:
-        await websocket.send_text(protocol.error_frame(code, message, **details))
-        await websocket.close(close_code)
+        await websocket.send_text(
+            protocol.error_frame(refused.code, refused.message, **refused.details)
+        )
+        await websocket.close(refused.close_code)
     except _GONE:
         pass

@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
-from openenv.server.service import EnvService
+from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
 
@@ -153,20 +153,13 @@ class McpBridge:
     ) -> None:
         """Serve the request that opens an MCP session, with an environment ready for it."""
         service = self.service
-        if service.draining or not await service.registry.acquire(
-            service.concurrency.queue_timeout
-        ):
-            message = f"server at capacity ({service.registry.max_sessions} sessions); retry later"
-            await _rpc_error(503, mcp.INTERNAL_ERROR, message)(scope, receive, send)
-            return
         try:
-            env = await service.create_env()  # frees the slot itself if it fails
-        except Exception as exc:
-            logger.exception("environment factory raised")
-            message = f"could not create the environment: {type(exc).__name__}: {exc}"
-            await _rpc_error(500, mcp.INTERNAL_ERROR, message)(scope, receive, send)
+            session = await service.open_session()
+        except SessionRefused as refused:
+            # Full or shutting down: try again later (503); a broken factory: 500.
+            status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
+            await _rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
             return
-        session = Session(env, service)
         frame = await session.handle(protocol.request_frame("reset"))
         assert frame is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(frame)

@@ -14,18 +14,19 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from openenv.environment import Environment
+from openenv.protocol import CloseCode, ErrorCode
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.metrics import Metrics
-from openenv.server.sessions import SessionRegistry, SessionState
+from openenv.server.sessions import Session, SessionRegistry, SessionState
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
     from openenv.server.endpoint import Connection
 
-__all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout"]
+__all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout", "SessionRefused"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -36,6 +37,19 @@ LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
 
 class FactoryTimeout(Exception):
     """The environment factory overran ``factory_timeout``."""
+
+
+class SessionRefused(Exception):
+    """No session could be opened; ``code``, ``close_code`` and ``details`` say why."""
+
+    def __init__(
+        self, code: ErrorCode, message: str, close_code: CloseCode, **details: Any
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.close_code = close_code
+        self.details = details
 
 
 class EnvService:
@@ -75,6 +89,43 @@ class EnvService:
         self.started_at = time.time()
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
         self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
+
+    async def open_session(self) -> Session:
+        """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
+
+        The one way in for every transport (``/ws``, ``/web/ws``, MCP).
+
+        Raises:
+            SessionRefused: shutting down, at capacity, or the factory failed;
+                nothing is left holding a slot.
+        """
+        refused: SessionRefused | None = None
+        if self.draining:
+            refused = SessionRefused(
+                ErrorCode.SESSION_ERROR,
+                "server shutting down; connect to another instance or retry later",
+                CloseCode.GOING_AWAY,
+            )
+        elif not await self.registry.acquire(self.concurrency.queue_timeout):
+            refused = SessionRefused(
+                ErrorCode.CAPACITY_REACHED,
+                f"server at capacity ({self.registry.max_sessions} sessions); retry later",
+                CloseCode.TRY_AGAIN_LATER,
+                active_sessions=self.registry.active,
+                max_sessions=self.registry.max_sessions,
+            )
+        else:
+            try:
+                return Session(await self.create_env(), self)  # create_env frees its slot
+            except FactoryTimeout as exc:
+                logger.error("%s", exc)
+                message = f"could not create the environment: {exc}"
+            except Exception as exc:
+                logger.exception("environment factory raised")
+                message = f"could not create the environment: {type(exc).__name__}: {exc}"
+            refused = SessionRefused(ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR)
+        self.metrics.errors[refused.code.value] += 1
+        raise refused
 
     async def create_env(self) -> Environment[Any, Any, Any]:
         """Run the factory off the event loop (constructors may be slow), within its deadline.
