@@ -9,7 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     UVICORN_HOST=0.0.0.0 \
-    UVICORN_PORT=8000
+    UVICORN_PORT=8000 \
+    UVICORN_WS=openenv.server.wsprotocol:WebSocketProtocol
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -24,5 +25,6 @@ EXPOSE 8000
 # The slim image has no curl; Python is there anyway.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['UVICORN_PORT'] + '/health', timeout=4)"]
-# uvicorn is PID 1 and reads UVICORN_HOST / UVICORN_PORT; SIGTERM stops it cleanly.
+# uvicorn is PID 1 and reads UVICORN_HOST / UVICORN_PORT / UVICORN_WS (openenv's fast
+# WebSocket protocol); SIGTERM stops it cleanly.
 CMD ["uvicorn", "server.app:app"]

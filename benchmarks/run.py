@@ -54,6 +54,9 @@ def uvicorn(python: Path, app: str, app_dir: Path, *extra: str) -> list[str]:
     return [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir), *extra]
 
 
+# What the Dockerfiles set (UVICORN_WS) and `openenv serve` uses.
+OPENENV_WS = "openenv.server.wsprotocol:WebSocketProtocol"
+
 BASELINE: dict[str, Path] = {}  # set by --baseline: git revision -> its exported src/
 
 
@@ -77,12 +80,12 @@ def servers() -> list[Server]:
         Server(
             "ours-def",
             "openenv, echo_env as shipped (`def step`)",
-            uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"),
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env", "--ws", OPENENV_WS),
         ),
         Server(
             "ours-async",
             "openenv, echo with `async def step`",
-            uvicorn(PY, "servers.echo_async:app", BENCH_DIR),
+            uvicorn(PY, "servers.echo_async:app", BENCH_DIR, "--ws", OPENENV_WS),
         ),
         Server(
             "openenv-core",
@@ -98,6 +101,14 @@ def servers() -> list[Server]:
             "bare-starlette-uvloop-orjson",
             "bare Starlette WS echo, uvloop + orjson",
             uvicorn(PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "uvloop"),
+            env={"BENCH_JSON": "orjson"},
+        ),
+        Server(
+            "bare-starlette-openenv-ws",
+            "bare Starlette WS echo, uvloop + orjson, on openenv's WebSocket protocol",
+            uvicorn(
+                PY, "servers.starlette_echo:app", BENCH_DIR, "--loop", "uvloop", "--ws", OPENENV_WS
+            ),
             env={"BENCH_JSON": "orjson"},
         ),
         Server(
@@ -277,7 +288,7 @@ def isolation(duration: float, reps: int, half: int) -> dict[str, list[float]]:
     server = Server(
         "benchmark-env-def",
         "benchmark_env, `def step`",
-        uvicorn(PY, "server.app:app", ROOT / "envs" / "benchmark_env"),
+        uvicorn(PY, "server.app:app", ROOT / "envs" / "benchmark_env", "--ws", OPENENV_WS),
     )
     out: dict[str, list[float]] = {"alone": [], "beside_slow": [], "slow": []}
     fast, slow = '{"seconds": 0}', '{"seconds": 0.1}'
@@ -314,7 +325,11 @@ def isolation(duration: float, reps: int, half: int) -> dict[str, list[float]]:
 
 def scale(sessions: int, seconds: float, app: str) -> dict[str, Any]:
     """Sessions that connect, reset, take one step sleeping `seconds`, and close."""
-    server = Server(f"benchmark-env {app}", "", uvicorn(PY, app, ROOT / "envs" / "benchmark_env"))
+    server = Server(
+        f"benchmark-env {app}",
+        "",
+        uvicorn(PY, app, ROOT / "envs" / "benchmark_env", "--ws", OPENENV_WS),
+    )
     running = Running(server, max_sessions=sessions)
     try:
         sampler = Sampler(running)

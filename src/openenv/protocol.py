@@ -59,17 +59,20 @@ __all__ = [
     "ToolList",
     "ToolResultReply",
     "ToolsReply",
+    "decode_frame",
     "error_frame",
     "json_text",
     "observation_frame",
     "observation_from_payload",
     "parse_client_message",
     "parse_server_message",
+    "plain_step",
     "prompt_frame",
     "request_frame",
     "state_frame",
     "tool_result_frame",
     "tools_frame",
+    "validate_client_message",
     "validation_frame_error",
 ]
 
@@ -304,6 +307,11 @@ _server_adapter: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
 
 def parse_client_message(frame: str | bytes) -> ClientMessage:
     """Decode one client frame, or raise ``FrameError`` naming what is wrong."""
+    return validate_client_message(decode_frame(frame))
+
+
+def decode_frame(frame: str | bytes) -> dict[str, Any]:
+    """The JSON object in a client frame; ``FrameError`` if it is not one."""
     try:
         obj = orjson.loads(frame)
     except orjson.JSONDecodeError as exc:
@@ -313,6 +321,41 @@ def parse_client_message(frame: str | bytes) -> ClientMessage:
             ErrorCode.INVALID_JSON,
             f"frame must be a JSON object, got {type(obj).__name__}",
         )
+    return obj
+
+
+_STEP_KEYS = frozenset({"type", "data", "id"})
+
+
+def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] | None:
+    """``(data, id)`` of a decoded frame that is a well-formed ``step``, else ``None``.
+
+    Steps are nearly every frame a server sees. This accepts only frames that
+    ``StepRequest`` would take unchanged (a ``data`` object; an ``id`` that is
+    an int, a string or absent; no other keys), at a fraction of a
+    validation's cost; anything else goes to ``validate_client_message``,
+    which decides it and names what is wrong.
+
+    >>> plain_step({"type": "step", "data": {"message": "hi"}, "id": 7})
+    ({'message': 'hi'}, 7)
+    >>> plain_step({"type": "step", "data": [], "id": 7}) is None
+    True
+    """
+    if obj.get("type") != "step":
+        return None
+    data = obj.get("data")
+    request_id = obj.get("id")
+    if (
+        type(data) is dict
+        and (request_id is None or type(request_id) is int or type(request_id) is str)
+        and obj.keys() <= _STEP_KEYS
+    ):
+        return data, request_id
+    return None
+
+
+def validate_client_message(obj: dict[str, Any]) -> ClientMessage:
+    """Check a decoded client frame against its message type; ``FrameError`` if wrong."""
     request_id = obj.get("id")
     if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
         request_id = None

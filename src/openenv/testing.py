@@ -24,10 +24,11 @@ __all__ = ["run_server"]
 def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a background thread; yield its base URL.
 
-    The port is chosen by the OS and bound before uvicorn starts, so there is
-    no race for it, and the URL is handed out only once the app has started.
-    On exit the server shuts down (closing every open session) and the thread
-    is joined. ``config`` goes to ``uvicorn.Config``.
+        The port is chosen by the OS and bound before uvicorn starts, so there is
+        no race for it, and the URL is handed out only once the app has started.
+        On exit the server shuts down (closing every open session) and the thread
+        is joined. ``config`` goes to ``uvicorn.Config``; the WebSocket protocol is
+    openenv's own, as ``openenv serve`` runs it, unless ``ws`` says otherwise.
     """
     import uvicorn
 
@@ -36,6 +37,7 @@ def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     config.setdefault("log_level", "warning")
+    config.setdefault("ws", "openenv.server.wsprotocol:WebSocketProtocol")
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **config))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="openenv-test-server", daemon=True

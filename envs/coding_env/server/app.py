@@ -12,7 +12,7 @@ import os
 from coding_env.models import CodeAction, CodeObservation
 from coding_env.server.environment import CodingEnvironment
 from coding_env.server.sandbox import SandboxLimits
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, create_app, serve
 
 app = create_app(
     functools.partial(CodingEnvironment, limits=SandboxLimits.from_env()),
@@ -24,11 +24,8 @@ app = create_app(
 
 def main() -> None:
     """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
-    import uvicorn
-
-    uvicorn.run(
-        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
-    )
+    # openenv's runner: its fast WebSocket protocol, and a graceful drain on SIGTERM.
+    serve(app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000")))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 
 import os
 
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, create_app, serve
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -21,11 +21,8 @@ app = create_app(
 
 def main() -> None:
     """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
-    import uvicorn
-
-    uvicorn.run(
-        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
-    )
+    # openenv's runner: its fast WebSocket protocol, and a graceful drain on SIGTERM.
+    serve(app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000")))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 import os
 
 from gymnasium_env.server.environment import ENV_ID
-from openenv import ConcurrencyConfig
+from openenv import ConcurrencyConfig, serve
 from openenv.adapters.gymnasium import create_gymnasium_app
 
 app = create_gymnasium_app(ENV_ID, ConcurrencyConfig.from_env(max_concurrent_envs=256))
@@ -16,11 +16,8 @@ app = create_gymnasium_app(ENV_ID, ConcurrencyConfig.from_env(max_concurrent_env
 
 def main() -> None:
     """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
-    import uvicorn
-
-    uvicorn.run(
-        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
-    )
+    # openenv's runner: its fast WebSocket protocol, and a graceful drain on SIGTERM.
+    serve(app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000")))
 
 
 if __name__ == "__main__":

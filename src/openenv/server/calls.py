@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["DeadlineExceeded", "Submit", "call", "on_executor"]
+__all__ = ["DeadlineExceeded", "Submit", "call", "on_executor", "start"]
 
 # Starts fn(*args, **kwargs) on a worker thread; the future resolves with its outcome.
 Submit = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], "asyncio.Future[Any]"]
@@ -49,27 +49,39 @@ async def call(
     **kwargs: Any,
 ) -> Any:
     """Run ``fn`` without blocking the event loop, within ``timeout`` seconds."""
-    if _is_async(fn):
-        if timeout is None:
-            return await fn(*args, **kwargs)
+    if timeout is None:
+        result = await start(fn, args, kwargs, submit)
+    elif _is_async(fn):
         try:
             async with asyncio.timeout(timeout):
                 return await fn(*args, **kwargs)
         except TimeoutError:
             raise DeadlineExceeded(timeout, None) from None
-    future = submit(fn, args, kwargs)
-    if timeout is None:
-        result = await future
     else:
+        future = submit(fn, args, kwargs)
         try:
             async with asyncio.timeout(timeout):
                 result = await asyncio.shield(future)
         except TimeoutError:
             future.add_done_callback(_consume)
             raise DeadlineExceeded(timeout, future) from None
-    if inspect.isawaitable(result):  # a plain def that returned a coroutine
-        result = await result
+    if inspect.isawaitable(result):
+        result = await result  # a plain def that returned a coroutine
     return result
+
+
+def start(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], submit: Submit
+) -> Awaitable[Any]:
+    """Start ``fn`` where it belongs: its coroutine, or its future on a worker thread.
+
+    Without a deadline this is all a call needs, one await and no wrapper
+    coroutine; a plain ``def`` may still return an awaitable, for the caller
+    to await in turn.
+    """
+    if _is_async(fn):
+        return cast(Awaitable[Any], fn(*args, **kwargs))
+    return submit(fn, args, kwargs)
 
 
 # Whether a function is ``async def``, by the function under a bound method:

@@ -104,6 +104,15 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Deadline of close(); past it the failure is logged and the slot freed.",
     )
+    gc_threshold: int | None = Field(
+        default=20_000,
+        ge=1,
+        description=(
+            "Allocations between young garbage collections while serving (CPython's "
+            "default is 700), and startup objects frozen out of collections; None leaves "
+            "the collector alone."
+        ),
+    )
     max_message_size: int = Field(
         default=2**20,
         ge=1,

@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from openenv.server.service import LIVE_SERVICES
+from openenv.server.wsprotocol import WebSocketProtocol
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
@@ -37,6 +38,7 @@ def uvicorn_config(
     heartbeat_timeout: float | None = 20.0,
     max_message_size: int = 2**20,
     log_level: str = "info",
+    ws: Any = WebSocketProtocol,
     **options: Any,
 ) -> uvicorn.Config:
     """A ``uvicorn.Config`` with openenv's WebSocket defaults.
@@ -45,7 +47,8 @@ def uvicorn_config(
     drops it when no pong arrives within ``heartbeat_timeout``: that is how a
     half-open client (gone without a close) loses its slot. Frames larger than
     ``max_message_size`` are refused by the WebSocket layer with close 1009
-    before they are buffered.
+    before they are buffered. ``ws`` is openenv's WebSocket protocol
+    (``server/wsprotocol.py``), uvicorn's with a fast path for small frames.
     """
     return uvicorn.Config(
         app,
@@ -55,6 +58,7 @@ def uvicorn_config(
         ws_ping_timeout=heartbeat_timeout,
         ws_max_size=max_message_size,
         log_level=log_level,
+        ws=ws,
         lifespan="on",
         **options,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import time
@@ -193,6 +194,7 @@ class EnvService:
             self._executor_stopped = False
         self.draining = False
         LIVE_SERVICES.add(self)
+        restore_gc = _tune_gc(self.settings.gc_threshold)
         reaper = None
         if self.concurrency.session_timeout is not None:
             reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
@@ -211,6 +213,7 @@ class EnvService:
             self.handoff.shutdown()
             self.executor.shutdown(wait=False, cancel_futures=True)
             self._executor_stopped = True
+            restore_gc()
 
     async def drain(self) -> None:
         """Refuse new sessions, end every open one (close code 1001), close their environments.
@@ -257,6 +260,29 @@ async def _gather_logged(awaitables: Iterable[Awaitable[None]]) -> None:
     for result in results:
         if isinstance(result, Exception):
             logger.error("closing a session failed", exc_info=result)
+
+
+def _tune_gc(threshold: int | None) -> Callable[[], None]:
+    """Collect young objects less often, and never scan what startup allocated.
+
+    Each step allocates a few dozen short-lived containers, and with hundreds
+    of sessions in flight many of them are still alive at a collection, so
+    CPython's default (a young collection every 700 allocations) promotes
+    them and runs costly full collections over every session's objects: 10-15%
+    of a busy server's CPU and its worst latencies (see benchmarks/RESULTS.md).
+    Returns what undoes it, for the server's shutdown.
+    """
+    if threshold is None:
+        return lambda: None
+    before = gc.get_threshold()
+    gc.freeze()  # the app, its modules and models: scanned by no collection from now on
+    gc.set_threshold(max(threshold, before[0]), *before[1:])
+
+    def restore() -> None:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+    return restore
 
 
 def _default_metadata(

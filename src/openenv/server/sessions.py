@@ -190,6 +190,7 @@ class Session:
         self._settings = service.settings
         self._metrics = service.metrics
         self._reset_accepts = _accepted_kwargs(env.reset)
+        self._validate_action = service.action_cls.model_validate
         self._bad_frames = 0
         self._stuck: asyncio.Future[Any] | None = None
         # This session's lane in the thread hand-over (see server/handoff.py).
@@ -225,9 +226,13 @@ class Session:
             self.last_active = time.monotonic()
 
     async def _dispatch(self, frame: str | bytes) -> str | None:
-        message = protocol.parse_client_message(frame)
+        obj = protocol.decode_frame(frame)
+        step = protocol.plain_step(obj)
+        if step is not None:
+            return await self._step(*step)
+        message = protocol.validate_client_message(obj)
         if isinstance(message, protocol.StepRequest):
-            return await self._step(message)
+            return await self._step(message.data, message.id)
         if isinstance(message, protocol.ResetRequest):
             return await self._reset(message)
         if isinstance(message, protocol.StateRequest):
@@ -269,18 +274,18 @@ class Session:
         self.state = SessionState.CLOSING
         self.close_code = close_code
 
-    async def _step(self, message: protocol.StepRequest) -> str:
+    async def _step(self, data: dict[str, Any], request_id: protocol.RequestId | None) -> str:
         try:
-            action = self._service.action_cls.model_validate(message.data)
+            action = self._validate_action(data)
         except ValidationError as exc:
-            raise protocol.validation_frame_error(exc, "action", message.id) from None
+            raise protocol.validation_frame_error(exc, "action", request_id) from None
         started = time.perf_counter()
         observation = await self._run(
-            "step()", message.id, Observation, self._settings.step_timeout, self.env.step, action
+            "step()", request_id, Observation, self._settings.step_timeout, self.env.step, action
         )
         self._metrics.step_seconds.observe(time.perf_counter() - started)
         self._metrics.steps += 1
-        return protocol.observation_frame(observation, message.id)
+        return protocol.observation_frame(observation, request_id)
 
     async def _reset(self, message: protocol.ResetRequest) -> str:
         try:
@@ -404,7 +409,13 @@ class Session:
     ) -> _R:
         """Call into the environment; its failures become error replies."""
         try:
-            result = await calls.call(fn, *args, submit=self._submit, timeout=timeout, **kwargs)
+            if timeout is None:
+                # The common case, without calls.call's coroutine around it.
+                result = await calls.start(fn, args, kwargs, self._submit)
+                if not isinstance(result, expected) and inspect.isawaitable(result):
+                    result = await result  # a plain def that returned a coroutine
+            else:
+                result = await calls.call(fn, *args, submit=self._submit, timeout=timeout, **kwargs)
         except calls.DeadlineExceeded as exc:
             if exc.stuck is not None:
                 # The thread cannot be stopped: end the session, and keep the slot

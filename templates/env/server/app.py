@@ -7,7 +7,7 @@
 
 import os
 
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, create_app, serve
 
 from __env_name__.models import __Prefix__Action, __Prefix__Observation
 from __env_name__.server.environment import __Prefix__Environment
@@ -23,11 +23,8 @@ app = create_app(
 
 def main() -> None:
     """Serve on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
-    import uvicorn
-
-    uvicorn.run(
-        app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000"))
-    )
+    # openenv's runner: its fast WebSocket protocol, and a graceful drain on SIGTERM.
+    serve(app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000")))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,233 @@
+"""uvicorn's WebSocket protocol, with a fast path for the frames sessions exchange.
+
+A step is one small text frame in and one out. uvicorn's ``websockets-sansio``
+protocol runs each through websockets' generator-based parser and frame
+objects, queues it on an ``asyncio.Queue``, and stops and restarts reading
+the socket around every message: together more CPU than the whole session
+logic. ``WebSocketProtocol`` keeps that protocol for everything (the
+handshake, control frames, fragments, compression, closing, limits, errors)
+and only takes over the common case:
+
+- incoming: a whole, final, masked text or binary frame within the size
+  limit is unmasked (websockets' C helper) and queued directly; every other
+  frame is handed to websockets whole, so its parser always starts on a
+  frame boundary and keeps full control of the protocol;
+- outgoing: a text or binary message on an open, uncompressed connection is
+  framed with one header and written at once;
+- flow control: reading pauses only when more than ``ws_max_queue``
+  messages wait for the app, not after each one.
+
+It is the default of ``openenv serve`` and ``openenv.serve``; with plain
+uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+from websockets.speedups import apply_mask
+
+__all__ = ["WebSocketProtocol"]
+
+_OPEN = State.OPEN
+_FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1
+_FIN_BINARY = 0x82
+
+
+class _Inbox:
+    """What uvicorn's protocol needs of its ``asyncio.Queue``, with one waiter at most."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        items = self._items
+        while not items:
+            # ASGI has a single consumer per connection, so one waiter suffices.
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = _Inbox()  # type: ignore[assignment]
+        self._max_queue = max(1, self.config.ws_max_queue)
+        # Bytes of an incomplete frame, kept until the rest arrives.
+        self._partial = b""
+        # Bytes still owed to websockets to finish a frame it was handed in part.
+        self._passthrough = 0
+        # Whether this connection's frames are split here; set once the handshake
+        # is accepted with websockets' parser waiting at a frame boundary.
+        self._framing = False
+        self._unframed_bytes = False
+
+    # -- incoming -----------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if not self._framing:
+            if self.handshake_initiated:
+                # Bytes after the request but before the accept: websockets owns
+                # this connection's framing from here on.
+                self._unframed_bytes = True
+            super().data_received(data)
+            return
+        if not self._framing_ok():
+            # The close handshake has begun: websockets takes every byte from here.
+            data, self._partial = self._partial + data, b""
+            super().data_received(data)
+            return
+        if self._passthrough:
+            handed = data[: self._passthrough]
+            self._passthrough -= len(handed)
+            data = data[len(handed) :]
+            super().data_received(handed)
+            if not data or not self._framing_ok():
+                if data:
+                    super().data_received(data)
+                return
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        self._split(data)
+
+    def _split(self, data: bytes) -> None:
+        size = len(data)
+        pos = 0
+        conn = self.conn
+        max_size = conn.max_message_size
+        queue: _Inbox = self.queue  # type: ignore[assignment]
+        message: dict[str, Any] | None
+        while size - pos >= 2:
+            first, second = data[pos], data[pos + 1]
+            length = second & 0x7F
+            head = pos + 2
+            if length == 126:
+                if size - pos < 4:
+                    break
+                length = int.from_bytes(data[head : head + 2])
+                head += 2
+            elif length == 127:
+                if size - pos < 10:
+                    break
+                length = int.from_bytes(data[head : head + 8])
+                head += 8
+            masked = second & 0x80
+            end = head + (4 if masked else 0) + length
+            if (
+                first in (_FIN_TEXT, _FIN_BINARY)
+                and masked
+                and end <= size
+                and conn.current_size is None
+                and (max_size is None or length <= max_size)
+            ):
+                payload = apply_mask(data[head + 4 : end], data[head : head + 4])
+                if first == _FIN_TEXT:
+                    try:
+                        message = {"type": "websocket.receive", "text": payload.decode()}
+                    except UnicodeDecodeError:
+                        message = None  # websockets closes with 1007
+                else:
+                    message = {"type": "websocket.receive", "bytes": payload}
+                if message is not None:
+                    queue.put_nowait(message)
+                    pos = end
+                    continue
+            # Anything else goes to websockets whole (or as far as it has
+            # arrived), so its parser never starts mid-frame.
+            if end > size and (max_size is None or length <= max_size) and size - pos < 65536:
+                break  # small and incomplete: wait for the rest here
+            chunk = data[pos:end]
+            self._passthrough = end - pos - len(chunk)
+            pos += len(chunk)
+            super().data_received(chunk)
+            if not self._framing_ok():
+                if pos < size:
+                    super().data_received(data[pos:])
+                return
+        if pos < size:
+            self._partial = data[pos:]
+        if not self.read_paused and queue.qsize() > self._max_queue:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _framing_ok(self) -> bool:
+        """Whether the connection is still open for fast framing after websockets ran."""
+        if self.conn.state is _OPEN and not self.close_sent:
+            return True
+        self._framing = False
+        self._unframed_bytes = True
+        return False
+
+    async def receive(self) -> Any:
+        message = await self.queue.get()
+        if self.read_paused and self.queue.qsize() <= self._max_queue // 2:
+            self.read_paused = False
+            self.transport.resume_reading()
+        return message
+
+    # -- outgoing -----------------------------------------------------------
+
+    async def send(self, message: Any) -> None:
+        if (
+            self._framing
+            and message["type"] == "websocket.send"
+            and not self.close_sent
+            and not self.disconnected
+            and self.conn.state is _OPEN
+            and self.writable.is_set()
+        ):
+            text = message.get("text")
+            if text is not None and message.get("bytes") is None:
+                payload = text.encode()
+                first = _FIN_TEXT
+            else:
+                payload = message.get("bytes")
+                first = _FIN_BINARY
+            if payload is not None:
+                self.transport.write(_header(first, len(payload)) + payload)
+                return
+        await super().send(message)
+        if (
+            message["type"] == "websocket.accept"
+            and not self._unframed_bytes
+            and self.conn.state is _OPEN
+            and not self.conn.extensions
+        ):
+            self._framing = True
+
+
+def _header(first: int, length: int) -> bytes:
+    if length < 126:
+        return bytes((first, length))
+    if length < 65536:
+        return bytes((first, 126)) + length.to_bytes(2)
+    return bytes((first, 127)) + length.to_bytes(8)

@@ -1,0 +1,227 @@
+"""The fast WebSocket protocol, byte by byte: every frame shape a client may send.
+
+An echo app is served by real uvicorn with ``WebSocketProtocol``; a raw TCP
+client sends hand-built frames (split anywhere, fragmented, interleaved with
+control frames, oversized, malformed) and reads the server's frames back.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from websockets.frames import Opcode
+
+from openenv.server.wsprotocol import WebSocketProtocol
+from openenv.testing import run_server
+
+
+async def echo(scope: Any, receive: Any, send: Any) -> None:
+    """Echo every message; after a text "close:N" frame, close with code N."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        text = message.get("text")
+        if text is not None and text.startswith("close:"):
+            await send({"type": "websocket.close", "code": int(text[6:])})
+            return
+        await send({"type": "websocket.send", "text": text, "bytes": message.get("bytes")})
+
+
+@pytest.fixture(
+    scope="module", params=[WebSocketProtocol, "websockets-sansio"], ids=["fast", "stock"]
+)
+def address(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    # The same expectations hold for uvicorn's own protocol: the fast one changes nothing else.
+    with run_server(echo, ws=request.param, ws_max_size=100_000, ws_ping_interval=None) as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True) -> bytes:
+    """A client frame as the RFC lays it out."""
+    head = bytes([(0x80 if fin else 0) | opcode])
+    length = len(payload)
+    bit = 0x80 if mask else 0
+    if length < 126:
+        head += bytes([bit | length])
+    elif length < 65536:
+        head += bytes([bit | 126]) + struct.pack("!H", length)
+    else:
+        head += bytes([bit | 127]) + struct.pack("!Q", length)
+    if not mask:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+class RawClient:
+    """A WebSocket client with no library in between: bytes in, frames out."""
+
+    def __init__(self, address: tuple[str, int], extensions: str | None = None) -> None:
+        self.sock = socket.create_connection(address, timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET /ws HTTP/1.1\r\nHost: {address[0]}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+        )
+        if extensions:
+            request += f"Sec-WebSocket-Extensions: {extensions}\r\n"
+        self.sock.sendall((request + "\r\n").encode())
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self._recv()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        self.handshake = head.decode()
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        return chunk
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            self.buffer += self._recv()
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def read(self) -> tuple[int, bytes]:
+        """The next frame from the server: (opcode, payload)."""
+        first, second = self._take(2)
+        assert second & 0x80 == 0, "server frames are never masked"
+        length = second & 0x7F
+        if length == 126:
+            length = struct.unpack("!H", self._take(2))[0]
+        elif length == 127:
+            length = struct.unpack("!Q", self._take(8))[0]
+        assert first & 0x80, "the server sends whole messages"
+        return first & 0x0F, self._take(length)
+
+    def close_code(self) -> int:
+        """Read until the server's close frame; its status code."""
+        while True:
+            opcode, payload = self.read()
+            if opcode == Opcode.CLOSE:
+                return int(struct.unpack("!H", payload[:2])[0])
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def client(address: tuple[str, int]) -> Iterator[RawClient]:
+    raw = RawClient(address)
+    yield raw
+    raw.close()
+
+
+def test_text_and_binary_round_trip(client: RawClient) -> None:
+    client.send(frame(Opcode.TEXT, "héllo".encode()))
+    assert client.read() == (Opcode.TEXT, "héllo".encode())
+    client.send(frame(Opcode.BINARY, b"\x00\xff"))
+    assert client.read() == (Opcode.BINARY, b"\x00\xff")
+
+
+def test_frames_split_at_every_byte(client: RawClient) -> None:
+    data = frame(Opcode.TEXT, b"split") + frame(Opcode.TEXT, b"x" * 300)
+    for i in range(len(data)):
+        client.send(data[i : i + 1])
+        client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    assert client.read() == (Opcode.TEXT, b"split")
+    assert client.read() == (Opcode.TEXT, b"x" * 300)
+
+
+def test_many_frames_in_one_write_keep_their_order(client: RawClient) -> None:
+    client.send(b"".join(frame(Opcode.TEXT, str(i).encode()) for i in range(100)))
+    assert [client.read()[1] for _ in range(100)] == [str(i).encode() for i in range(100)]
+
+
+@pytest.mark.parametrize("size", [125, 126, 65535, 65536, 99_999])
+def test_every_length_encoding(client: RawClient, size: int) -> None:
+    payload = os.urandom(size)
+    client.send(frame(Opcode.BINARY, payload))
+    assert client.read() == (Opcode.BINARY, payload)
+
+
+def test_fragmented_message_with_a_ping_in_between(client: RawClient) -> None:
+    client.send(frame(Opcode.TEXT, b"frag", fin=False))
+    client.send(frame(Opcode.PING, b"are you there"))
+    client.send(frame(Opcode.CONT, b"men", fin=False) + frame(Opcode.CONT, b"ted"))
+    client.send(frame(Opcode.TEXT, b"after"))
+    assert client.read() == (Opcode.PONG, b"are you there")
+    assert client.read() == (Opcode.TEXT, b"fragmented")
+    assert client.read() == (Opcode.TEXT, b"after")
+
+
+def test_client_close_is_answered(client: RawClient) -> None:
+    client.send(frame(Opcode.TEXT, b"bye"))
+    assert client.read() == (Opcode.TEXT, b"bye")
+    client.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))
+    assert client.close_code() == 1000
+    assert client.sock.recv(1) == b""
+
+
+def test_server_close_discards_later_frames(client: RawClient) -> None:
+    client.send(frame(Opcode.TEXT, b"close:4000") + frame(Opcode.TEXT, b"ignored"))
+    opcode, payload = client.read()
+    assert (opcode, struct.unpack("!H", payload[:2])[0]) == (Opcode.CLOSE, 4000)
+    client.send(frame(Opcode.CLOSE, struct.pack("!H", 4000)))
+    assert client.sock.recv(1) == b""  # the server closed the TCP connection, nothing else
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (frame(Opcode.TEXT, b"\xff\xfe"), 1007),  # not UTF-8
+        (frame(Opcode.TEXT, b"unmasked", mask=False), 1002),
+        (frame(Opcode.BINARY, b"x" * 100_001), 1009),  # over ws_max_size
+        (frame(Opcode.CONT, b"nothing to continue"), 1002),
+        (bytes([0x80 | 0x40 | Opcode.TEXT, 0x80]) + b"\0\0\0\0", 1002),  # RSV1 unnegotiated
+    ],
+    ids=["invalid-utf8", "unmasked", "too-big", "stray-continuation", "rsv-bit"],
+)
+def test_protocol_errors_close_with_their_code(client: RawClient, data: bytes, code: int) -> None:
+    client.send(frame(Opcode.TEXT, b"fine"))
+    assert client.read() == (Opcode.TEXT, b"fine")
+    client.send(data)
+    assert client.close_code() == code
+
+
+def test_oversized_frame_is_refused_from_its_header(client: RawClient) -> None:
+    # Only the header of a frame over the limit arrives: the close must not
+    # wait for (or buffer) the rest.
+    client.send(bytes([0x80 | Opcode.BINARY, 0x80 | 127]) + struct.pack("!Q", 2**40))
+    assert client.close_code() == 1009
+
+
+def test_compressed_connections_still_work(address: tuple[str, int]) -> None:
+    raw = RawClient(address, extensions="permessage-deflate; client_max_window_bits")
+    try:
+        assert "permessage-deflate" in raw.handshake.lower()
+        raw.send(frame(Opcode.TEXT, b"plain"))  # RSV1 unset: an uncompressed message
+        opcode, payload = raw.read()
+        assert opcode == Opcode.TEXT
+        # The reply is compressed (RSV1): websockets kept the extension's side.
+        assert zlib.decompressobj(-15).decompress(payload + b"\x00\x00\xff\xff") == b"plain"
+    finally:
+        raw.close()
