@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from openenv import (
     Environment,
     EnvironmentMetadata,
     State,
+    WebSocketEnvClient,
     create_app,
 )
 from openenv.testing import run_server
@@ -142,3 +144,30 @@ def test_no_http_episode_routes(echo_url: str) -> None:
     # Episodes run over WebSocket only; HTTP is introspection.
     assert httpx.post(f"{echo_url}/step", json={"message": "x"}).status_code in {404, 405}
     assert httpx.post(f"{echo_url}/reset").status_code in {404, 405}
+
+
+@pytest.mark.parametrize("path", ["/ws", "/web/ws"])
+def test_a_middleware_the_user_adds_sees_the_session_sockets(path: str) -> None:
+    # Session sockets skip FastAPI's middleware stack only while it holds
+    # nothing but openenv's own guard; a user's middleware must still see them.
+    seen: list[tuple[str, str]] = []
+
+    class Spy:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            seen.append((scope["type"], scope.get("path", "")))
+            await self.app(scope, receive, send)
+
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation)
+    app.add_middleware(Spy)
+    with run_server(app) as url:
+        client = WebSocketEnvClient(
+            url.replace("http", "ws") + path,
+            action_cls=EchoAction,
+            observation_cls=EchoObservation,
+        )
+        with client.sync() as env:
+            assert env.step(EchoAction(message="hi")).observation.echoed_message == "hi"
+    assert ("websocket", path) in seen

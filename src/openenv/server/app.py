@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openenv.server.config import ConcurrencyConfig, ServerSettings
+from openenv.server.endpoint import SessionEndpoint
 from openenv.server.factory import check_concurrency, check_factory
 from openenv.server.routes import routes, web_routes
 from openenv.server.security import AccessGuard
@@ -14,7 +16,7 @@ from openenv.server.service import EnvService
 from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
-__all__ = ["create_app"]
+__all__ = ["EnvApp", "create_app"]
 
 
 def create_app(
@@ -89,16 +91,42 @@ def create_app(
         from openenv.server.mcp_bridge import mcp_routes
 
         extra_routes = mcp_routes(service)
-    app = FastAPI(
+    app = EnvApp(
         title=service.metadata.name,
         description=service.metadata.description,
         routes=[*routes(), *(web_routes() if web else []), *extra_routes],
         lifespan=service.lifespan,
     )
     app.state.openenv = service
-    app.add_middleware(
-        AccessGuard,
-        api_key=service.settings.api_key,
-        allowed_origins=service.settings.allowed_origins,
-    )
+    key, origins = service.settings.api_key, service.settings.allowed_origins
+    app.add_middleware(AccessGuard, api_key=key, allowed_origins=origins)
+    app.session_paths = frozenset({"/ws", "/web/ws"} if web else {"/ws"})
+    app.sessions = AccessGuard(SessionEndpoint(), api_key=key, allowed_origins=origins)
     return app
+
+
+class EnvApp(FastAPI):
+    """FastAPI, except that session sockets skip the HTTP middleware stack.
+
+    A session lives as long as its socket, and the ASGI call that serves it
+    holds every middleware's frame for that long: some 4 KiB per session, and
+    a longer path for each connect. So while no middleware has been added
+    beyond openenv's own ``AccessGuard``, ``/ws`` and ``/web/ws`` go straight
+    to the guard and the endpoint; add a middleware (``app.add_middleware``)
+    and they take the usual way through it.
+    """
+
+    session_paths: frozenset[str] = frozenset()
+    sessions: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "websocket"
+            and self.sessions is not None
+            and scope["path"] in self.session_paths
+            and len(self.user_middleware) == 1  # only the AccessGuard create_app added
+        ):
+            scope["app"] = self
+            await self.sessions(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)

@@ -40,7 +40,10 @@ class SessionEndpoint:
         connection = Connection(websocket, session, service, receive, send)
         service.connections.add(connection)
         try:
-            await connection.run()
+            # The session's own task: waking it for each frame resumes a short
+            # stack, not the dozen or so middleware frames above this one
+            # (cancelling this task cancels that one, too).
+            await asyncio.ensure_future(connection.run())
         finally:
             service.connections.discard(connection)
 
@@ -63,7 +66,9 @@ class Connection:
         self._receive = receive
         self._send = send
         self.session = session
-        self.closed = asyncio.Event()
+        # Done once the session has ended and its slot is free (a future, not an
+        # Event: one per connection, and an Event carries a 600-byte deque).
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._max_size = service.settings.max_message_size
         self._expired_for: str | None = None
 
@@ -115,7 +120,8 @@ class Connection:
             try:
                 await session.aclose(self._expired_for or reason)
             finally:
-                self.closed.set()
+                if not self.closed.done():  # a drain that gave up cancels it
+                    self.closed.set_result(None)
 
     async def expire(self, reason: str) -> None:
         """End the session from outside (idle timeout, shutdown) and free its slot."""

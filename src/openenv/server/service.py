@@ -225,7 +225,7 @@ class EnvService:
         ending: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(c.expire("shutdown")) for c in list(self.connections)
         ]
-        ending += [asyncio.ensure_future(c.closed.wait()) for c in list(self.connections)]
+        ending += [c.closed for c in list(self.connections)]
         if not ending:
             return
         _, pending = await asyncio.wait(ending, timeout=self.settings.shutdown_timeout)

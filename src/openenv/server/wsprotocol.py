@@ -24,7 +24,6 @@ uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -39,12 +38,16 @@ _FIN_BINARY = 0x82
 
 
 class _Inbox:
-    """What uvicorn's protocol needs of its ``asyncio.Queue``, with one waiter at most."""
+    """What uvicorn's protocol needs of its ``asyncio.Queue``, with one waiter at most.
+
+    A list, not a deque: it rarely holds more than one message, and an empty
+    deque costs some 600 bytes per connection.
+    """
 
     __slots__ = ("_items", "_waiter")
 
     def __init__(self) -> None:
-        self._items: deque[Any] = deque()
+        self._items: list[Any] = []
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Any) -> None:
@@ -65,7 +68,7 @@ class _Inbox:
             finally:
                 if self._waiter is waiter:
                     self._waiter = None
-        return items.popleft()
+        return items.pop(0)
 
     def empty(self) -> bool:
         return not self._items
@@ -74,12 +77,46 @@ class _Inbox:
         return len(self._items)
 
 
+class _Flag:
+    """What uvicorn's protocol needs of its ``writable`` ``asyncio.Event``, in less memory."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = True
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> None:
+        while not self._set:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = _Inbox()  # type: ignore[assignment]
+        self.writable = _Flag()  # type: ignore[assignment]
         self._max_queue = max(1, self.config.ws_max_queue)
         # Bytes of an incomplete frame, kept until the rest arrives.
         self._partial = b""
@@ -200,9 +237,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if (
             self._framing
             and message["type"] == "websocket.send"
-            and not self.close_sent
-            and not self.disconnected
-            and self.conn.state is _OPEN
+            and not self.close_sent  # set by every way of closing but the peer's,
+            and not self.disconnected  # which ends _framing as its frame arrives
             and self.writable.is_set()
         ):
             text = message.get("text")
@@ -216,6 +252,10 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 self.transport.write(_header(first, len(payload)) + payload)
                 return
         await super().send(message)
+        if message["type"] == "websocket.accept":
+            # The handshake's request and response (headers and all) are not
+            # needed again; the app's scope keeps the request headers.
+            self.request = self.response = None  # type: ignore[assignment]
         if (
             message["type"] == "websocket.accept"
             and not self._unframed_bytes
