@@ -31,6 +31,10 @@ def test_openenv_serve_uses_the_fast_websocket_protocol() -> None:
     config = uvicorn_config(app)
     config.load()
     assert config.ws_protocol_class is WebSocketProtocol
+    # The import string the README, the Dockerfiles (UVICORN_WS) and --ws use.
+    named = uvicorn.Config(app, ws="openenv.server.wsprotocol:WebSocketProtocol")
+    named.load()
+    assert named.ws_protocol_class is WebSocketProtocol
 
 
 def test_serving_tunes_the_collector_and_shutdown_restores_it() -> None:

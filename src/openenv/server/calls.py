@@ -59,15 +59,39 @@ async def call(
             raise DeadlineExceeded(timeout, None) from None
     else:
         future = submit(fn, args, kwargs)
-        try:
-            async with asyncio.timeout(timeout):
-                result = await asyncio.shield(future)
-        except TimeoutError:
+        if not await _settled_within(future, timeout):
             future.add_done_callback(_consume)
-            raise DeadlineExceeded(timeout, future) from None
+            raise DeadlineExceeded(timeout, future)
+        result = future.result()
     if inspect.isawaitable(result):
         result = await result  # a plain def that returned a coroutine
     return result
+
+
+async def _settled_within(future: asyncio.Future[Any], timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``future``; never cancel it (its thread runs on).
+
+    What ``asyncio.timeout`` around ``asyncio.shield`` does, with one future
+    and one timer instead of two futures, a timeout manager and a timer: it
+    runs for every environment made and closed.
+    """
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    timer = loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+    return future.done()
 
 
 def start(

@@ -96,7 +96,7 @@ class Handoff:
         self,
         slow_lane: Executor,
         max_threads: int = 64,
-        blocking_after: float = 0.002,
+        blocking_after: float = 0.01,
         slow_after: float = 0.02,
     ) -> None:
         self.slow_lane = slow_lane
