@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -14,11 +13,9 @@ from openenv.server.handoff import Handoff, LaneTicket
 
 @pytest.fixture
 async def handoff() -> AsyncIterator[Handoff]:
-    pool = ThreadPoolExecutor(4)
-    lane = Handoff(pool, max_threads=4, blocking_after=0.002, slow_after=0.01)
+    lane = Handoff(max_threads=4, blocking_after=0.002, slow_after=0.01)
     yield lane
     lane.shutdown()
-    pool.shutdown(wait=True)
 
 
 async def test_results_and_errors_come_back_to_their_caller(handoff: Handoff) -> None:
@@ -81,13 +78,54 @@ async def test_a_slow_ticket_returns_to_the_fast_lane_after_quick_calls(handoff:
 
 async def test_shutdown_lets_the_workers_exit() -> None:
     before = set(threading.enumerate())
-    pool = ThreadPoolExecutor(2)
-    lane = Handoff(pool, max_threads=2)
+    lane = Handoff(max_threads=2)
     await asyncio.gather(*(lane.call(LaneTicket(), abs, -i) for i in range(100)))
     started = set(threading.enumerate()) - before
     assert started
     lane.shutdown()
-    pool.shutdown(wait=True)
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+async def test_slow_tickets_run_side_by_side_on_the_slow_lane(handoff: Handoff) -> None:
+    # Four slow sessions, each blocked until all four are inside their calls:
+    # only workers running side by side get past the barrier.
+    barrier = threading.Barrier(4, timeout=10)
+    tickets = [LaneTicket() for _ in range(4)]
+    for ticket in tickets:
+        ticket.slow = 5
+
+    def meet() -> str:
+        barrier.wait()
+        return threading.current_thread().name
+
+    names = await asyncio.gather(*(handoff.call(t, meet) for t in tickets))
+    assert set(names) == {"openenv-env-slow"}
+    assert handoff.slow_threads == 4
+    assert handoff.threads == 0  # the fast lane never saw them
+
+    def fail() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await handoff.call(tickets[0], fail)
+
+
+async def test_slow_lane_workers_exit_on_shutdown() -> None:
+    before = set(threading.enumerate())
+    lane = Handoff(max_threads=3)
+    tickets = [LaneTicket() for _ in range(3)]
+    for ticket in tickets:
+        ticket.slow = 100
+    assert await asyncio.gather(*(lane.call(t, abs, -i) for i, t in enumerate(tickets))) == [
+        0,
+        1,
+        2,
+    ]
+    started = set(threading.enumerate()) - before
+    assert {t.name for t in started} == {"openenv-env-slow"}
+    lane.shutdown()
     for thread in started:
         thread.join(10)
         assert not thread.is_alive()

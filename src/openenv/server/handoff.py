@@ -10,17 +10,19 @@ A blocking call never holds up the others for long. While work is queued, a
 timer on the event loop checks the workers every ``blocking_after`` seconds:
 when every awake worker is inside a call older than that, it wakes (or
 starts) another worker to go on draining, up to ``max_threads``. A session
-whose call took longer than ``slow_after`` moves to the *slow lane*, a plain
-thread pool, until its calls are quick again; so slow sessions queue among
-themselves and the fast lane stays fast. (A worker merely preempted by a
+whose call took longer than ``slow_after`` moves to the *slow lane*, a pool
+of workers of its own, until its calls are quick again; so slow sessions
+queue among themselves and the fast lane stays fast. The slow lane hands
+results back the same way, in batches: a server full of sleeping steps pays
+for their wake-ups, not for a ``concurrent.futures`` future, a condition and
+a loop wake-up per call. (A worker merely preempted by a
 busy machine looks stuck too; demoting on the finished call's length, with a
 larger threshold, keeps such sessions in the fast lane.) User code never
 runs on the event loop thread.
 
 >>> import asyncio
->>> from concurrent.futures import ThreadPoolExecutor
 >>> async def main() -> int:
-...     handoff = Handoff(ThreadPoolExecutor(2))
+...     handoff = Handoff(max_threads=2)
 ...     try:
 ...         return await handoff.call(LaneTicket(), sum, [1, 2, 3])
 ...     finally:
@@ -33,11 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import Any
 
 __all__ = ["Handoff", "LaneTicket"]
@@ -94,12 +96,10 @@ class Handoff:
 
     def __init__(
         self,
-        slow_lane: Executor,
         max_threads: int = 64,
         blocking_after: float = 0.01,
         slow_after: float = 0.02,
     ) -> None:
-        self.slow_lane = slow_lane
         self.max_threads = max_threads
         self.blocking_after = blocking_after
         self.slow_after = slow_after
@@ -113,11 +113,21 @@ class Handoff:
         self._notified = False
         self._watching = False
         self._stopped = False
+        # The slow lane: a queue, and workers that each run one call at a time.
+        self._slow_queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._slow_workers: list[threading.Thread] = []
+        self._slow_waiting = 0  # workers waiting on the queue, or about to
+        self._slow_queued = 0  # calls in the queue that no worker has taken yet
 
     @property
     def threads(self) -> int:
-        """Fast-lane threads started so far (the slow lane counts its own)."""
+        """Fast-lane threads started so far."""
         return len(self._workers)
+
+    @property
+    def slow_threads(self) -> int:
+        """Slow-lane threads started so far."""
+        return len(self._slow_workers)
 
     async def call(
         self, ticket: LaneTicket, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -157,8 +167,11 @@ class Handoff:
         with self._lock:
             self._stopped = True
             idle, self._idle = self._idle, []
+            slow = len(self._slow_workers)
         for worker in idle:
             worker.wake.release()
+        for _ in range(slow):
+            self._slow_queue.put(None)
 
     # -- loop thread --------------------------------------------------------
 
@@ -170,19 +183,27 @@ class Handoff:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> asyncio.Future[Any]:
-        started = _monotonic()
-
-        def timed() -> Any:
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                # Credits follow the call's own length, even if nobody awaits it.
-                if _monotonic() - started > self.slow_after:
-                    ticket.slow = _SLOW_CREDITS
-                else:
-                    ticket.slow -= 1
-
-        return asyncio.wrap_future(self.slow_lane.submit(timed), loop=loop)
+        if self._loop is not loop:
+            self._loop = loop
+        future = loop.create_future()
+        call = _Call(ticket, fn, args, kwargs, future)
+        with self._lock:
+            self._slow_queued += 1
+            start = (
+                self._slow_waiting < self._slow_queued
+                and len(self._slow_workers) < self.max_threads
+                and not self._stopped
+            )
+            if start:
+                thread = threading.Thread(
+                    target=self._work_slow, name="openenv-env-slow", daemon=True
+                )
+                self._slow_workers.append(thread)
+                self._slow_waiting += 1
+        if start:
+            thread.start()
+        self._slow_queue.put(call)
+        return future
 
     def _wake_one(self) -> None:
         """Wake an idle worker, or start one below the cap; caller holds the lock."""
@@ -229,7 +250,7 @@ class Handoff:
     # -- worker threads -----------------------------------------------------
 
     def _work(self, worker: _Worker) -> None:
-        pending, done = self._pending, self._done
+        pending = self._pending
         while True:
             worker.wake.acquire()
             if self._stopped and not pending:
@@ -248,25 +269,50 @@ class Handoff:
                     break
                 worker.current = call
                 worker.started = started = _monotonic()
-                try:
-                    result: tuple[_Call, bool, Any] = (
-                        call,
-                        True,
-                        call.fn(*call.args, **call.kwargs),
-                    )
-                except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
-                    result = (call, False, RuntimeError(f"StopIteration: {exc}"))
-                except BaseException as exc:  # handed to the awaiting coroutine
-                    result = (call, False, exc)
+                result = _run(call)
                 worker.started = 0.0
                 worker.current = None
                 if _monotonic() - started > self.slow_after:
                     call.ticket.slow = _SLOW_CREDITS
-                done.append(result)
-                if not self._notified:
-                    self._notified = True
-                    loop = self._loop
-                    assert loop is not None
-                    # A closed loop raises RuntimeError: nobody is waiting any more.
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(self._deliver)
+                self._finish(result)
+
+    def _work_slow(self) -> None:
+        get = self._slow_queue.get
+        while True:
+            call = get()
+            with self._lock:
+                self._slow_waiting -= 1
+                if call is not None:
+                    self._slow_queued -= 1
+            if call is None:
+                return
+            started = _monotonic()
+            result = _run(call)
+            # Credits follow the call's own length, even if nobody awaits it.
+            if _monotonic() - started > self.slow_after:
+                call.ticket.slow = _SLOW_CREDITS
+            else:
+                call.ticket.slow = max(0, call.ticket.slow - 1)
+            self._finish(result)
+            with self._lock:
+                self._slow_waiting += 1
+
+    def _finish(self, result: tuple[_Call, bool, Any]) -> None:
+        """Queue a call's outcome for the loop; wake the loop once per batch."""
+        self._done.append(result)
+        if not self._notified:
+            self._notified = True
+            loop = self._loop
+            assert loop is not None
+            # A closed loop raises RuntimeError: nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._deliver)
+
+
+def _run(call: _Call) -> tuple[_Call, bool, Any]:
+    try:
+        return (call, True, call.fn(*call.args, **call.kwargs))
+    except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
+        return (call, False, RuntimeError(f"StopIteration: {exc}"))
+    except BaseException as exc:  # handed to the awaiting coroutine
+        return (call, False, exc)

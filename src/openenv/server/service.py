@@ -10,7 +10,6 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -81,12 +80,11 @@ class EnvService:
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Connection] = set()
-        self.executor = self._new_executor()
-        self.handoff = Handoff(self.executor, settings.max_threads)
+        self.handoff = Handoff(settings.max_threads)
         # Factories (and closing what a late factory made) share one lane: cheap
         # constructors stay on the fast lane instead of growing the thread pool.
         self._factory_ticket = LaneTicket()
-        self._executor_stopped = False
+        self._handoff_stopped = False
         self.started_at = time.time()
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
         self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
@@ -180,18 +178,12 @@ class EnvService:
     ) -> asyncio.Future[Any]:
         return self.handoff.submit(self._factory_ticket, fn, args, kwargs)
 
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(
-            max_workers=self.settings.max_threads, thread_name_prefix="openenv-env"
-        )
-
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
-        # A fresh pool per run: the same app may be served again after a shutdown.
-        if self._executor_stopped:
-            self.executor = self._new_executor()
-            self.handoff = Handoff(self.executor, self.settings.max_threads)
-            self._executor_stopped = False
+        # Fresh threads per run: the same app may be served again after a shutdown.
+        if self._handoff_stopped:
+            self.handoff = Handoff(self.settings.max_threads)
+            self._handoff_stopped = False
         self.draining = False
         LIVE_SERVICES.add(self)
         restore_gc = _tune_gc(self.settings.gc_threshold)
@@ -211,8 +203,7 @@ class EnvService:
             await self.drain()
             LIVE_SERVICES.discard(self)
             self.handoff.shutdown()
-            self.executor.shutdown(wait=False, cancel_futures=True)
-            self._executor_stopped = True
+            self._handoff_stopped = True
             restore_gc()
 
     async def drain(self) -> None:

@@ -185,7 +185,6 @@ class Session:
         self.close_code = CloseCode.NORMAL
         self.busy = False
         self.last_active = time.monotonic()
-        self.log = SessionLog(logger, {"session_id": self.id})
         self._service = service
         self._settings = service.settings
         self._metrics = service.metrics
@@ -206,6 +205,11 @@ class Session:
         self.finished_by: str | None = None
         service.registry.add(self)
         self._metrics.opened += 1
+
+    @functools.cached_property
+    def log(self) -> SessionLog:
+        """This session's logger, made on first use: most sessions never log."""
+        return SessionLog(logger, {"session_id": self.id})
 
     async def handle(self, frame: str | bytes) -> str | None:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
@@ -473,7 +477,8 @@ class Session:
         finally:
             self._service.registry.remove(self, reason)
             self._metrics.closed[reason] += 1
-            self.log.debug("closed (%s)", reason)
+            if logger.isEnabledFor(logging.DEBUG):
+                self.log.debug("closed (%s)", reason)
 
 
 class EnvFailure(Exception):
