@@ -129,3 +129,21 @@ async def test_slow_lane_workers_exit_on_shutdown() -> None:
     for thread in started:
         thread.join(10)
         assert not thread.is_alive()
+
+
+async def test_idle_workers_of_both_lanes_end_their_threads() -> None:
+    lane = Handoff(max_threads=3, idle_exit=0.5)
+    slow = LaneTicket()
+    slow.slow = 100
+    assert await lane.call(LaneTicket(), abs, -1) == 1
+    assert await lane.call(slow, abs, -2) == 2
+    assert (lane.threads, lane.slow_threads) == (1, 1)
+    for _ in range(1000):  # poll, with a deadline, until both have retired
+        if lane.threads == lane.slow_threads == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert (lane.threads, lane.slow_threads) == (0, 0)
+    # And both lanes start threads again when work comes back.
+    assert await lane.call(LaneTicket(), abs, -3) == 3
+    assert await lane.call(slow, abs, -4) == 4
+    lane.shutdown()

@@ -12,13 +12,14 @@ when every awake worker is inside a call older than that, it wakes (or
 starts) another worker to go on draining, up to ``max_threads``. A session
 whose call took longer than ``slow_after`` moves to the *slow lane*, a pool
 of workers of its own, until its calls are quick again; so slow sessions
-queue among themselves and the fast lane stays fast. The slow lane hands
-results back the same way, in batches: a server full of sleeping steps pays
-for their wake-ups, not for a ``concurrent.futures`` future, a condition and
-a loop wake-up per call. (A worker merely preempted by a
-busy machine looks stuck too; demoting on the finished call's length, with a
-larger threshold, keeps such sessions in the fast lane.) User code never
-runs on the event loop thread.
+queue among themselves and the fast lane stays fast. (A worker merely
+preempted by a busy machine looks stuck too; demoting on the finished call's
+length, with a larger threshold, keeps such sessions in the fast lane.) The
+slow lane hands results back the same way, in batches: a server full of
+sleeping steps pays for their wake-ups, not for a ``concurrent.futures``
+future, a condition and a loop wake-up per call. Threads of either lane that
+find no work for ``idle_exit`` seconds end, so a burst leaves none behind.
+User code never runs on the event loop thread.
 
 >>> import asyncio
 >>> async def main() -> int:
@@ -99,8 +100,10 @@ class Handoff:
         max_threads: int = 64,
         blocking_after: float = 0.01,
         slow_after: float = 0.02,
+        idle_exit: float = 10.0,
     ) -> None:
         self.max_threads = max_threads
+        self.idle_exit = idle_exit  # a worker without work for this long ends its thread
         self.blocking_after = blocking_after
         self.slow_after = slow_after
         self._pending: deque[_Call] = deque()
@@ -121,12 +124,12 @@ class Handoff:
 
     @property
     def threads(self) -> int:
-        """Fast-lane threads started so far."""
+        """Fast-lane threads running (idle ones end after ``idle_exit`` seconds)."""
         return len(self._workers)
 
     @property
     def slow_threads(self) -> int:
-        """Slow-lane threads started so far."""
+        """Slow-lane threads running (idle ones end after ``idle_exit`` seconds)."""
         return len(self._slow_workers)
 
     async def call(
@@ -252,7 +255,13 @@ class Handoff:
     def _work(self, worker: _Worker) -> None:
         pending = self._pending
         while True:
-            worker.wake.acquire()
+            if not worker.wake.acquire(timeout=self.idle_exit):
+                with self._lock:
+                    if worker in self._idle:  # nobody is about to wake it: retire
+                        self._idle.remove(worker)
+                        self._workers.remove(worker)
+                        return
+                continue  # just woken; the release is already done
             if self._stopped and not pending:
                 return
             while True:
@@ -279,7 +288,15 @@ class Handoff:
     def _work_slow(self) -> None:
         get = self._slow_queue.get
         while True:
-            call = get()
+            try:
+                call = get(timeout=self.idle_exit)
+            except queue.Empty:
+                with self._lock:
+                    if self._slow_waiting > self._slow_queued:  # a spare worker: retire
+                        self._slow_waiting -= 1
+                        self._slow_workers.remove(threading.current_thread())
+                        return
+                continue
             with self._lock:
                 self._slow_waiting -= 1
                 if call is not None:

@@ -215,7 +215,10 @@ class Session:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
         self.busy = True
         try:
-            reply = await self._dispatch(frame)
+            obj = protocol.decode_frame(frame)
+            step = protocol.plain_step(obj)
+            # Steps are nearly every frame: one coroutine less on their way.
+            reply = await (self._step(*step) if step is not None else self._dispatch(obj))
             self._bad_frames = 0
             return reply
         except FrameError as exc:
@@ -228,11 +231,7 @@ class Session:
             self.busy = False
             self.last_active = time.monotonic()
 
-    async def _dispatch(self, frame: str | bytes) -> str | None:
-        obj = protocol.decode_frame(frame)
-        step = protocol.plain_step(obj)
-        if step is not None:
-            return await self._step(*step)
+    async def _dispatch(self, obj: dict[str, Any]) -> str | None:
         message = protocol.validate_client_message(obj)
         if isinstance(message, protocol.StepRequest):
             return await self._step(message.data, message.id)

@@ -224,6 +224,13 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._unframed_bytes = True
         return False
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # websockets' parser is a generator whose frame holds its protocol: a
+        # reference cycle that keeps every closed connection's buffers alive
+        # until a garbage collection. Closing it lets them go at once.
+        self.conn.parser.close()
+
     async def receive(self) -> Any:
         message = await self.queue.get()
         if self.read_paused and self.queue.qsize() <= self._max_queue // 2:
