@@ -282,9 +282,20 @@ class Session:
         except ValidationError as exc:
             raise protocol.validation_frame_error(exc, "action", request_id) from None
         started = time.perf_counter()
-        observation = await self._run(
-            "step()", request_id, Observation, self._settings.step_timeout, self.env.step, action
-        )
+        timeout = self._settings.step_timeout
+        if timeout is None:
+            # The hot path, with no coroutine between this frame and the call.
+            try:
+                result = await calls.start(self.env.step, (action,), {}, self._submit)
+                if not isinstance(result, Observation) and inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                raise self._failure("step()", exc, request_id, timeout) from None
+            observation = self._checked("step()", result, Observation, request_id)
+        else:
+            observation = await self._run(
+                "step()", request_id, Observation, timeout, self.env.step, action
+            )
         self._metrics.step_seconds.observe(time.perf_counter() - started)
         self._metrics.steps += 1
         return protocol.observation_frame(observation, request_id)
@@ -412,36 +423,50 @@ class Session:
         """Call into the environment; its failures become error replies."""
         try:
             if timeout is None:
-                # The common case, without calls.call's coroutine around it.
                 result = await calls.start(fn, args, kwargs, self._submit)
                 if not isinstance(result, expected) and inspect.isawaitable(result):
                     result = await result  # a plain def that returned a coroutine
             else:
                 result = await calls.call(fn, *args, submit=self._submit, timeout=timeout, **kwargs)
-        except calls.DeadlineExceeded as exc:
+        except Exception as exc:
+            raise self._failure(name, exc, request_id, timeout) from None
+        return self._checked(name, result, expected, request_id)
+
+    def _failure(
+        self,
+        name: str,
+        exc: Exception,
+        request_id: protocol.RequestId | None,
+        timeout: float | None,
+    ) -> EnvFailure:
+        """The error reply for an environment call that raised or overran."""
+        if isinstance(exc, calls.DeadlineExceeded):
             if exc.stuck is not None:
                 # The thread cannot be stopped: end the session, and keep the slot
                 # (and the environment) until the thread returns.
                 self._stuck = exc.stuck
                 self.log.error("%s overran its %gs deadline; ending the session", name, timeout)
-                raise EnvFailure(
+                return EnvFailure(
                     ErrorCode.TIMEOUT,
                     f"{name} did not return within {exc.seconds:g}s; the session is closed "
                     f"because a blocking call cannot be interrupted",
                     request_id,
                     fatal=True,
-                ) from None
-            raise EnvFailure(
+                )
+            return EnvFailure(
                 ErrorCode.TIMEOUT,
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
-            ) from None
-        except Exception as exc:
-            # The traceback stays in the server log; the wire gets the exception's name.
-            self.log.exception("%s raised", name)
-            raise EnvFailure(
-                ErrorCode.EXECUTION_ERROR, f"{name} raised {type(exc).__name__}: {exc}", request_id
-            ) from None
+            )
+        # The traceback stays in the server log; the wire gets the exception's name.
+        self.log.error("%s raised", name, exc_info=exc)
+        return EnvFailure(
+            ErrorCode.EXECUTION_ERROR, f"{name} raised {type(exc).__name__}: {exc}", request_id
+        )
+
+    def _checked(
+        self, name: str, result: Any, expected: type[_R], request_id: protocol.RequestId | None
+    ) -> _R:
         if not isinstance(result, expected):
             raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR,
