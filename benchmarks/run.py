@@ -213,8 +213,9 @@ class Sampler:
         }
 
 
-def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> dict[str, Any]:
-    argv = [
+def load_argv(url: str, sessions: int, action: str, *more: str) -> list[str]:
+    """`openenv bench` on core 1 with the picows client, printing JSON."""
+    return [
         "taskset",
         "-c",
         "1",
@@ -223,9 +224,6 @@ def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> 
         url,
         "--sessions",
         str(sessions),
-        "--duration",
-        str(duration),
-        "--warmup",
         "--action",
         action,
         "--json",
@@ -233,6 +231,10 @@ def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> 
         "picows",
         *more,
     ]
+
+
+def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> dict[str, Any]:
+    argv = load_argv(url, sessions, action, "--duration", str(duration), "--warmup", *more)
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     if not out.stdout.strip():
         raise RuntimeError(f"bench failed: {out.stderr}")
@@ -299,23 +301,7 @@ def isolation(duration: float, reps: int, half: int) -> dict[str, list[float]]:
         running = Running(server)
         try:
             before = bench(running.url, half, duration, fast)["steps_per_s"]
-            argv = [
-                "taskset",
-                "-c",
-                "1",
-                str(PY.parent / "openenv"),
-                "bench",
-                running.url,
-                "--sessions",
-                str(half),
-                "--duration",
-                str(duration + 4),
-                "--action",
-                slow,
-                "--json",
-                "--client",
-                "picows",
-            ]
+            argv = load_argv(running.url, half, slow, "--duration", str(duration + 4))
             slow_proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
             time.sleep(2)  # let the slow sessions connect and start stepping
             beside = bench(running.url, half, duration, fast)["steps_per_s"]
@@ -340,27 +326,17 @@ def scale(sessions: int, seconds: float, app: str) -> dict[str, Any]:
     running = Running(server, max_sessions=sessions)
     try:
         sampler = Sampler(running)
-        argv = [
-            "taskset",
-            "-c",
-            "1",
-            str(PY.parent / "openenv"),
-            "bench",
+        argv = load_argv(
             running.url,
-            "--sessions",
-            str(sessions),
+            sessions,
+            json.dumps({"seconds": seconds}),
             "--steps",
             "1",
-            "--action",
-            json.dumps({"seconds": seconds}),
-            "--json",
-            "--client",
-            "picows",
             "--connect-timeout",
             "60",
             "--reply-timeout",
             str(seconds + 60),
-        ]
+        )
         out = subprocess.run(argv, capture_output=True, text=True, check=False)
         sampler.close()
         report: dict[str, Any] = json.loads(out.stdout)

@@ -77,7 +77,10 @@ class ServerSettings(BaseModel):
     max_threads: int = Field(
         default=64,
         ge=1,
-        description="Worker threads for plain `def` environment methods, shared by all sessions.",
+        description=(
+            "Worker threads for plain `def` environment methods, per lane (quick calls, "
+            "slow calls), shared by all sessions."
+        ),
     )
     reap_interval: float | None = Field(
         default=None,

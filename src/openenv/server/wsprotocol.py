@@ -220,8 +220,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         """Whether the connection is still open for fast framing after websockets ran."""
         if self.conn.state is _OPEN and not self.close_sent:
             return True
-        self._framing = False
-        self._unframed_bytes = True
+        self._framing = False  # for good: only an accept turns it on
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
