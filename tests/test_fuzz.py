@@ -73,7 +73,10 @@ class Prober:
 
     def send(self, frame: str | bytes) -> None:
         if self.ws is None:
-            self.ws = connect(self.url, open_timeout=10).__enter__()
+            # Alternate as openenv's clients connect (no compression: the fast
+            # framing and direct steps) and as a browser may (permessage-deflate).
+            compression = None if self.reconnects % 2 else "deflate"
+            self.ws = connect(self.url, open_timeout=10, compression=compression).__enter__()
             self.reconnects += 1
         self.sent += 1
         reply, close = self._exchange(frame)

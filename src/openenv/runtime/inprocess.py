@@ -150,4 +150,20 @@ def _host(action_cls: type[Action], executor: Executor) -> Any:
         ) -> asyncio.Future[Any]:
             return run_on_executor(fn, args, kwargs)
 
+        def dispatch(
+            self,
+            ticket: object,
+            fn: Any,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            receiver: Any,
+        ) -> None:
+            def forward(future: asyncio.Future[Any]) -> None:
+                if future.exception() is not None:
+                    receiver.set_exception(future.exception())
+                else:
+                    receiver.set_result(future.result())
+
+            run_on_executor(fn, args, kwargs).add_done_callback(forward)
+
     return Host()

@@ -51,7 +51,7 @@ async def call(
     """Run ``fn`` without blocking the event loop, within ``timeout`` seconds."""
     if timeout is None:
         result = await start(fn, args, kwargs, submit)
-    elif _is_async(fn):
+    elif is_async(fn):
         try:
             async with asyncio.timeout(timeout):
                 return await fn(*args, **kwargs)
@@ -103,7 +103,7 @@ def start(
     coroutine; a plain ``def`` may still return an awaitable, for the caller
     to await in turn.
     """
-    if _is_async(fn):
+    if is_async(fn):
         return cast(Awaitable[Any], fn(*args, **kwargs))
     return submit(fn, args, kwargs)
 
@@ -113,7 +113,7 @@ def start(
 _ASYNC: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+def is_async(fn: Callable[..., Any]) -> bool:
     func = getattr(fn, "__func__", fn)
     try:
         return _ASYNC[func]

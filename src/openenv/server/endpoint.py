@@ -12,6 +12,7 @@ from openenv import protocol
 from openenv.protocol import CloseCode, ErrorCode
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session, SessionState
+from openenv.server.wsprotocol import DIRECT, NOTIFY, DirectChannel
 
 __all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
 
@@ -37,7 +38,8 @@ class SessionEndpoint:
         except SessionRefused as refused:
             await _refuse(websocket, refused)
             return
-        connection = Connection(websocket, session, service, receive, send)
+        channel = scope["extensions"].get(DIRECT) if "extensions" in scope else None
+        connection = Connection(websocket, session, service, receive, send, channel)
         service.connections.add(connection)
         try:
             # The session's own task: waking it for each frame resumes a short
@@ -58,6 +60,7 @@ class Connection:
         service: EnvService,
         receive: Receive,
         send: Send,
+        channel: DirectChannel | None = None,
     ) -> None:
         self.websocket = websocket
         # The frames of a session go through the raw ASGI callables: Starlette's
@@ -71,18 +74,34 @@ class Connection:
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._max_size = service.settings.max_message_size
         self._expired_for: str | None = None
+        # openenv's WebSocket protocol offers each data frame to _take first: a
+        # plain step then runs and replies from callbacks, with no task to wake.
+        self._channel = channel if session.direct_steps else None
+        self._waiting = False  # run() is parked in receive(), with nothing else to do
 
     async def run(self) -> None:
         reason = "disconnect"
         session = self.session
         receive, send = self._receive, self._send
+        channel = self._channel
+        if channel is not None:
+            channel.take_frames(self._take)
         try:
             while True:
+                self._waiting = True
                 message = await receive()
-                if message["type"] == "websocket.disconnect":
+                self._waiting = False
+                kind = message["type"]
+                if kind == "websocket.disconnect":
                     break
                 if session.state is not SessionState.OPEN:
+                    if kind == NOTIFY and self._expired_for is None:
+                        # A step started by _take ended the session; its error is sent.
+                        reason = "internal_error"
+                        await self.websocket.close(session.close_code)
                     break  # expired by the reaper or a shutdown while this frame was in flight
+                if kind == NOTIFY:
+                    continue
                 frame = message.get("text")
                 if frame is None:
                     frame = message.get("bytes") or b""
@@ -95,6 +114,10 @@ class Connection:
                     reason = "message_too_big"
                     await self.websocket.close(CloseCode.MESSAGE_TOO_BIG)
                     break
+                if session.busy:
+                    await session.settled()  # a frame sent while _take's step ran
+                    if session.state is not SessionState.OPEN:
+                        continue  # its NOTIFY is next in line
                 reply = await session.handle(frame)
                 if reply is None:
                     # Free the slot before the close handshake completes, so a
@@ -117,11 +140,27 @@ class Connection:
                 ErrorCode.SESSION_ERROR, "internal server error", CloseCode.INTERNAL_ERROR
             )
         finally:
+            self._waiting = False
+            if channel is not None:
+                channel.take_frames(None)
             try:
                 await session.aclose(self._expired_for or reason)
             finally:
                 if not self.closed.done():  # a drain that gave up cancels it
                     self.closed.set_result(None)
+
+    def _take(self, frame: str | bytes) -> bool:
+        """Start a plain step from the protocol's callback; ``False``: run() takes it."""
+        if not self._waiting or len(frame) > self._max_size:
+            return False
+        return self.session.try_step(frame, self._reply)
+
+    def _reply(self, frame: str) -> None:
+        channel = self._channel
+        assert channel is not None
+        channel.send_now(frame)  # False: closing or gone, and run() hears of that
+        if self.session.state is not SessionState.OPEN:
+            channel.notify()
 
     async def expire(self, reason: str) -> None:
         """End the session from outside (idle timeout, shutdown) and free its slot."""

@@ -41,9 +41,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Handoff", "LaneTicket"]
+__all__ = ["Handoff", "LaneTicket", "Receiver"]
 
 _monotonic = time.monotonic
 
@@ -60,6 +60,16 @@ class LaneTicket:
         self.slow = 0  # > 0: quick calls still needed before returning to the fast lane
 
 
+class Receiver(Protocol):
+    """Where a call's outcome goes, on the loop thread: an ``asyncio.Future``, or
+    any object that answers the same three methods (a callback, without a future
+    or a task to wake)."""
+
+    def cancelled(self) -> bool: ...
+    def set_result(self, result: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 class _Call:
     __slots__ = ("args", "fn", "future", "kwargs", "ticket")
 
@@ -69,7 +79,7 @@ class _Call:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        future: asyncio.Future[Any],
+        future: Receiver,
     ) -> None:
         self.ticket = ticket
         self.fn = fn
@@ -149,13 +159,27 @@ class Handoff:
 
         Cancelling the future does not stop the call: a thread cannot be interrupted.
         """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.dispatch(ticket, fn, args, kwargs, future)
+        return future
+
+    def dispatch(
+        self,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        receiver: Receiver,
+    ) -> None:
+        """Start ``fn(*args, **kwargs)`` on a worker thread; ``receiver`` gets its outcome
+        on the loop thread, in a batch with others (``submit`` without the future)."""
         loop = asyncio.get_running_loop()
-        if ticket.slow:
-            return self._submit_slow(loop, ticket, fn, args, kwargs)
         if self._loop is not loop:
             self._loop = loop
-        future = loop.create_future()
-        call = _Call(ticket, fn, args, kwargs, future)
+        call = _Call(ticket, fn, args, kwargs, receiver)
+        if ticket.slow:
+            self._submit_slow(call)
+            return
         with self._lock:
             self._pending.append(call)
             if not self._active:
@@ -163,7 +187,6 @@ class Handoff:
         if not self._watching:
             self._watching = True
             loop.call_later(self.blocking_after, self._watch)
-        return future
 
     def shutdown(self) -> None:
         """Let idle workers exit; busy ones exit after their call. Idempotent."""
@@ -178,18 +201,7 @@ class Handoff:
 
     # -- loop thread --------------------------------------------------------
 
-    def _submit_slow(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        ticket: LaneTicket,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> asyncio.Future[Any]:
-        if self._loop is not loop:
-            self._loop = loop
-        future = loop.create_future()
-        call = _Call(ticket, fn, args, kwargs, future)
+    def _submit_slow(self, call: _Call) -> None:
         with self._lock:
             self._slow_queued += 1
             start = (
@@ -206,7 +218,6 @@ class Handoff:
         if start:
             thread.start()
         self._slow_queue.put(call)
-        return future
 
     def _wake_one(self) -> None:
         """Wake an idle worker, or start one below the cap; caller holds the lock."""
@@ -245,10 +256,16 @@ class Handoff:
             future = call.future
             if future.cancelled():
                 continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+            try:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            except Exception as exc:  # a receiver's bug must not lose the rest of the batch
+                assert self._loop is not None
+                self._loop.call_exception_handler(
+                    {"message": "a handoff receiver raised", "exception": exc}
+                )
 
     # -- worker threads -----------------------------------------------------
 

@@ -27,7 +27,7 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
-from openenv.server.handoff import LaneTicket
+from openenv.server.handoff import LaneTicket, Receiver
 from openenv.tasks import TaskSpec, task_class
 from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
@@ -155,6 +155,15 @@ class Lane(Protocol):
         kwargs: dict[str, Any],
     ) -> asyncio.Future[Any]: ...
 
+    def dispatch(
+        self,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        receiver: Receiver,
+    ) -> None: ...
+
 
 class SessionHost(Protocol):
     """What a session needs from the server that holds it (an ``EnvService``)."""
@@ -195,6 +204,12 @@ class Session:
         # This session's lane in the thread hand-over (see server/handoff.py).
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
+        # Plain ``def`` steps without a deadline may start outside any coroutine
+        # (``try_step``): nothing to time out, nothing to await but the thread.
+        self.direct_steps = self._settings.step_timeout is None and not calls.is_async(env.step)
+        self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
+        self._direct_step: _DirectStep | None = None  # the one in flight
+        self._settled: asyncio.Future[None] | None = None
         try:
             self.tools = tools_of(type(env))
         except TypeError as exc:  # a misdeclared @tool on a class create_app could not see
@@ -230,6 +245,74 @@ class Session:
         finally:
             self.busy = False
             self.last_active = time.monotonic()
+
+    def try_step(self, frame: str | bytes, reply: Callable[[str], None]) -> bool:
+        """Start a well-formed plain ``def`` step from a callback, without a coroutine.
+
+        ``reply`` gets the reply frame on the loop thread once the step returns;
+        until then ``busy`` is true and ``settled()`` waits. ``False`` (anything
+        else: other messages, bad frames, a step already running) leaves the
+        frame to ``handle``, which answers it in full.
+        """
+        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
+            return False
+        try:
+            step = protocol.plain_step(protocol.decode_frame(frame))
+            if step is None:
+                return False
+            action = self._validate_action(step[0])
+        except (FrameError, ValidationError):
+            return False
+        self.busy = True
+        self._direct_step = receiver = _DirectStep(self, step[1], reply)
+        self._dispatch_step((action,), {}, receiver)
+        return True
+
+    async def settled(self) -> None:
+        """Wait until the step ``try_step`` started has replied."""
+        while self._direct_step is not None:
+            if self._settled is None:
+                self._settled = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._settled)
+
+    def _stepped(self, step: _DirectStep, ok: bool, value: Any) -> None:
+        """A ``try_step`` step returned (or raised): reply, as ``handle`` would have."""
+        request_id = step.request_id
+        try:
+            try:
+                if not ok:
+                    if not isinstance(value, Exception):
+                        raise value  # KeyboardInterrupt and the like: not the env's failure
+                    raise self._failure("step()", value, request_id, None)
+                if (
+                    not step.awaited
+                    and not isinstance(value, Observation)
+                    and inspect.isawaitable(value)
+                ):
+                    # A plain def that returned an awaitable: finish it in a task.
+                    step.task = asyncio.ensure_future(_await_step(step, value))
+                    return
+                observation = self._checked("step()", value, Observation, request_id)
+                self._metrics.step_seconds.observe(time.perf_counter() - step.started)
+                self._metrics.steps += 1
+                reply = protocol.observation_frame(observation, request_id)
+                self._bad_frames = 0
+            except EnvFailure as exc:
+                if exc.fatal:
+                    self._end(CloseCode.INTERNAL_ERROR)
+                reply = self._error(exc.code, exc.message, exc.request_id, **exc.details)
+        except BaseException as exc:
+            # What would have reached the endpoint's last resort in handle().
+            self.log.error("internal error", exc_info=exc)
+            self._end(CloseCode.INTERNAL_ERROR)
+            reply = protocol.error_frame(ErrorCode.SESSION_ERROR, "internal server error")
+        self.busy = False
+        self.last_active = time.monotonic()
+        self._direct_step = None
+        settled, self._settled = self._settled, None
+        if settled is not None and not settled.done():
+            settled.set_result(None)
+        step.reply(reply)
 
     async def _dispatch(self, obj: dict[str, Any]) -> str | None:
         message = protocol.validate_client_message(obj)
@@ -482,6 +565,8 @@ class Session:
             return
         self.state = SessionState.CLOSED
         try:
+            if self._direct_step is not None:
+                await self.settled()
             if self._stuck is not None:
                 self.log.warning("waiting for an overrunning call to return before close()")
                 await asyncio.wait([self._stuck])
@@ -499,6 +584,46 @@ class Session:
             self._metrics.closed[reason] += 1
             if logger.isEnabledFor(logging.DEBUG):
                 self.log.debug("closed (%s)", reason)
+
+
+class _DirectStep:
+    """A step started by ``Session.try_step``: the lane's receiver of its outcome."""
+
+    __slots__ = ("awaited", "reply", "request_id", "session", "started", "task")
+
+    def __init__(
+        self,
+        session: Session,
+        request_id: protocol.RequestId | None,
+        reply: Callable[[str], None],
+    ) -> None:
+        self.session = session
+        self.request_id = request_id
+        self.reply = reply
+        self.started = time.perf_counter()
+        self.awaited = False  # a plain def returned an awaitable, now awaited
+        self.task: asyncio.Future[None] | None = None  # the task awaiting it
+
+    def cancelled(self) -> bool:
+        return False  # nobody can give up on it: the session waits for its reply
+
+    def set_result(self, result: Any, /) -> None:
+        self.session._stepped(self, True, result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.session._stepped(self, False, exception)
+
+
+async def _await_step(step: _DirectStep, awaitable: Any) -> None:
+    step.awaited = True
+    try:
+        result = await awaitable
+    except BaseException as exc:
+        step.set_exception(exc)  # the session must hear of it, even of a cancellation
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        step.set_result(result)
 
 
 class EnvFailure(Exception):

@@ -15,7 +15,11 @@ and only takes over the common case:
 - outgoing: a text or binary message on an open, uncompressed connection is
   framed with one header and written at once;
 - flow control: reading pauses only when more than ``ws_max_queue``
-  messages wait for the app, not after each one.
+  messages wait for the app, not after each one;
+- a direct channel (the ``openenv.direct`` ASGI extension): an app that
+  takes it may handle a data frame in the protocol's own callback and send
+  its reply without a task, which is how a session serves a plain ``def``
+  step without waking its coroutine twice (see ``server/endpoint.py``).
 
 It is the default of ``openenv serve`` and ``openenv.serve``; with plain
 uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
@@ -24,13 +28,19 @@ uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 from websockets.speedups import apply_mask
 
-__all__ = ["WebSocketProtocol"]
+__all__ = ["DIRECT", "NOTIFY", "DirectChannel", "WebSocketProtocol"]
+
+# The scope extension that offers a connection's ``DirectChannel``.
+DIRECT = "openenv.direct"
+# The message ``DirectChannel.notify`` puts before the app's ``receive``.
+NOTIFY = "openenv.notify"
 
 _OPEN = State.OPEN
 _FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1
@@ -110,6 +120,21 @@ class _Flag:
                     self._waiters.remove(waiter)
 
 
+class DirectChannel(Protocol):
+    """Frames in and out of one connection without the ASGI ``receive``/``send`` round."""
+
+    def take_frames(self, handler: Callable[[str | bytes], bool] | None) -> None:
+        """Offer every data frame to ``handler`` first, on the loop, in the protocol's
+        callback, while the app's queue is empty and the socket writable; frames it
+        declines (``False``) go to ``receive`` as usual. ``None`` stops it."""
+
+    def send_now(self, text: str) -> bool:
+        """Send a text frame at once; ``False`` when the connection is closing or gone."""
+
+    def notify(self) -> None:
+        """Hand the app's ``receive`` a ``{"type": NOTIFY}`` message."""
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
 
@@ -126,6 +151,29 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         # is accepted with websockets' parser waiting at a frame boundary.
         self._framing = False
         self._unframed_bytes = False
+        self._direct: Callable[[str | bytes], bool] | None = None
+
+    # -- the direct channel -------------------------------------------------
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # none when the handshake was refused
+        if scope is not None:
+            scope["extensions"][DIRECT] = self
+
+    def take_frames(self, handler: Callable[[str | bytes], bool] | None) -> None:
+        self._direct = handler
+
+    def send_now(self, text: str) -> bool:
+        if not self._framing or self.close_sent or self.disconnected:
+            return False
+        payload = text.encode()
+        self.transport.write(_header(_FIN_TEXT, len(payload)) + payload)
+        return True
+
+    def notify(self) -> None:
+        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        inbox.put_nowait({"type": NOTIFY})
 
     # -- incoming -----------------------------------------------------------
 
@@ -187,16 +235,27 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 and (max_size is None or length <= max_size)
             ):
                 payload = apply_mask(data[head + 4 : end], data[head : head + 4])
+                frame: str | bytes | None = payload
                 if first == _FIN_TEXT:
                     try:
-                        message = {"type": "websocket.receive", "text": payload.decode()}
+                        frame = payload.decode()
                     except UnicodeDecodeError:
-                        message = None  # websockets closes with 1007
-                else:
-                    message = {"type": "websocket.receive", "bytes": payload}
-                if message is not None:
-                    queue.put_nowait(message)
+                        frame = None  # websockets closes with 1007
+                if frame is not None:
                     pos = end
+                    direct = self._direct
+                    if (
+                        direct is not None
+                        and not queue._items
+                        and self.writable.is_set()
+                        and direct(frame)
+                    ):
+                        continue
+                    if first == _FIN_TEXT:
+                        message = {"type": "websocket.receive", "text": frame}
+                    else:
+                        message = {"type": "websocket.receive", "bytes": frame}
+                    queue.put_nowait(message)
                     continue
             # Anything else goes to websockets whole (or as far as it has
             # arrived), so its parser never starts mid-frame.
@@ -225,6 +284,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._direct = None  # the app's handler refers back to this protocol
         # websockets' parser is a generator whose frame holds its protocol: a
         # reference cycle that keeps every closed connection's buffers alive
         # until a garbage collection. Closing it lets them go at once.

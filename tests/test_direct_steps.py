@@ -1,0 +1,214 @@
+"""Plain ``def`` steps started from the protocol's callback (``Session.try_step``).
+
+On openenv's WebSocket protocol a well-formed step of a ``def step`` session
+runs and replies without waking the session's task; everything else goes
+through ``Session.handle``. These tests pin that both paths answer alike and
+that the direct one keeps the guarantees: order, no ``close()`` beside a
+running step, errors, and a freed slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from typing import Any
+
+import orjson
+import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker, slots_free, until
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from openenv import ConcurrencyConfig, create_app
+from openenv.client import ws_url
+from openenv.server.sessions import Session, SessionState
+from openenv.testing import run_server
+
+OURS = "openenv.server.wsprotocol:WebSocketProtocol"
+STOCK = "websockets-sansio"
+
+
+def session_socket(url: str) -> Any:
+    # As openenv's clients connect: compression would turn the fast framing off.
+    return connect(ws_url(url), compression=None)
+
+
+def ping_app(env_factory: Any = PingEnvironment, max_envs: int = 1) -> Any:
+    return create_app(env_factory, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=max_envs))
+
+
+async def exchange(ws: Any, frame: object) -> dict[str, Any]:
+    await ws.send(frame if isinstance(frame, str) else orjson.dumps(frame).decode())
+    reply: dict[str, Any] = orjson.loads(await ws.recv())
+    return reply
+
+
+FRAMES: list[object] = [
+    {"type": "reset", "data": {"seed": 3}},
+    {"type": "step", "data": {"message": "a"}, "id": 1},
+    {"type": "step", "data": {"message": "b"}},
+    {"type": "step", "data": {"fail": True}, "id": "f"},
+    {"type": "step", "data": {"message": 42}, "id": 2},
+    "not json",
+    {"type": "step", "data": {"message": "c"}, "id": 3},
+    {"type": "state"},
+]
+
+
+async def replies_over(ws_protocol: str) -> list[dict[str, Any]]:
+    with run_server(ping_app(), ws=ws_protocol) as url:
+        async with session_socket(url) as ws:
+            return [await exchange(ws, frame) for frame in FRAMES]
+
+
+async def test_both_paths_answer_every_frame_alike() -> None:
+    ours, stock = await replies_over(OURS), await replies_over(STOCK)
+    assert ours == stock
+    assert [r["type"] for r in ours] == ["observation"] * 3 + ["error"] * 3 + [
+        "observation",
+        "state",
+    ]
+    assert [r["data"]["code"] for r in ours[3:6]] == [
+        "EXECUTION_ERROR",
+        "VALIDATION_ERROR",
+        "INVALID_JSON",
+    ]
+    assert ours[6]["data"]["observation"] == {"message": "c", "count": 3}
+
+
+@pytest.mark.parametrize(("ws_protocol", "handled"), [(OURS, 1), (STOCK, 4)])
+async def test_steps_skip_handle_only_on_openenv_protocol(
+    ws_protocol: str, handled: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str | bytes] = []
+    handle = Session.handle
+
+    async def counted(self: Session, frame: str | bytes) -> str | None:
+        calls.append(frame)
+        return await handle(self, frame)
+
+    monkeypatch.setattr(Session, "handle", counted)
+    with run_server(ping_app(), ws=ws_protocol) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            for i in range(3):
+                reply = await exchange(ws, {"type": "step", "data": {"message": str(i)}})
+                assert reply["data"]["observation"]["count"] == i + 1
+    assert len(calls) == handled
+
+
+async def test_pipelined_frames_keep_their_order_across_both_paths() -> None:
+    # Frames sent while a direct step runs go to handle(), which waits for it.
+    frames: list[dict[str, Any]] = []
+    for i in range(150):
+        if i % 50 == 25:
+            frames.append({"type": "reset", "id": i})
+        else:
+            frames.append({"type": "step", "data": {"message": str(i)}, "id": i})
+    with run_server(ping_app()) as url:
+        async with session_socket(url) as ws:
+            for frame in frames:
+                await ws.send(orjson.dumps(frame).decode())
+            replies = [orjson.loads(await ws.recv()) for _ in frames]
+    assert [r["id"] for r in replies] == list(range(150))
+    counts = [r["data"]["observation"].get("count") for r in replies]
+    expected: list[int] = []
+    count = 0
+    for frame in frames:
+        count = 0 if frame["type"] == "reset" else count + 1
+        expected.append(count)
+    assert counts == expected
+
+
+async def test_close_waits_for_a_direct_step_whose_client_vanished() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    events: list[str] = []
+
+    class Recording(PingEnvironment):
+        def step(self, action: Ping, **kwargs: Any) -> Pong:
+            events.append("step")
+            try:
+                return super().step(action)
+            finally:
+                events.append("step returned")
+
+        def close(self) -> None:
+            events.append("close")
+            super().close()
+
+    app = ping_app(functools.partial(Recording, tracker, gate))
+    with run_server(app) as url:
+        ws = await session_socket(url)
+        await exchange(ws, {"type": "reset"})
+        await ws.send(orjson.dumps({"type": "step", "data": {"block": True}}).decode())
+        await until(lambda: _true(events == ["step"]), what="the step to start")
+        (session,) = app.state.openenv.registry.sessions.values()
+        ws.transport.abort()
+        # The server has seen the disconnect and is closing the session...
+        await until(lambda: _true(session.state is SessionState.CLOSED), what="closing")
+        # ...but close() waits for the step still running on its thread.
+        assert events == ["step"]
+        gate.set()
+        await tracker.until_closed(1)
+        await slots_free(url)
+    assert events == ["step", "step returned", "close"]
+
+
+class Opaque(Pong):
+    """An observation with a value the wire format cannot carry."""
+
+    payload: Any = None
+
+
+class Unsendable(PingEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        return Opaque(payload=object())
+
+
+class AsyncUnsendable(PingEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        return Opaque(payload=object())
+
+
+@pytest.mark.parametrize("env_cls", [Unsendable, AsyncUnsendable])
+async def test_a_reply_that_cannot_be_encoded_ends_the_session_with_1011(
+    env_cls: type[PingEnvironment],
+) -> None:
+    tracker = Tracker()
+    with run_server(ping_app(functools.partial(env_cls, tracker))) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            error = await exchange(ws, {"type": "step", "data": {}})
+            assert error["data"] == {"code": "SESSION_ERROR", "message": "internal server error"}
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1011
+        await tracker.until_closed(1)
+        await slots_free(url)
+
+
+class CoroutineStep(PingEnvironment):
+    """A plain ``def step`` that hands back a coroutine, which the server awaits."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Any:  # type: ignore[override]
+        async def later() -> Pong:
+            await asyncio.sleep(0)
+            return PingEnvironment.step(self, action)
+
+        return later()
+
+
+async def test_a_plain_def_step_may_return_an_awaitable() -> None:
+    with run_server(ping_app(CoroutineStep)) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            for i in range(3):
+                reply = await exchange(ws, {"type": "step", "data": {"message": "x"}, "id": i})
+                assert reply["id"] == i
+                assert reply["data"]["observation"]["count"] == i + 1
+
+
+async def _true(value: bool) -> bool:
+    return value
