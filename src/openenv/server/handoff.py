@@ -4,7 +4,9 @@
 wake-up per call; for a cheap ``step`` that is most of the server's work.
 ``Handoff`` keeps one *fast lane*: calls go into a deque that an awake worker
 drains, and results come back in batches, so a busy server pays one thread
-wake-up and one loop wake-up per batch rather than per call.
+wake-up and one loop wake-up per batch rather than per call. A sleeping
+worker is woken once the loop has queued the calls of its current round,
+never in the middle of it.
 
 A blocking call never holds up the others for long. While work is queued, a
 timer on the event loop checks the workers every ``blocking_after`` seconds:
@@ -124,6 +126,7 @@ class Handoff:
         self._active: list[_Worker] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notified = False
+        self._kicking = False
         self._watching = False
         self._stopped = False
         # The slow lane: a queue, and workers that each run one call at a time.
@@ -180,10 +183,13 @@ class Handoff:
         if ticket.slow:
             self._submit_slow(call)
             return
-        with self._lock:
-            self._pending.append(call)
-            if not self._active:
-                self._wake_one()
+        self._pending.append(call)
+        if not self._kicking:
+            # Wake a worker once the loop has queued this round's calls, not
+            # for each: with the GIL handed back and forth between every
+            # callback, a worker woken at once would run one call per wake-up.
+            self._kicking = True
+            loop.call_soon(self._kick)
         if not self._watching:
             self._watching = True
             loop.call_later(self.blocking_after, self._watch)
@@ -218,6 +224,12 @@ class Handoff:
         if start:
             thread.start()
         self._slow_queue.put(call)
+
+    def _kick(self) -> None:
+        self._kicking = False
+        with self._lock:
+            if self._pending and not self._active:
+                self._wake_one()
 
     def _wake_one(self) -> None:
         """Wake an idle worker, or start one below the cap; caller holds the lock."""
