@@ -8,6 +8,7 @@ control frames, oversized, malformed) and reads the server's frames back.
 from __future__ import annotations
 
 import base64
+import gc
 import os
 import socket
 import struct
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from websockets.frames import Opcode
 
-from openenv.server.wsprotocol import WebSocketProtocol
+from openenv.server.wsprotocol import _PARKED, WebSocketProtocol
 from openenv.testing import run_server
 
 
@@ -225,3 +226,31 @@ def test_compressed_connections_still_work(address: tuple[str, int]) -> None:
         assert zlib.decompressobj(-15).decompress(payload + b"\x00\x00\xff\xff") == b"plain"
     finally:
         raw.close()
+
+
+def test_websockets_parser_rests_between_frames() -> None:
+    # websockets' parser (some 3 KiB of suspended generators) is dropped while
+    # frames are split here, and a new one takes over for any other frame.
+    with run_server(echo, ws=WebSocketProtocol, ws_ping_interval=None) as url:
+        host, port = url.removeprefix("http://").split(":")
+        raw = RawClient((host, int(port)))
+        try:
+            raw.send(frame(Opcode.TEXT, b"first"))
+            assert raw.read() == (Opcode.TEXT, b"first")
+            (server_side,) = [
+                o
+                for o in gc.get_objects()
+                if isinstance(o, WebSocketProtocol) and o.handshake_complete and not o.disconnected
+            ]
+            assert server_side.conn.parser is _PARKED
+            raw.send(frame(Opcode.PING, b"ping"))
+            assert raw.read() == (Opcode.PONG, b"ping")
+            assert server_side.conn.parser is _PARKED
+            raw.send(frame(Opcode.TEXT, b"half ", fin=False))
+            raw.send(frame(Opcode.CONT, b"and half"))
+            assert raw.read() == (Opcode.TEXT, b"half and half")
+            assert server_side.conn.parser is _PARKED
+            raw.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))
+            assert raw.close_code() == 1000
+        finally:
+            raw.close()

@@ -16,6 +16,8 @@ and only takes over the common case:
   framed with one header and written at once;
 - flow control: reading pauses only when more than ``ws_max_queue``
   messages wait for the app, not after each one;
+- memory: websockets' frame parser, idle between the frames it is handed,
+  is dropped and made anew when the next one comes (about 3 KiB a session);
 - a direct channel (the ``openenv.direct`` ASGI extension): an app that
   takes it may handle a data frame in the protocol's own callback and send
   its reply without a task, which is how a session serves a plain ``def``
@@ -28,7 +30,7 @@ uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -183,21 +185,24 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 # Bytes after the request but before the accept: websockets owns
                 # this connection's framing from here on.
                 self._unframed_bytes = True
-            super().data_received(data)
+            self._websockets(data)
             return
         if not self._framing_ok():
             # The close handshake has begun: websockets takes every byte from here.
             data, self._partial = self._partial + data, b""
-            super().data_received(data)
+            self._websockets(data)
             return
         if self._passthrough:
             handed = data[: self._passthrough]
             self._passthrough -= len(handed)
             data = data[len(handed) :]
-            super().data_received(handed)
-            if not data or not self._framing_ok():
+            self._websockets(handed)
+            if not self._framing_ok():
                 if data:
-                    super().data_received(data)
+                    self._websockets(data)
+                return
+            self._park_parser()
+            if not data:
                 return
         if self._partial:
             data = self._partial + data
@@ -264,16 +269,37 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             chunk = data[pos:end]
             self._passthrough = end - pos - len(chunk)
             pos += len(chunk)
-            super().data_received(chunk)
+            self._websockets(chunk)
             if not self._framing_ok():
                 if pos < size:
-                    super().data_received(data[pos:])
+                    self._websockets(data[pos:])
                 return
+            self._park_parser()
         if pos < size:
             self._partial = data[pos:]
         if not self.read_paused and queue.qsize() > self._max_queue:
             self.read_paused = True
             self.transport.pause_reading()
+
+    def _websockets(self, data: bytes) -> None:
+        """Hand bytes to websockets, with a fresh frame parser if it was parked."""
+        conn = self.conn
+        if conn.parser is _PARKED:
+            conn.parser = conn.parse()
+            next(conn.parser)  # to its first wait for data, as websockets starts it
+        super().data_received(data)
+
+    def _park_parser(self) -> None:
+        """Drop websockets' frame parser while it idles at a frame boundary.
+
+        It is a chain of suspended generators, some 3 KiB per connection, and
+        with the frames split here it may wait for hours; between two frames
+        it keeps no state of its own, so a new one can take over at any time.
+        """
+        conn = self.conn
+        if conn.parser is not _PARKED and not self._passthrough and not conn.reader.buffer:
+            conn.parser.close()
+            conn.parser = _PARKED
 
     def _framing_ok(self) -> bool:
         """Whether the connection is still open for fast framing after websockets ran."""
@@ -329,6 +355,14 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             and not self.conn.extensions
         ):
             self._framing = True
+            self._park_parser()
+
+
+def _parked() -> Generator[None]:
+    yield  # never run: a placeholder for websockets' parser, told apart by identity
+
+
+_PARKED = _parked()
 
 
 def _header(first: int, length: int) -> bytes:
