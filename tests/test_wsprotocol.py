@@ -240,7 +240,7 @@ def test_websockets_parser_rests_between_frames() -> None:
             (server_side,) = [
                 o
                 for o in gc.get_objects()
-                if isinstance(o, WebSocketProtocol) and o.handshake_complete and not o.disconnected
+                if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
             ]
             assert server_side.conn.parser is _PARKED
             raw.send(frame(Opcode.PING, b"ping"))

@@ -15,16 +15,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from openenv.server.sessions import SessionRegistry
 
 __all__ = ["CONTENT_TYPE", "Histogram", "Metrics"]
@@ -70,8 +63,12 @@ class Histogram:
         return out
 
 
-class Metrics(Collector):
-    """The counters a server keeps; rendered in Prometheus text format."""
+class Metrics:
+    """The counters a server keeps; rendered in Prometheus text format.
+
+    prometheus_client is imported at the first scrape, not with the server:
+    it is a tenth of a second of every cold start.
+    """
 
     def __init__(self, sessions: SessionRegistry) -> None:
         self._sessions = sessions
@@ -80,10 +77,15 @@ class Metrics(Collector):
         self.steps = 0
         self.step_seconds = Histogram(_STEP_BUCKETS)
         self.errors: Counter[str] = Counter()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
+        """The metric families, as a prometheus_client ``Collector`` yields them."""
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
         sessions = self._sessions
         yield GaugeMetricFamily(
             "openenv_sessions_active", "Sessions holding a slot.", value=sessions.active
@@ -116,4 +118,10 @@ class Metrics(Collector):
         yield errors
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        # A registry per scrape: this app's numbers only, whatever else the
+        # process registered globally.
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # a Collector by duck typing: collect() is all it calls
+        return generate_latest(registry)
