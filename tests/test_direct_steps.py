@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import threading
+import weakref
 from typing import Any
 
 import orjson
@@ -23,6 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from openenv import ConcurrencyConfig, create_app
 from openenv.client import ws_url
 from openenv.server.sessions import Session, SessionState
+from openenv.server.wsprotocol import WebSocketProtocol
 from openenv.testing import run_server
 
 OURS = "openenv.server.wsprotocol:WebSocketProtocol"
@@ -212,3 +215,25 @@ async def test_a_plain_def_step_may_return_an_awaitable() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_finished_session_leaves_no_cycle_through_its_protocol() -> None:
+    # The direct channel links the protocol and the session's connection both
+    # ways while the session runs; both links go when it ends.
+    gc.disable()
+    try:
+        with run_server(ping_app()) as url:
+            async with session_socket(url) as ws:
+                await exchange(ws, {"type": "reset"})
+                await exchange(ws, {"type": "step", "data": {"message": "x"}})
+                (server_side,) = [
+                    o
+                    for o in gc.get_objects()
+                    if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
+                ]
+                freed = weakref.ref(server_side)
+                del server_side
+            await slots_free(url)
+            await until(lambda: _true(freed() is None), what="the protocol to be freed")
+    finally:
+        gc.enable()

@@ -12,6 +12,8 @@ import gc
 import os
 import socket
 import struct
+import time
+import weakref
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -254,3 +256,33 @@ def test_websockets_parser_rests_between_frames() -> None:
             assert raw.close_code() == 1000
         finally:
             raw.close()
+
+
+def test_a_closed_connection_is_freed_without_the_collector() -> None:
+    # Reference cycles through the protocol (its parser, the scope's direct
+    # channel) kept every closed connection's buffers until a collection.
+    gc.disable()
+    try:
+        with run_server(echo, ws=WebSocketProtocol, ws_ping_interval=None) as url:
+            host, port = url.removeprefix("http://").split(":")
+            raw = RawClient((host, int(port)))
+            try:
+                raw.send(frame(Opcode.TEXT, b"hello"))
+                assert raw.read() == (Opcode.TEXT, b"hello")
+                (server_side,) = [
+                    o
+                    for o in gc.get_objects()
+                    if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
+                ]
+                freed = weakref.ref(server_side)
+                del server_side
+                raw.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))
+                assert raw.close_code() == 1000
+            finally:
+                raw.close()
+            deadline = time.monotonic() + 10
+            while freed() is not None and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the server thread's progress, not a delay
+            assert freed() is None
+    finally:
+        gc.enable()

@@ -310,7 +310,12 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._direct = None  # the app's handler refers back to this protocol
+        # Two more references back to this protocol, from the app's handler
+        # and from the scope it keeps: cycles, like the parser's below.
+        self._direct = None
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"].pop(DIRECT, None)
         # websockets' parser is a generator whose frame holds its protocol: a
         # reference cycle that keeps every closed connection's buffers alive
         # until a garbage collection. Closing it lets them go at once.
