@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import field_validator
 from servers import Ping, PingEnvironment, Pong, Tracker, slots_free, until
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -237,3 +238,43 @@ async def test_a_finished_session_leaves_no_cycle_through_its_protocol() -> None
             await until(lambda: _true(freed() is None), what="the protocol to be freed")
     finally:
         gc.enable()
+
+
+class Picky(Ping):
+    """An action whose validator fails with something pydantic does not wrap."""
+
+    @field_validator("message")
+    @classmethod
+    def _no_boom(cls, value: str) -> str:
+        if value == "boom":
+            raise TypeError("a validator's own bug")
+        return value
+
+
+class PickyEnvironment(PingEnvironment):
+    def step(self, action: Picky, **kwargs: Any) -> Pong:  # type: ignore[override]
+        return super().step(action)
+
+
+@pytest.mark.parametrize("ws_protocol", [OURS, STOCK])
+async def test_a_validator_that_raises_ends_the_session_the_same_way(ws_protocol: str) -> None:
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PickyEnvironment, tracker),
+        Picky,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=1),
+    )
+    with run_server(app, ws=ws_protocol) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            ok = await exchange(ws, {"type": "step", "data": {"message": "fine"}})
+            assert ok["data"]["observation"]["count"] == 1
+            error = await exchange(ws, {"type": "step", "data": {"message": "boom"}})
+            assert error["data"] == {"code": "SESSION_ERROR", "message": "internal server error"}
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1011
+        await tracker.until_closed(1)
+        await slots_free(url)

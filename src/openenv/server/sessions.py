@@ -261,11 +261,12 @@ class Session:
             if step is None:
                 return False
             action = self._validate_action(step[0])
-        except (FrameError, ValidationError):
+        except Exception:  # handle() runs it again and answers (or fails) in full
             return False
+        receiver = _DirectStep(self, step[1], reply)
+        self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
         self.busy = True
-        self._direct_step = receiver = _DirectStep(self, step[1], reply)
-        self._dispatch_step((action,), {}, receiver)
+        self._direct_step = receiver
         return True
 
     async def settled(self) -> None:
