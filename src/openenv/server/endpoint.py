@@ -1,4 +1,11 @@
-"""The ``/ws`` endpoint: one WebSocket connection, one session, one environment."""
+"""The ``/ws`` endpoint: one WebSocket connection, one session, one environment.
+
+Each session has a task that receives a frame, has its ``Session`` handle it
+and sends the reply. On openenv's WebSocket protocol a plain ``def`` step
+skips that task: the protocol offers the frame to ``Connection._take`` from
+its own callback, the step goes to a worker thread, and the reply is sent
+from the batch that brings its result back (``Session.try_step``).
+"""
 
 from __future__ import annotations
 
