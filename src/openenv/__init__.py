@@ -15,8 +15,9 @@ Write an environment, serve it, drive it:
 ...         return Heard(text=action.text, reward=1.0, done=True)
 >>> app = create_app(Parrot, Say, Heard)  # serve with: uvicorn module:app
 
-The server half (``create_app`` and friends) is imported on first use, so
-training code that only drives environments never imports FastAPI.
+The server half (``create_app`` and friends) and the runtime (``Runners``
+and friends) are imported on first use: training code that only drives
+environments never imports FastAPI, and a server starts without the runtime.
 """
 
 from __future__ import annotations
@@ -59,20 +60,6 @@ from openenv.errors import (
     UnknownToolError,
 )
 from openenv.protocol import CloseCode, EnvInfo, ErrorCode, TaskPage
-from openenv.runtime import (
-    Agent,
-    EngineName,
-    EpisodeSession,
-    ParallelizableAgent,
-    RandomAgent,
-    RunConfig,
-    Runners,
-    RuntimeEngine,
-    Task,
-    TaskResult,
-    TaskStatus,
-    exec_tasks,
-)
 from openenv.tasks import TaskSpec
 from openenv.tools import (
     ImageContent,
@@ -85,6 +72,20 @@ from openenv.tools import (
 from openenv.types import Action, EnvironmentMetadata, Observation, State, StepResult
 
 if TYPE_CHECKING:
+    from openenv.runtime import (
+        Agent,
+        EngineName,
+        EpisodeSession,
+        ParallelizableAgent,
+        RandomAgent,
+        RunConfig,
+        Runners,
+        RuntimeEngine,
+        Task,
+        TaskResult,
+        TaskStatus,
+        exec_tasks,
+    )
     from openenv.server import (
         ConcurrencyConfig,
         EnvSpec,
@@ -164,6 +165,23 @@ __all__ = [
 ]
 
 _LAZY = {
+    **dict.fromkeys(
+        [
+            "Agent",
+            "EngineName",
+            "EpisodeSession",
+            "ParallelizableAgent",
+            "RandomAgent",
+            "RunConfig",
+            "Runners",
+            "RuntimeEngine",
+            "Task",
+            "TaskResult",
+            "TaskStatus",
+            "exec_tasks",
+        ],
+        "openenv.runtime",
+    ),
     "ConcurrencyConfig": "openenv.server",
     "EnvSpec": "openenv.server",
     "ServerSettings": "openenv.server",

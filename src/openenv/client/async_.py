@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import orjson
 from pydantic import BaseModel
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from openenv import protocol
@@ -26,6 +25,8 @@ from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
     from openenv.client.sync import SyncEnvClient
 
 __all__ = ["EnvClient", "WebSocketEnvClient"]
@@ -98,7 +99,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
         try:
-            self._ws = await connect(self.url, **self._connect_options)
+            self._ws = await _connect(self.url, **self._connect_options)
         except TimeoutError:
             raise ConnectionFailedError(
                 self.url, f"no answer within {self.connect_timeout}s"
@@ -274,3 +275,11 @@ class WebSocketEnvClient(EnvClient[Action, Observation, State]):
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls
+
+
+async def _connect(url: str, **options: Any) -> ClientConnection:
+    # Imported on first use: a server process imports this module (through an
+    # environment package's client) but never opens a connection.
+    from websockets.asyncio.client import connect
+
+    return await connect(url, **options)
