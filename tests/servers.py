@@ -135,3 +135,18 @@ async def slots_free(url: str, wait: float = 10.0) -> None:
         return (await health(url))["active_sessions"] == 0
 
     await until(free, wait, "all session slots free")
+
+
+def live_ws_protocol() -> Any:
+    """The one open server-side ``WebSocketProtocol`` of a server run in this process."""
+    import gc
+
+    from openenv.server.wsprotocol import WebSocketProtocol
+
+    # type(), not isinstance(): the latter dereferences weak proxies, dead ones raise.
+    (protocol,) = [
+        o
+        for o in gc.get_objects()
+        if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
+    ]
+    return protocol

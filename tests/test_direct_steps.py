@@ -19,14 +19,22 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import field_validator
-from servers import Ping, PingEnvironment, Pong, Tracker, slots_free, until
+from servers import (
+    Ping,
+    PingEnvironment,
+    Pong,
+    Tracker,
+    health,
+    live_ws_protocol,
+    slots_free,
+    until,
+)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from openenv import ConcurrencyConfig, create_app
 from openenv.client import ws_url
 from openenv.server.sessions import Session, SessionState
-from openenv.server.wsprotocol import WebSocketProtocol
 from openenv.testing import run_server
 
 OURS = "openenv.server.wsprotocol:WebSocketProtocol"
@@ -38,8 +46,18 @@ def session_socket(url: str) -> Any:
     return connect(ws_url(url), compression=None)
 
 
-def ping_app(env_factory: Any = PingEnvironment, max_envs: int = 1) -> Any:
-    return create_app(env_factory, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=max_envs))
+def ping_app(env_factory: Any = PingEnvironment, action_cls: type[Ping] = Ping) -> Any:
+    return create_app(env_factory, action_cls, Pong, ConcurrencyConfig(max_concurrent_envs=1))
+
+
+async def assert_internal_error(ws: Any, frame: object) -> None:
+    """``frame`` is answered "internal server error", then the session closes with 1011."""
+    error = await exchange(ws, frame)
+    assert error["data"] == {"code": "SESSION_ERROR", "message": "internal server error"}
+    with pytest.raises(ConnectionClosed) as closed:
+        await ws.recv()
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1011
 
 
 async def exchange(ws: Any, frame: object) -> dict[str, Any]:
@@ -125,23 +143,29 @@ async def test_pipelined_frames_keep_their_order_across_both_paths() -> None:
     assert counts == expected
 
 
+class Recording(PingEnvironment):
+    """Writes down when its step starts and returns, and when it is closed."""
+
+    def __init__(self, tracker: Tracker, gate: threading.Event, events: list[str]) -> None:
+        super().__init__(tracker, gate)
+        self.events = events
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        self.events.append("step")
+        try:
+            return super().step(action)
+        finally:
+            self.events.append("step returned")
+
+    def close(self) -> None:
+        self.events.append("close")
+        super().close()
+
+
 async def test_close_waits_for_a_direct_step_whose_client_vanished() -> None:
     tracker, gate = Tracker(), threading.Event()
     events: list[str] = []
-
-    class Recording(PingEnvironment):
-        def step(self, action: Ping, **kwargs: Any) -> Pong:
-            events.append("step")
-            try:
-                return super().step(action)
-            finally:
-                events.append("step returned")
-
-        def close(self) -> None:
-            events.append("close")
-            super().close()
-
-    app = ping_app(functools.partial(Recording, tracker, gate))
+    app = ping_app(functools.partial(Recording, tracker, gate, events))
     with run_server(app) as url:
         ws = await session_socket(url)
         await exchange(ws, {"type": "reset"})
@@ -153,6 +177,36 @@ async def test_close_waits_for_a_direct_step_whose_client_vanished() -> None:
         await until(lambda: _true(session.state is SessionState.CLOSED), what="closing")
         # ...but close() waits for the step still running on its thread.
         assert events == ["step"]
+        gate.set()
+        await tracker.until_closed(1)
+        await slots_free(url)
+    assert events == ["step", "step returned", "close"]
+
+
+async def test_a_session_ended_from_outside_waits_for_its_direct_step() -> None:
+    # What a shutdown or the idle reaper does: the client is told at once, but
+    # close() and the slot wait for the step still running on its thread.
+    tracker, gate = Tracker(), threading.Event()
+    events: list[str] = []
+    app = ping_app(functools.partial(Recording, tracker, gate, events))
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            await ws.send(orjson.dumps({"type": "step", "data": {"block": True}}).decode())
+            await until(lambda: _true(events == ["step"]), what="the step to start")
+            (connection,) = app.state.openenv.connections
+            server_loop = connection.closed.get_loop()
+            ending = asyncio.run_coroutine_threadsafe(connection.expire("shutdown"), server_loop)
+            error = orjson.loads(await ws.recv())
+            assert error["data"]["code"] == "SESSION_ERROR"
+            assert error["data"]["message"] == "server shutting down"
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1001
+            await asyncio.wrap_future(ending)
+        assert events == ["step"]
+        assert (await health(url))["active_sessions"] == 1  # the step still holds it
         gate.set()
         await tracker.until_closed(1)
         await slots_free(url)
@@ -183,12 +237,7 @@ async def test_a_reply_that_cannot_be_encoded_ends_the_session_with_1011(
     with run_server(ping_app(functools.partial(env_cls, tracker))) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
-            error = await exchange(ws, {"type": "step", "data": {}})
-            assert error["data"] == {"code": "SESSION_ERROR", "message": "internal server error"}
-            with pytest.raises(ConnectionClosed) as closed:
-                await ws.recv()
-            assert closed.value.rcvd is not None
-            assert closed.value.rcvd.code == 1011
+            await assert_internal_error(ws, {"type": "step", "data": {}})
         await tracker.until_closed(1)
         await slots_free(url)
 
@@ -227,11 +276,7 @@ async def test_a_finished_session_leaves_no_cycle_through_its_protocol() -> None
             async with session_socket(url) as ws:
                 await exchange(ws, {"type": "reset"})
                 await exchange(ws, {"type": "step", "data": {"message": "x"}})
-                (server_side,) = [
-                    o
-                    for o in gc.get_objects()
-                    if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
-                ]
+                server_side = live_ws_protocol()
                 freed = weakref.ref(server_side)
                 del server_side
             await slots_free(url)
@@ -259,22 +304,28 @@ class PickyEnvironment(PingEnvironment):
 @pytest.mark.parametrize("ws_protocol", [OURS, STOCK])
 async def test_a_validator_that_raises_ends_the_session_the_same_way(ws_protocol: str) -> None:
     tracker = Tracker()
-    app = create_app(
-        functools.partial(PickyEnvironment, tracker),
-        Picky,
-        Pong,
-        ConcurrencyConfig(max_concurrent_envs=1),
-    )
+    app = ping_app(functools.partial(PickyEnvironment, tracker), Picky)
     with run_server(app, ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
             ok = await exchange(ws, {"type": "step", "data": {"message": "fine"}})
             assert ok["data"]["observation"]["count"] == 1
-            error = await exchange(ws, {"type": "step", "data": {"message": "boom"}})
-            assert error["data"] == {"code": "SESSION_ERROR", "message": "internal server error"}
-            with pytest.raises(ConnectionClosed) as closed:
-                await ws.recv()
-            assert closed.value.rcvd is not None
-            assert closed.value.rcvd.code == 1011
+            await assert_internal_error(ws, {"type": "step", "data": {"message": "boom"}})
         await tracker.until_closed(1)
         await slots_free(url)
+
+
+class Exiting(PingEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        raise SystemExit(3)  # not an Exception: no error of the environment's to report
+
+
+async def test_a_step_that_raises_a_base_exception_ends_only_its_session() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(functools.partial(Exiting, tracker))) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            await assert_internal_error(ws, {"type": "step", "data": {}})
+        await tracker.until_closed(1)
+        await slots_free(url)
+        assert (await health(url))["status"] == "healthy"  # the server goes on

@@ -147,3 +147,33 @@ async def test_idle_workers_of_both_lanes_end_their_threads() -> None:
     assert await lane.call(LaneTicket(), abs, -3) == 3
     assert await lane.call(slow, abs, -4) == 4
     lane.shutdown()
+
+
+async def test_a_receiver_that_raises_does_not_lose_the_rest_of_its_batch() -> None:
+    class Broken:
+        def cancelled(self) -> bool:
+            return False
+
+        def set_result(self, result: object, /) -> None:
+            raise RuntimeError("a receiver's bug")
+
+        def set_exception(self, exception: BaseException, /) -> None:
+            raise RuntimeError("a receiver's bug")
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    lane = Handoff(max_threads=1)
+    both_ran = threading.Event()
+    try:
+        after: asyncio.Future[int] = loop.create_future()
+        lane.dispatch(LaneTicket(), pow, (2, 3), {}, Broken())
+        lane.dispatch(LaneTicket(), lambda: both_ran.set() or 7, (), {}, after)
+        await asyncio.sleep(0)  # the round ends: the worker is woken
+        # Hold the loop until both calls are done, so one delivery carries both.
+        assert both_ran.wait(10)
+        assert await asyncio.wait_for(after, 10) == 7
+        assert [str(c["exception"]) for c in reported] == ["a receiver's bug"]
+    finally:
+        lane.shutdown()
+        loop.set_exception_handler(None)

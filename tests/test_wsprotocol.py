@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from servers import live_ws_protocol
 from websockets.frames import Opcode
 
 from openenv.server.wsprotocol import _PARKED, WebSocketProtocol
@@ -239,11 +240,7 @@ def test_websockets_parser_rests_between_frames() -> None:
         try:
             raw.send(frame(Opcode.TEXT, b"first"))
             assert raw.read() == (Opcode.TEXT, b"first")
-            (server_side,) = [
-                o
-                for o in gc.get_objects()
-                if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
-            ]
+            server_side = live_ws_protocol()
             assert server_side.conn.parser is _PARKED
             raw.send(frame(Opcode.PING, b"ping"))
             assert raw.read() == (Opcode.PONG, b"ping")
@@ -269,11 +266,7 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
             try:
                 raw.send(frame(Opcode.TEXT, b"hello"))
                 assert raw.read() == (Opcode.TEXT, b"hello")
-                (server_side,) = [
-                    o
-                    for o in gc.get_objects()
-                    if type(o) is WebSocketProtocol and o.handshake_complete and not o.disconnected
-                ]
+                server_side = live_ws_protocol()
                 freed = weakref.ref(server_side)
                 del server_side
                 raw.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))

@@ -236,12 +236,8 @@ class Session:
             reply = await (self._step(*step) if step is not None else self._dispatch(obj))
             self._bad_frames = 0
             return reply
-        except FrameError as exc:
-            return self._error(exc.code, exc.message, exc.request_id, **exc.details)
-        except EnvFailure as exc:
-            if exc.fatal:
-                self._end(CloseCode.INTERNAL_ERROR)
-            return self._error(exc.code, exc.message, exc.request_id, **exc.details)
+        except (FrameError, EnvFailure) as exc:
+            return self._refusal(exc)
         finally:
             self.busy = False
             self.last_active = time.monotonic()
@@ -278,30 +274,21 @@ class Session:
 
     def _stepped(self, step: _DirectStep, ok: bool, value: Any) -> None:
         """A ``try_step`` step returned (or raised): reply, as ``handle`` would have."""
-        request_id = step.request_id
+        awaitable = not isinstance(value, Observation) and inspect.isawaitable(value)
+        if ok and awaitable and not step.awaited:
+            # A plain def that returned an awaitable: finish it in a task.
+            step.task = asyncio.ensure_future(_await_step(step, value))
+            return
         try:
             try:
                 if not ok:
                     if not isinstance(value, Exception):
                         raise value  # KeyboardInterrupt and the like: not the env's failure
-                    raise self._failure("step()", value, request_id, None)
-                if (
-                    not step.awaited
-                    and not isinstance(value, Observation)
-                    and inspect.isawaitable(value)
-                ):
-                    # A plain def that returned an awaitable: finish it in a task.
-                    step.task = asyncio.ensure_future(_await_step(step, value))
-                    return
-                observation = self._checked("step()", value, Observation, request_id)
-                self._metrics.step_seconds.observe(time.perf_counter() - step.started)
-                self._metrics.steps += 1
-                reply = protocol.observation_frame(observation, request_id)
+                    raise self._failure("step()", value, step.request_id, None)
+                reply = self._observed(value, step.request_id, step.started)
                 self._bad_frames = 0
             except EnvFailure as exc:
-                if exc.fatal:
-                    self._end(CloseCode.INTERNAL_ERROR)
-                reply = self._error(exc.code, exc.message, exc.request_id, **exc.details)
+                reply = self._refusal(exc)
         except BaseException as exc:
             # What would have reached the endpoint's last resort in handle().
             self.log.error("internal error", exc_info=exc)
@@ -356,6 +343,19 @@ class Session:
                 )
         return protocol.error_frame(code, message, request_id=request_id, **details)
 
+    def _refusal(self, exc: FrameError | EnvFailure) -> str:
+        """The error reply to a refused frame or a failed call; a fatal one ends the session."""
+        if isinstance(exc, EnvFailure) and exc.fatal:
+            self._end(CloseCode.INTERNAL_ERROR)
+        return self._error(exc.code, exc.message, exc.request_id, **exc.details)
+
+    def _observed(self, result: Any, request_id: protocol.RequestId | None, started: float) -> str:
+        """The reply to a step that returned ``result``, counted in the metrics."""
+        observation = self._checked("step()", result, Observation, request_id)
+        self._metrics.step_seconds.observe(time.perf_counter() - started)
+        self._metrics.steps += 1
+        return protocol.observation_frame(observation, request_id)
+
     def _end(self, close_code: CloseCode) -> None:
         self.state = SessionState.CLOSING
         self.close_code = close_code
@@ -376,14 +376,9 @@ class Session:
                     result = await result
             except Exception as exc:
                 raise self._failure("step()", exc, request_id, timeout) from None
-            observation = self._checked("step()", result, Observation, request_id)
         else:
-            observation = await self._run(
-                "step()", request_id, Observation, timeout, self.env.step, action
-            )
-        self._metrics.step_seconds.observe(time.perf_counter() - started)
-        self._metrics.steps += 1
-        return protocol.observation_frame(observation, request_id)
+            result = await self._run("step()", request_id, object, timeout, self.env.step, action)
+        return self._observed(result, request_id, started)
 
     async def _reset(self, message: protocol.ResetRequest) -> str:
         try:
