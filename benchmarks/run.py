@@ -3,7 +3,10 @@
 Every server runs pinned to core 0 (`taskset -c 0`), the load generator
 (`openenv bench`, picows client) to core 1. For each repetition the servers
 run in a rotated order, each freshly started (which also times its cold start),
-and the same load runs against each at every concurrency level. Medians go to
+and the same load runs against each at every concurrency level. Python
+sources are byte-compiled first, as ``pip install`` does: where
+``PYTHONDONTWRITEBYTECODE`` is set, an editable checkout would otherwise
+compile openenv's modules at every start, which a deployed server never does. Medians go to
 `benchmarks/RESULTS.md` between the markers, with the command that made them.
 
     python benchmarks/run.py                 # what `make bench` runs
@@ -13,6 +16,7 @@ and the same load runs against each at every concurrency level. Medians go to
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shlex
@@ -442,6 +446,12 @@ def export_src(rev: str) -> Path:
     return target / "src"
 
 
+def precompile(*dirs: Path) -> None:
+    """Write the bytecode every server would have after ``pip install``."""
+    for path in dirs:
+        compileall.compile_dir(path, quiet=1)
+
+
 def ensure_openenv_core() -> None:
     python = OPENENV_CORE_VENV / "bin" / "python"
     if python.exists():
@@ -470,6 +480,7 @@ def main() -> None:
     command = "python benchmarks/run.py " + shlex.join(sys.argv[1:])
     if "openenv-core" in names and "throughput" not in skip:
         ensure_openenv_core()
+    precompile(ROOT / "src", ROOT / "envs", BENCH_DIR / "servers", *BASELINE.values())
     LOG_DIR.mkdir(exist_ok=True)
     started = time.time()
     lines = [
