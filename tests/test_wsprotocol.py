@@ -7,11 +7,15 @@ control frames, oversized, malformed) and reads the server's frames back.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gc
+import hashlib
+import json
 import os
 import socket
 import struct
+import threading
 import time
 import weakref
 import zlib
@@ -22,7 +26,7 @@ import pytest
 from servers import live_ws_protocol
 from websockets.frames import Opcode
 
-from openenv.server.wsprotocol import _PARKED, WebSocketProtocol
+from openenv.server.wsprotocol import _PARKED, DIRECT, WebSocketProtocol
 from openenv.testing import run_server
 
 
@@ -76,23 +80,40 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True) -
 class RawClient:
     """A WebSocket client with no library in between: bytes in, frames out."""
 
-    def __init__(self, address: tuple[str, int], extensions: str | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        extensions: str | None = None,
+        *,
+        request: str | None = None,
+        upgraded: bool = True,
+    ) -> None:
+        """Connect and handshake; ``request`` replaces the default one, and with
+        ``upgraded=False`` the server may refuse it."""
         self.sock = socket.create_connection(address, timeout=10)
-        key = base64.b64encode(os.urandom(16)).decode()
-        request = (
-            f"GET /ws HTTP/1.1\r\nHost: {address[0]}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n"
-        )
-        if extensions:
-            request += f"Sec-WebSocket-Extensions: {extensions}\r\n"
-        self.sock.sendall((request + "\r\n").encode())
+        if request is None:
+            key = base64.b64encode(os.urandom(16)).decode()
+            request = (
+                f"GET /ws HTTP/1.1\r\nHost: {address[0]}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n"
+            )
+            if extensions:
+                request += f"Sec-WebSocket-Extensions: {extensions}\r\n"
+            request += "\r\n"
+        self.sock.sendall(request.encode())
         self.buffer = b""
         while b"\r\n\r\n" not in self.buffer:
             self.buffer += self._recv()
         head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 101"), head
+        if upgraded:
+            assert head.startswith(b"HTTP/1.1 101"), head
         self.handshake = head.decode()
+        self.status, *lines = self.handshake.split("\r\n")
+        self.headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines)
+        }
 
     def _recv(self) -> bytes:
         chunk = self.sock.recv(65536)
@@ -229,6 +250,190 @@ def test_compressed_connections_still_work(address: tuple[str, int]) -> None:
         assert zlib.decompressobj(-15).decompress(payload + b"\x00\x00\xff\xff") == b"plain"
     finally:
         raw.close()
+
+
+# -- the handshake ----------------------------------------------------------
+#
+# The fast protocol accepts a plain upgrade request itself and leaves every
+# other one to websockets: what a client sees, and what the app's scope says,
+# must be what uvicorn's own protocol gives.
+
+
+async def show_scope(scope: Any, receive: Any, send: Any) -> None:
+    """Accept with the first subprotocol offered and a header, then send the scope back.
+
+    Offered "refuse" first, it closes before accepting (uvicorn answers 403);
+    offered "deny", it answers 401 itself (the denial response extension).
+    """
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await receive()  # websocket.connect
+    offered = scope["subprotocols"]
+    if offered and offered[0] == "refuse":
+        await send({"type": "websocket.close", "code": 1000})
+        return
+    if offered and offered[0] == "deny":
+        await send({"type": "websocket.http.response.start", "status": 401, "headers": []})
+        await send({"type": "websocket.http.response.body", "body": b"no"})
+        return
+    subprotocol = offered[0] if offered else None
+    await send(
+        {"type": "websocket.accept", "subprotocol": subprotocol, "headers": [(b"X-Id", b"7")]}
+    )
+    shown = {
+        key: value.decode("latin-1") if isinstance(value, bytes) else value
+        for key, value in scope.items()
+        if key not in ("app", "state", "client", "server", "headers", "extensions")
+    }
+    shown["hosts"] = [scope["client"][0], scope["server"][0]]  # the ports differ
+    shown["headers"] = [
+        [name.decode(), value.decode("latin-1")] for name, value in scope["headers"]
+    ]
+    shown["extensions"] = sorted(set(scope["extensions"]) - {DIRECT})
+    await send({"type": "websocket.send", "text": json.dumps(shown)})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
+
+
+@pytest.fixture(scope="module")
+def both() -> Iterator[dict[str, tuple[str, int]]]:
+    """``show_scope`` served by the fast protocol and by uvicorn's own."""
+    with (
+        run_server(show_scope, ws=WebSocketProtocol, ws_ping_interval=None) as fast,
+        run_server(show_scope, ws="websockets-sansio", ws_ping_interval=None) as stock,
+    ):
+        yield {
+            name: (url.removeprefix("http://").split(":")[0], int(url.rsplit(":", 1)[1]))
+            for name, url in (("fast", fast), ("stock", stock))
+        }
+
+
+def request(*headers: str, target: str = "/ws/a%20b?x=1&y=%C3%A9") -> str:
+    return f"GET {target} HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in headers) + "\r\n"
+
+
+KEY = base64.b64encode(b"sixteen byte key").decode()
+UPGRADE = ["Host: example.com", "Upgrade: WebSocket", "Connection: keep-alive, Upgrade"]
+PLAIN = [*UPGRADE, f"Sec-WebSocket-Key: {KEY}", "Sec-WebSocket-Version: 13"]
+
+
+def test_a_plain_handshake_is_answered_and_scoped_as_uvicorn_does(
+    both: dict[str, tuple[str, int]],
+) -> None:
+    headers = [*PLAIN, "Sec-WebSocket-Protocol: openenv, other", "X-Spaced: \t two words "]
+    seen = {}
+    for name, address in both.items():
+        raw = RawClient(address, request=request(*headers))
+        try:
+            scope = json.loads(raw.read()[1])
+            if name == "fast":  # and websockets never saw this handshake
+                assert live_ws_protocol().conn.accept_called is False
+        finally:
+            raw.close()
+        response = {k: v for k, v in raw.headers.items() if k != "date"}
+        seen[name] = (raw.status, response, scope)
+    assert seen["fast"] == seen["stock"]
+    status, response, scope = seen["fast"]
+    assert status == "HTTP/1.1 101 Switching Protocols"
+    digest = hashlib.sha1((KEY + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+    assert response["sec-websocket-accept"] == base64.b64encode(digest).decode()
+    assert response["sec-websocket-protocol"] == "openenv"
+    assert response["x-id"] == "7"
+    assert (scope["path"], scope["raw_path"], scope["query_string"]) == (
+        "/ws/a b",
+        "/ws/a%20b",
+        "x=1&y=%C3%A9",
+    )
+    assert scope["subprotocols"] == ["openenv", "other"]
+    assert ["x-spaced", "two words"] in scope["headers"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [*UPGRADE, f"Sec-WebSocket-Key: {KEY}", "Sec-WebSocket-Version: 8"],
+        [*UPGRADE, f"Sec-WebSocket-Key: {KEY}"],
+        [*UPGRADE, "Sec-WebSocket-Key: not base64!", "Sec-WebSocket-Version: 13"],
+        [*UPGRADE, "Sec-WebSocket-Key: c2hvcnQ=", "Sec-WebSocket-Version: 13"],
+        [*PLAIN, f"Sec-WebSocket-Key: {KEY}"],
+        [*UPGRADE, "Sec-WebSocket-Version: 13"],
+        [*PLAIN, "Sec-WebSocket-Protocol: refuse"],
+        [*PLAIN, "Sec-WebSocket-Protocol: deny"],
+    ],
+    ids=[
+        "version",
+        "no-version",
+        "bad-key",
+        "short-key",
+        "two-keys",
+        "no-key",
+        "app-refuses",
+        "app-denies",
+    ],
+)
+def test_a_refused_handshake_is_refused_as_uvicorn_does(
+    both: dict[str, tuple[str, int]], headers: list[str]
+) -> None:
+    statuses = {}
+    for name, address in both.items():
+        raw = RawClient(address, request=request(*headers), upgraded=False)
+        raw.close()
+        statuses[name] = raw.status
+    assert statuses["fast"] == statuses["stock"]
+    assert statuses["fast"].split()[1] in {"400", "401", "403"}
+
+
+def test_frames_sent_before_the_accept_are_kept() -> None:
+    # A client may send frames right behind its request; those that arrive
+    # before the app accepts wait for websockets' parser, as on the stock path.
+    go = threading.Event()
+
+    async def late_accept(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await echo(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] != "websocket.disconnect":
+            await send({"type": "websocket.send", "text": message.get("text")})
+
+    with run_server(late_accept, ws=WebSocketProtocol, ws_ping_interval=None) as url:
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            sock.sendall(request(*PLAIN, target="/ws").encode())
+            server_side = until_protocol(lambda p: p.handshake_initiated)
+            sock.sendall(frame(Opcode.TEXT, b"early"))
+            until_protocol(lambda p: bool(p._early))
+            go.set()
+            raw = RawClient.__new__(RawClient)
+            raw.sock, raw.buffer = sock, b""
+            while b"\r\n\r\n" not in raw.buffer:
+                raw.buffer += raw._recv()
+            head, _, raw.buffer = raw.buffer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101")
+            assert raw.read() == (Opcode.TEXT, b"early")
+            raw.send(frame(Opcode.TEXT, b"later"))
+            assert raw.read() == (Opcode.TEXT, b"later")
+            assert not server_side._framing  # websockets frames this connection to the end
+        finally:
+            go.set()
+            sock.close()
+
+
+def until_protocol(ready: Any) -> Any:
+    """The server's one ``WebSocketProtocol`` once ``ready(it)``; polls the server thread."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [o for o in gc.get_objects() if type(o) is WebSocketProtocol and not o.disconnected]
+        if len(found) == 1 and ready(found[0]):
+            return found[0]
+        time.sleep(0.01)  # polling the server thread's progress, not a delay
+    raise AssertionError("the server's protocol never got there")
 
 
 def test_websockets_parser_rests_between_frames() -> None:

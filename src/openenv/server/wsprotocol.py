@@ -1,13 +1,19 @@
-"""uvicorn's WebSocket protocol, with a fast path for the frames sessions exchange.
+"""uvicorn's WebSocket protocol, with fast paths for the handshake and the frames
+sessions exchange.
 
 A step is one small text frame in and one out. uvicorn's ``websockets-sansio``
 protocol runs each through websockets' generator-based parser and frame
 objects, queues it on an ``asyncio.Queue``, and stops and restarts reading
 the socket around every message: together more CPU than the whole session
-logic. ``WebSocketProtocol`` keeps that protocol for everything (the
-handshake, control frames, fragments, compression, closing, limits, errors)
-and only takes over the common case:
+logic. A connect costs as much again: websockets parses the request uvicorn
+has parsed already, and builds the response through header objects.
+``WebSocketProtocol`` keeps that protocol for everything (refused or
+negotiated handshakes, control frames, fragments, compression, closing,
+limits, errors) and only takes over the common case:
 
+- the handshake: a plain, valid upgrade request (no extension offered
+  while compression is on) is checked and accepted here, with websockets'
+  rules; any other request goes to websockets, which answers it as before;
 - incoming: a whole, final, masked text or binary frame within the size
   limit is unmasked (websockets' C helper) and queued directly; every other
   frame is handed to websockets whole, so its parser always starts on a
@@ -30,12 +36,18 @@ uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
 from __future__ import annotations
 
 import asyncio
+import binascii
+import logging
+from base64 import b64decode
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
+from urllib.parse import unquote
 
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 from websockets.speedups import apply_mask
+from websockets.utils import accept_key
 
 __all__ = ["DIRECT", "NOTIFY", "DirectChannel", "WebSocketProtocol"]
 
@@ -45,6 +57,21 @@ DIRECT = "openenv.direct"
 NOTIFY = "openenv.notify"
 
 _OPEN = State.OPEN
+_INFO = logging.INFO
+# Request headers the handshake reads, each of which must come once; a request
+# with a body, or with any of these twice, is left to websockets to answer.
+_ONCE = frozenset(
+    {
+        b"connection",
+        b"upgrade",
+        b"sec-websocket-key",
+        b"sec-websocket-version",
+        b"sec-websocket-extensions",
+        b"content-length",
+        b"transfer-encoding",
+    }
+)
+_SWITCHING = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
 _FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1
 _FIN_BINARY = 0x82
 
@@ -154,6 +181,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._framing = False
         self._unframed_bytes = False
         self._direct: Callable[[str | bytes], bool] | None = None
+        # Set while a handshake accepted here waits for the app's accept.
+        self._accept_key: bytes | None = None
+        self._early = b""  # bytes that came after that request, before the accept
 
     # -- the direct channel -------------------------------------------------
 
@@ -185,6 +215,11 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 # Bytes after the request but before the accept: websockets owns
                 # this connection's framing from here on.
                 self._unframed_bytes = True
+                if self._accept_key is not None:
+                    self._early += data  # for websockets' frame parser, once accepted
+                    return
+            elif self._handshake(data):
+                return
             self._websockets(data)
             return
         if not self._framing_ok():
@@ -208,6 +243,116 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             data = self._partial + data
             self._partial = b""
         self._split(data)
+
+    # -- the handshake ------------------------------------------------------
+
+    def _handshake(self, data: bytes) -> bool:
+        """Take the upgrade request uvicorn hands over, if it is a plain, valid one.
+
+        uvicorn has parsed the request already and passes it on re-serialized:
+        one line per header, names in lower case. Checks are websockets' own
+        (``ServerProtocol.process_request``); whatever they would refuse, and
+        whatever needs negotiating, is left to websockets by returning False.
+        """
+        head, end, rest = data.partition(b"\r\n\r\n")
+        if not end or rest:
+            return False
+        request_line, *lines = head.split(b"\r\n")
+        method, _, rest = request_line.partition(b" ")
+        target, _, protocol = rest.partition(b" ")
+        if method != b"GET" or protocol != b"HTTP/1.1" or not target.isascii():
+            return False
+        headers: list[tuple[bytes, bytes]] = []
+        once: dict[bytes, bytes] = {}
+        subprotocols: list[str] = []
+        for line in lines:
+            name, colon, value = line.partition(b":")
+            if not colon:
+                return False
+            name = name.lower()
+            value = value.strip(b" \t")
+            headers.append((name, value))
+            if name in _ONCE:
+                if name in once:
+                    return False
+                once[name] = value
+            elif name == b"sec-websocket-protocol":
+                subprotocols += (token.strip() for token in value.decode("latin-1").split(","))
+        key = once.get(b"sec-websocket-key", b"")
+        try:
+            valid_key = len(b64decode(key, validate=True)) == 16
+        except binascii.Error:
+            valid_key = False
+        connection = once.get(b"connection", b"").lower().split(b",")
+        if (
+            not valid_key
+            or once.get(b"sec-websocket-version") != b"13"
+            or once.get(b"upgrade", b"").lower() != b"websocket"
+            or b"upgrade" not in (token.strip() for token in connection)
+            or b"content-length" in once
+            or b"transfer-encoding" in once
+            or (b"sec-websocket-extensions" in once and self.config.ws_per_message_deflate)
+        ):
+            return False
+        self._accept_key = accept_key(key.decode()).encode()
+        self.handshake_initiated = True
+        # The scope as uvicorn's handle_connect builds it.
+        raw_path, _, query_string = target.partition(b"?")
+        path = raw_path.decode()
+        scope: Any = {
+            "type": "websocket",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.4"},
+            "http_version": "1.1",
+            "scheme": self.scheme,
+            "server": self.server,
+            "client": self.client,
+            "root_path": self.root_path,
+            "path": self.root_path + unquote(path),
+            "raw_path": self.root_path.encode("ascii") + raw_path,
+            "query_string": query_string,
+            "headers": headers,
+            "subprotocols": subprotocols,
+            "state": self.app_state.copy(),
+            "extensions": {"websocket.http.response": {}, DIRECT: self},
+        }
+        self.scope = scope
+        self.queue.put_nowait({"type": "websocket.connect"})
+        task = self.loop.create_task(self.run_asgi())
+        task.add_done_callback(self.on_task_complete)
+        self.tasks.add(task)
+        return True
+
+    def _accept(self, message: Any) -> None:
+        """Answer a handshake taken by ``_handshake`` with the app's accept."""
+        if self.logger.isEnabledFor(_INFO):
+            self.logger.info(
+                '%s - "WebSocket %s" [accepted]',
+                get_client_addr(self.scope),
+                get_path_with_query_string(self.scope),
+            )
+        response = [_SWITCHING, b"Sec-WebSocket-Accept: ", self._accept_key or b"", b"\r\n"]
+        for name, value in (*self.default_headers, *message.get("headers", ())):
+            response += (name.lower(), b": ", value, b"\r\n")
+        subprotocol = message.get("subprotocol")
+        if subprotocol:
+            response += (b"Sec-WebSocket-Protocol: ", subprotocol.encode(), b"\r\n")
+        response.append(b"\r\n")
+        self._accept_key = None
+        if self.transport.is_closing():
+            return
+        self.handshake_complete = True
+        conn = self.conn
+        # websockets' parser still waits for a request line: retire it, so the
+        # next one made parses frames.
+        conn.parser.close()
+        conn.parser = _PARKED
+        conn.state = _OPEN
+        conn.logger.info("connection open")
+        self.transport.write(b"".join(response))
+        self.start_keepalive()
+        if self._early:
+            early, self._early = self._early, b""
+            self._websockets(early)
 
     def _split(self, data: bytes) -> None:
         size = len(data)
@@ -331,6 +476,19 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     # -- outgoing -----------------------------------------------------------
 
     async def send(self, message: Any) -> None:
+        if (
+            self._accept_key is not None
+            and message["type"] == "websocket.accept"
+            and not self.handshake_complete
+            and self.initial_response is None
+        ):
+            await self.writable.wait()
+            if not self.disconnected:
+                self._accept(message)
+                self._framing = not self._unframed_bytes and self.conn.state is _OPEN
+                if self._framing:
+                    self._park_parser()
+                return
         if (
             self._framing
             and message["type"] == "websocket.send"
