@@ -18,6 +18,7 @@ from openenv import (
     CapacityError,
     ConcurrencyConfig,
     EnvExecutionError,
+    Environment,
     EnvValidationError,
     SessionClosedError,
     State,
@@ -319,3 +320,34 @@ async def test_server_shutdown_ends_open_sessions() -> None:
         await client.step(Ping())
     # uvicorn closes open WebSockets with 1012 (service restart) as it stops.
     assert ended.value.close_code in {1001, 1012}
+
+
+async def test_only_a_close_the_environment_defines_runs_on_a_worker_thread() -> None:
+    # Environment.close() does nothing: a session of an environment that keeps
+    # it ends without a thread hop. One that overrides it still gets its call.
+    class NothingToClose(PingEnvironment):
+        close = Environment.close  # type: ignore[assignment]
+
+    for env_cls, closes in ((NothingToClose, 0), (PingEnvironment, 1)):
+        app = ping_app(Tracker(), env_cls=env_cls)
+        service = app.state.openenv  # type: ignore[attr-defined]
+        submitted: list[str] = []
+        submit = service.handoff.submit
+
+        def recording(
+            ticket: object,
+            fn: object,
+            *rest: object,
+            _submit: object = submit,
+            _submitted: list[str] = submitted,
+        ) -> object:
+            _submitted.append(getattr(fn, "__name__", ""))
+            return _submit(ticket, fn, *rest)  # type: ignore[operator]
+
+        service.handoff.submit = recording
+        with run_server(app) as url:
+            async with ping_client(url) as env:
+                await env.reset()
+            await slots_free(url)
+        assert "reset" in submitted
+        assert submitted.count("close") == closes, (env_cls.__name__, submitted)

@@ -162,7 +162,7 @@ class Handoff:
 
         Cancelling the future does not stop the call: a thread cannot be interrupted.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._running_loop().create_future()
         self.dispatch(ticket, fn, args, kwargs, future)
         return future
 
@@ -176,9 +176,7 @@ class Handoff:
     ) -> None:
         """Start ``fn(*args, **kwargs)`` on a worker thread; ``receiver`` gets its outcome
         on the loop thread, in a batch with others (``submit`` without the future)."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop = loop
+        loop = self._running_loop()
         call = _Call(ticket, fn, args, kwargs, receiver)
         if ticket.slow:
             self._submit_slow(call)
@@ -206,6 +204,18 @@ class Handoff:
             self._slow_queue.put(None)
 
     # -- loop thread --------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop calls come from: the one seen last, while it runs.
+
+        ``asyncio.get_running_loop()`` costs a ``getpid`` system call (it
+        guards against a fork) on every step; a handoff serves one loop at a
+        time, so asking again is needed only once that loop has stopped.
+        """
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _submit_slow(self, call: _Call) -> None:
         with self._lock:

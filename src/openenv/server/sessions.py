@@ -566,11 +566,10 @@ class Session:
             if self._stuck is not None:
                 self.log.warning("waiting for an overrunning call to return before close()")
                 await asyncio.wait([self._stuck])
-            await calls.call(
-                self.env.close,
-                submit=self._submit,
-                timeout=self._settings.close_timeout,
-            )
+            close = self.env.close
+            # Environment's own close() does nothing: no thread hop for it.
+            if getattr(close, "__func__", None) is not _NOTHING_TO_CLOSE:
+                await calls.call(close, submit=self._submit, timeout=self._settings.close_timeout)
         except calls.DeadlineExceeded as exc:
             self.log.error("close() %s; the slot is freed anyway", exc)
         except Exception:
@@ -580,6 +579,9 @@ class Session:
             self._metrics.closed[reason] += 1
             if logger.isEnabledFor(logging.DEBUG):
                 self.log.debug("closed (%s)", reason)
+
+
+_NOTHING_TO_CLOSE = Environment.close
 
 
 class _DirectStep:

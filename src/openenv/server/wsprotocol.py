@@ -83,10 +83,11 @@ class _Inbox:
     deque costs some 600 bytes per connection.
     """
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_loop", "_waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._items: list[Any] = []
+        self._loop = loop  # not asyncio.get_running_loop(): a getpid call per message
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Any) -> None:
@@ -101,7 +102,7 @@ class _Inbox:
         items = self._items
         while not items:
             # ASGI has a single consumer per connection, so one waiter suffices.
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter
             finally:
@@ -119,9 +120,10 @@ class _Inbox:
 class _Flag:
     """What uvicorn's protocol needs of its ``writable`` ``asyncio.Event``, in less memory."""
 
-    __slots__ = ("_set", "_waiters")
+    __slots__ = ("_loop", "_set", "_waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._set = True
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -140,7 +142,7 @@ class _Flag:
 
     async def wait(self) -> None:
         while not self._set:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = self._loop.create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
@@ -169,8 +171,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = _Inbox()  # type: ignore[assignment]
-        self.writable = _Flag()  # type: ignore[assignment]
+        self.queue = _Inbox(self.loop)  # type: ignore[assignment]
+        self.writable = _Flag(self.loop)  # type: ignore[assignment]
         self._max_queue = max(1, self.config.ws_max_queue)
         # Bytes of an incomplete frame, kept until the rest arrives.
         self._partial = b""
