@@ -246,10 +246,25 @@ def bench(url: str, sessions: int, duration: float, action: str, *more: str) -> 
     return report
 
 
+def cpu_times() -> tuple[int, int]:
+    """Clock ticks the hypervisor took from this machine, and all ticks, over every core."""
+    with open("/proc/stat") as stat:
+        ticks = [int(x) for x in stat.readline().split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_since(start: tuple[int, int]) -> float:
+    """The share of the machine's CPU time the hypervisor took since ``start``."""
+    steal, total = cpu_times()
+    return (steal - start[0]) / max(1, total - start[1])
+
+
 def measured(running: Running, sessions: int, duration: float, action: str) -> dict[str, Any]:
     sampler = Sampler(running)
     started = time.perf_counter()
+    ticks = cpu_times()
     report = bench(running.url, sessions, duration, action)
+    report["steal"] = steal_since(ticks)
     sampler.close()
     window_from = started + report["setup_s"] + 1.0 + 0.2  # after connect, reset and warmup
     report.update(sampler.window(window_from, window_from + duration - 0.4))
@@ -281,7 +296,7 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
                         f"{report['steps_per_s']:>9,.0f} steps/s  p99 "
                         f"{report['latency_ms']['p99']:7.2f} ms  server CPU "
                         f"{report['server_cpu']:.2f}  client CPU {report['client_cpu']:.2f}  "
-                        f"errors {report['errors']}",
+                        f"steal {report['steal']:.0%}  errors {report['errors']}",
                         flush=True,
                     )
             finally:
@@ -373,14 +388,14 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
         lines += [
             f"**C = {level}** (closed loop, medians)",
             "",
-            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU "
+            "| server | steps/s | p50 ms | p99 ms | server CPU | client CPU | steal "
             "| steps per server CPU-s | x OpenEnv | x bare uvloop+orjson |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         med = {
             name: {
                 k: median([r[k] if not isinstance(r[k], dict) else 0 for r in row[f"c{level}"]])
-                for k in ("steps_per_s", "server_cpu", "client_cpu")
+                for k in ("steps_per_s", "server_cpu", "client_cpu", "steal")
             }
             | {
                 "per_cpu": median(
@@ -398,7 +413,7 @@ def table(results: dict[str, Any], levels: list[int]) -> list[str]:
             lines.append(
                 f"| {name}: {names[name]} | {m['steps_per_s']:,.0f} | {m['p50']:.2f} | "
                 f"{m['p99']:.2f} | {m['server_cpu']:.2f} | {m['client_cpu']:.2f} | "
-                f"{m['per_cpu']:,.0f} | {ratio_core} | {ratio_floor} |"
+                f"{m['steal']:.0%} | {m['per_cpu']:,.0f} | {ratio_core} | {ratio_floor} |"
             )
         lines.append("")
     big = max(levels)
@@ -483,6 +498,7 @@ def main() -> None:
     precompile(ROOT / "src", ROOT / "envs", BENCH_DIR / "servers", *BASELINE.values())
     LOG_DIR.mkdir(exist_ok=True)
     started = time.time()
+    ticks = cpu_times()
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))} with `{command.strip()}`",
         f"(`make bench`). Machine at start: {machine_load()}.",
@@ -524,7 +540,10 @@ def main() -> None:
             "",
         ]
         print(lines[-2], flush=True)
-    lines.append(f"Machine at end: {machine_load()}; took {time.time() - started:.0f} s.")
+    lines.append(
+        f"Machine at end: {machine_load()}; the hypervisor took {steal_since(ticks):.1%} of "
+        f"its CPU time (steal); took {time.time() - started:.0f} s."
+    )
     print("\n".join(lines))
     if not args.no_write:
         write_results(lines)
