@@ -206,15 +206,11 @@ class Handoff:
     # -- loop thread --------------------------------------------------------
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop calls come from: the one seen last, while it runs.
-
-        ``asyncio.get_running_loop()`` costs a ``getpid`` system call (it
-        guards against a fork) on every step; a handoff serves one loop at a
-        time, so asking again is needed only once that loop has stopped.
-        """
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            loop = self._loop = asyncio.get_running_loop()
+        """The caller's loop, asked every time: one app may be served by two
+        servers at once (tests do), and a future must belong to its caller's loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
         return loop
 
     def _submit_slow(self, call: _Call) -> None:
