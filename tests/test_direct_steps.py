@@ -20,6 +20,7 @@ import orjson
 import pytest
 from pydantic import field_validator
 from servers import (
+    AsyncPingEnvironment,
     Ping,
     PingEnvironment,
     Pong,
@@ -329,3 +330,29 @@ async def test_a_step_that_raises_a_base_exception_ends_only_its_session() -> No
         await tracker.until_closed(1)
         await slots_free(url)
         assert (await health(url))["status"] == "healthy"  # the server goes on
+
+
+@pytest.mark.parametrize("env_cls", [PingEnvironment, AsyncPingEnvironment], ids=["def", "async"])
+async def test_a_reply_waits_while_the_transport_asks_to_pause_writing(env_cls: Any) -> None:
+    # Replies skip ASGI's send() only while the transport takes more bytes; once
+    # it asks the protocol to pause writing, the reply waits in send() until
+    # the buffer drains, so a client that stops reading cannot grow it.
+    with run_server(ping_app(env_cls)) as url:
+        async with session_socket(url) as ws:
+            assert (await exchange(ws, {"type": "reset", "data": {}}))["type"] == "observation"
+            server_side = live_ws_protocol()
+            loop = server_side.loop
+
+            async def paused() -> bool:
+                return not server_side.writable.is_set()
+
+            async def reply_waits() -> bool:
+                return bool(server_side.writable._waiters)
+
+            loop.call_soon_threadsafe(server_side.pause_writing)
+            await until(paused, what="writing paused")
+            await ws.send(orjson.dumps({"type": "step", "data": {"message": "late"}}).decode())
+            await until(reply_waits, what="the reply waiting for the transport")
+            loop.call_soon_threadsafe(server_side.resume_writing)
+            reply = orjson.loads(await ws.recv())
+            assert reply["data"]["observation"]["message"] == "late"

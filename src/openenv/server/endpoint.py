@@ -84,19 +84,26 @@ class Connection:
         # openenv's WebSocket protocol offers each data frame to _take first: a
         # plain step then runs and replies from callbacks, with no task to wake.
         self._channel = channel if session.direct_steps else None
+        # Frames in and replies out through the same channel, for every session:
+        # no coroutine per message or reply (ASGI receive/send stay the fallback).
+        self._inbox = channel
         self._waiting = False  # run() is parked in receive(), with nothing else to do
 
     async def run(self) -> None:
         reason = "disconnect"
         session = self.session
         receive, send = self._receive, self._send
-        channel = self._channel
+        channel, inbox = self._channel, self._inbox
         if channel is not None:
             channel.take_frames(self._take)
         try:
             while True:
                 self._waiting = True
-                message = await receive()
+                if inbox is None:
+                    message = await receive()
+                else:
+                    while (message := inbox.receive_nowait()) is None:
+                        await inbox.arrival()
                 self._waiting = False
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -133,7 +140,8 @@ class Connection:
                     await session.aclose(reason)
                     await self.websocket.close(CloseCode.NORMAL)
                     break
-                await send({"type": "websocket.send", "text": reply})
+                if inbox is None or not inbox.send_text(reply):
+                    await send({"type": "websocket.send", "text": reply})
                 if session.state is not SessionState.OPEN:
                     reason = "error"
                     await self.websocket.close(session.close_code)

@@ -98,17 +98,16 @@ class _Inbox:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def get(self) -> Any:
+    def pop(self) -> Any:
+        """The oldest message, or ``None`` when there is none."""
         items = self._items
-        while not items:
-            # ASGI has a single consumer per connection, so one waiter suffices.
-            waiter = self._waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                if self._waiter is waiter:
-                    self._waiter = None
-        return items.pop(0)
+        return items.pop(0) if items else None
+
+    def arrival(self) -> asyncio.Future[None]:
+        """Done once a message is put: ASGI has one consumer per connection, so
+        one waiter suffices (a cancelled one is dropped at the next put)."""
+        waiter = self._waiter = self._loop.create_future()
+        return waiter
 
     def empty(self) -> bool:
         return not self._items
@@ -162,6 +161,17 @@ class DirectChannel(Protocol):
     def send_now(self, text: str) -> bool:
         """Send a text frame at once; ``False`` when the connection is closing or gone."""
 
+    def send_text(self, text: str) -> bool:
+        """Send a text frame if ``send`` would write it without waiting (the socket
+        is writable); ``False``: await ``send`` instead."""
+
+    def receive_nowait(self) -> Any:
+        """``receive``'s next message if one is queued, else ``None``: then await
+        ``arrival()`` and ask again. No coroutine per message."""
+
+    def arrival(self) -> asyncio.Future[None]:
+        """Done once ``receive`` has a message (one waiter at a time)."""
+
     def notify(self) -> None:
         """Hand the app's ``receive`` a ``{"type": NOTIFY}`` message."""
 
@@ -204,6 +214,23 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         payload = text.encode()
         self.transport.write(_header(_FIN_TEXT, len(payload)) + payload)
         return True
+
+    def send_text(self, text: str) -> bool:
+        if not self.writable.is_set():
+            return False  # send() waits for the transport to drain
+        return self.send_now(text)
+
+    def receive_nowait(self) -> Any:
+        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        message = inbox.pop()
+        if self.read_paused and len(inbox._items) <= self._max_queue // 2:
+            self.read_paused = False
+            self.transport.resume_reading()
+        return message
+
+    def arrival(self) -> asyncio.Future[None]:
+        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        return inbox.arrival()
 
     def notify(self) -> None:
         inbox: _Inbox = self.queue  # type: ignore[assignment]
@@ -469,10 +496,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self.conn.parser.close()
 
     async def receive(self) -> Any:
-        message = await self.queue.get()
-        if self.read_paused and self.queue.qsize() <= self._max_queue // 2:
-            self.read_paused = False
-            self.transport.resume_reading()
+        while (message := self.receive_nowait()) is None:
+            await self.arrival()
         return message
 
     # -- outgoing -----------------------------------------------------------
