@@ -177,3 +177,39 @@ async def test_a_receiver_that_raises_does_not_lose_the_rest_of_its_batch() -> N
     finally:
         lane.shutdown()
         loop.set_exception_handler(None)
+
+
+def test_two_loops_sharing_a_handoff_each_get_their_own_results() -> None:
+    # One app served by two servers at once in one process shares its handoff:
+    # each loop's results must come back on that loop's thread, never the other's.
+    handoff = Handoff(max_threads=4)
+    go = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    async def serve(name: str) -> list[int]:
+        asyncio.get_running_loop().set_debug(True)  # a cross-thread call_soon raises
+        go.wait()
+        ticket = LaneTicket()
+        results = []
+        for i in range(200):
+            results += await asyncio.gather(
+                *(asyncio.wait_for(handoff.call(ticket, abs, -i), 5) for _ in range(5))
+            )
+        return results
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = asyncio.run(serve(name))
+        except BaseException as exc:  # reported below, with the thread's name
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in ("a", "b")]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        handoff.shutdown()
+    expected = [i for i in range(200) for _ in range(5)]
+    assert outcomes == {"a": expected, "b": expected}

@@ -72,8 +72,42 @@ class Receiver(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
+class _Home:
+    """Where outcomes go back to: one event loop, and its batch of finished calls.
+
+    Each call keeps the home of the loop it came from, so one handoff shared
+    by two loops (one app served by two servers in one process) hands each
+    outcome back on its own loop's thread.
+    """
+
+    __slots__ = ("done", "loop", "notified")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.done: deque[tuple[_Call, bool, Any]] = deque()
+        self.notified = False
+
+    def deliver(self) -> None:
+        self.notified = False
+        done = self.done
+        while done:
+            call, ok, value = done.popleft()
+            future = call.future
+            if future.cancelled():
+                continue
+            try:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            except Exception as exc:  # a receiver's bug must not lose the rest of the batch
+                self.loop.call_exception_handler(
+                    {"message": "a handoff receiver raised", "exception": exc}
+                )
+
+
 class _Call:
-    __slots__ = ("args", "fn", "future", "kwargs", "ticket")
+    __slots__ = ("args", "fn", "future", "home", "kwargs", "ticket")
 
     def __init__(
         self,
@@ -82,12 +116,14 @@ class _Call:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         future: Receiver,
+        home: _Home,
     ) -> None:
         self.ticket = ticket
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.future = future
+        self.home = home
 
 
 class _Worker:
@@ -119,13 +155,12 @@ class Handoff:
         self.blocking_after = blocking_after
         self.slow_after = slow_after
         self._pending: deque[_Call] = deque()
-        self._done: deque[tuple[_Call, bool, Any]] = deque()
+        self._home: _Home | None = None  # the last caller's loop
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []
         self._active: list[_Worker] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._notified = False
         self._kicking = False
         self._watching = False
         self._stopped = False
@@ -162,7 +197,7 @@ class Handoff:
 
         Cancelling the future does not stop the call: a thread cannot be interrupted.
         """
-        future: asyncio.Future[Any] = self._running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.dispatch(ticket, fn, args, kwargs, future)
         return future
 
@@ -176,8 +211,12 @@ class Handoff:
     ) -> None:
         """Start ``fn(*args, **kwargs)`` on a worker thread; ``receiver`` gets its outcome
         on the loop thread, in a batch with others (``submit`` without the future)."""
-        loop = self._running_loop()
-        call = _Call(ticket, fn, args, kwargs, receiver)
+        loop = asyncio.get_running_loop()
+        home = self._home
+        if home is None or home.loop is not loop:
+            home = self._home = _Home(loop)
+            self._loop = loop
+        call = _Call(ticket, fn, args, kwargs, receiver, home)
         if ticket.slow:
             self._submit_slow(call)
             return
@@ -204,14 +243,6 @@ class Handoff:
             self._slow_queue.put(None)
 
     # -- loop thread --------------------------------------------------------
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        """The caller's loop, asked every time: one app may be served by two
-        servers at once (tests do), and a future must belong to its caller's loop."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop = loop
-        return loop
 
     def _submit_slow(self, call: _Call) -> None:
         with self._lock:
@@ -265,25 +296,6 @@ class Handoff:
                     self._wake_one()
         assert self._loop is not None
         self._loop.call_later(self.blocking_after, self._watch)
-
-    def _deliver(self) -> None:
-        self._notified = False
-        done = self._done
-        while done:
-            call, ok, value = done.popleft()
-            future = call.future
-            if future.cancelled():
-                continue
-            try:
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-            except Exception as exc:  # a receiver's bug must not lose the rest of the batch
-                assert self._loop is not None
-                self._loop.call_exception_handler(
-                    {"message": "a handoff receiver raised", "exception": exc}
-                )
 
     # -- worker threads -----------------------------------------------------
 
@@ -350,15 +362,14 @@ class Handoff:
                 self._slow_waiting += 1
 
     def _finish(self, result: tuple[_Call, bool, Any]) -> None:
-        """Queue a call's outcome for the loop; wake the loop once per batch."""
-        self._done.append(result)
-        if not self._notified:
-            self._notified = True
-            loop = self._loop
-            assert loop is not None
+        """Queue a call's outcome for its loop; wake that loop once per batch."""
+        home = result[0].home
+        home.done.append(result)
+        if not home.notified:
+            home.notified = True
             # A closed loop raises RuntimeError: nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._deliver)
+                home.loop.call_soon_threadsafe(home.deliver)
 
 
 def _run(call: _Call) -> tuple[_Call, bool, Any]:
