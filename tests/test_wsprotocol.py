@@ -50,14 +50,19 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "websocket.send", "text": text, "bytes": message.get("bytes")})
 
 
+def address_of(url: str) -> tuple[str, int]:
+    """``http://host:port`` as the (host, port) a socket connects to."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
 @pytest.fixture(
     scope="module", params=[WebSocketProtocol, "websockets-sansio"], ids=["fast", "stock"]
 )
 def address(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     # The same expectations hold for uvicorn's own protocol: the fast one changes nothing else.
     with run_server(echo, ws=request.param, ws_max_size=100_000, ws_ping_interval=None) as url:
-        host, port = url.removeprefix("http://").split(":")
-        yield host, int(port)
+        yield address_of(url)
 
 
 def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True) -> bytes:
@@ -305,10 +310,7 @@ def both() -> Iterator[dict[str, tuple[str, int]]]:
         run_server(show_scope, ws=WebSocketProtocol, ws_ping_interval=None) as fast,
         run_server(show_scope, ws="websockets-sansio", ws_ping_interval=None) as stock,
     ):
-        yield {
-            name: (url.removeprefix("http://").split(":")[0], int(url.rsplit(":", 1)[1]))
-            for name, url in (("fast", fast), ("stock", stock))
-        }
+        yield {"fast": address_of(fast), "stock": address_of(stock)}
 
 
 def request(*headers: str, target: str = "/ws/a%20b?x=1&y=%C3%A9") -> str:
@@ -402,8 +404,7 @@ def test_frames_sent_before_the_accept_are_kept() -> None:
             await send({"type": "websocket.send", "text": message.get("text")})
 
     with run_server(late_accept, ws=WebSocketProtocol, ws_ping_interval=None) as url:
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock = socket.create_connection(address_of(url), timeout=10)
         try:
             sock.sendall(request(*PLAIN, target="/ws").encode())
             server_side = until_protocol(lambda p: p.handshake_initiated)
@@ -440,8 +441,7 @@ def test_websockets_parser_rests_between_frames() -> None:
     # websockets' parser (some 3 KiB of suspended generators) is dropped while
     # frames are split here, and a new one takes over for any other frame.
     with run_server(echo, ws=WebSocketProtocol, ws_ping_interval=None) as url:
-        host, port = url.removeprefix("http://").split(":")
-        raw = RawClient((host, int(port)))
+        raw = RawClient(address_of(url))
         try:
             raw.send(frame(Opcode.TEXT, b"first"))
             assert raw.read() == (Opcode.TEXT, b"first")
@@ -466,8 +466,7 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
     gc.disable()
     try:
         with run_server(echo, ws=WebSocketProtocol, ws_ping_interval=None) as url:
-            host, port = url.removeprefix("http://").split(":")
-            raw = RawClient((host, int(port)))
+            raw = RawClient(address_of(url))
             try:
                 raw.send(frame(Opcode.TEXT, b"hello"))
                 assert raw.read() == (Opcode.TEXT, b"hello")

@@ -160,7 +160,6 @@ class Handoff:
         self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []
         self._active: list[_Worker] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._kicking = False
         self._watching = False
         self._stopped = False
@@ -197,8 +196,9 @@ class Handoff:
 
         Cancelling the future does not stop the call: a thread cannot be interrupted.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.dispatch(ticket, fn, args, kwargs, future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._dispatch_on(loop, ticket, fn, args, kwargs, future)
         return future
 
     def dispatch(
@@ -211,11 +211,20 @@ class Handoff:
     ) -> None:
         """Start ``fn(*args, **kwargs)`` on a worker thread; ``receiver`` gets its outcome
         on the loop thread, in a batch with others (``submit`` without the future)."""
-        loop = asyncio.get_running_loop()
+        self._dispatch_on(asyncio.get_running_loop(), ticket, fn, args, kwargs, receiver)
+
+    def _dispatch_on(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ticket: LaneTicket,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        receiver: Receiver,
+    ) -> None:
         home = self._home
         if home is None or home.loop is not loop:
             home = self._home = _Home(loop)
-            self._loop = loop
         call = _Call(ticket, fn, args, kwargs, receiver, home)
         if ticket.slow:
             self._submit_slow(call)
@@ -294,8 +303,8 @@ class Handoff:
                     # been preempted, and demoting its session would make a quick
                     # session queue behind slow ones. Demotion waits for the call's end.
                     self._wake_one()
-        assert self._loop is not None
-        self._loop.call_later(self.blocking_after, self._watch)
+        assert self._home is not None
+        self._home.loop.call_later(self.blocking_after, self._watch)
 
     # -- worker threads -----------------------------------------------------
 

@@ -512,9 +512,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             await self.writable.wait()
             if not self.disconnected:
                 self._accept(message)
-                self._framing = not self._unframed_bytes and self.conn.state is _OPEN
-                if self._framing:
-                    self._park_parser()
+                self._start_framing()
                 return
         if (
             self._framing
@@ -538,12 +536,12 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             # The handshake's request and response (headers and all) are not
             # needed again; the app's scope keeps the request headers.
             self.request = self.response = None  # type: ignore[assignment]
-        if (
-            message["type"] == "websocket.accept"
-            and not self._unframed_bytes
-            and self.conn.state is _OPEN
-            and not self.conn.extensions
-        ):
+            self._start_framing()
+
+    def _start_framing(self) -> None:
+        """After an accept: split frames here if websockets' parser waits at a frame
+        boundary (no bytes came before the accept) and nothing was negotiated."""
+        if not self._unframed_bytes and self.conn.state is _OPEN and not self.conn.extensions:
             self._framing = True
             self._park_parser()
 
