@@ -1,10 +1,12 @@
-"""Plain ``def`` steps started from the protocol's callback (``Session.try_step``).
+"""Steps started from the protocol's callback (``Session.try_step``).
 
-On openenv's WebSocket protocol a well-formed step of a ``def step`` session
-runs and replies without waking the session's task; everything else goes
-through ``Session.handle``. These tests pin that both paths answer alike and
-that the direct one keeps the guarantees: order, no ``close()`` beside a
-running step, errors, and a freed slot.
+On openenv's WebSocket protocol a well-formed step runs and replies without
+waking the session's task (a plain ``def`` on its lane, an ``async def`` right
+there); everything else goes through ``Session.handle``. These tests pin that
+both paths answer alike and that the direct one keeps the guarantees: order,
+no ``close()`` beside a running step, errors, and a freed slot. What is
+particular to an ``async def`` step that suspends is in
+``test_async_direct_steps.py``.
 """
 
 from __future__ import annotations
@@ -79,14 +81,20 @@ FRAMES: list[object] = [
 ]
 
 
-async def replies_over(ws_protocol: str) -> list[dict[str, Any]]:
-    with run_server(ping_app(), ws=ws_protocol) as url:
+BOTH_KINDS = pytest.mark.parametrize(
+    "env_cls", [PingEnvironment, AsyncPingEnvironment], ids=["def", "async"]
+)
+
+
+async def replies_over(ws_protocol: str, env_cls: Any) -> list[dict[str, Any]]:
+    with run_server(ping_app(env_cls), ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             return [await exchange(ws, frame) for frame in FRAMES]
 
 
-async def test_both_paths_answer_every_frame_alike() -> None:
-    ours, stock = await replies_over(OURS), await replies_over(STOCK)
+@BOTH_KINDS
+async def test_both_paths_answer_every_frame_alike(env_cls: Any) -> None:
+    ours, stock = await replies_over(OURS, env_cls), await replies_over(STOCK, env_cls)
     assert ours == stock
     assert [r["type"] for r in ours] == ["observation"] * 3 + ["error"] * 3 + [
         "observation",
@@ -100,9 +108,10 @@ async def test_both_paths_answer_every_frame_alike() -> None:
     assert ours[6]["data"]["observation"] == {"message": "c", "count": 3}
 
 
+@BOTH_KINDS
 @pytest.mark.parametrize(("ws_protocol", "handled"), [(OURS, 1), (STOCK, 4)])
 async def test_steps_skip_handle_only_on_openenv_protocol(
-    ws_protocol: str, handled: int, monkeypatch: pytest.MonkeyPatch
+    ws_protocol: str, handled: int, env_cls: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str | bytes] = []
     handle = Session.handle
@@ -112,7 +121,7 @@ async def test_steps_skip_handle_only_on_openenv_protocol(
         return await handle(self, frame)
 
     monkeypatch.setattr(Session, "handle", counted)
-    with run_server(ping_app(), ws=ws_protocol) as url:
+    with run_server(ping_app(env_cls), ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
             for i in range(3):
@@ -121,7 +130,8 @@ async def test_steps_skip_handle_only_on_openenv_protocol(
     assert len(calls) == handled
 
 
-async def test_pipelined_frames_keep_their_order_across_both_paths() -> None:
+@BOTH_KINDS
+async def test_pipelined_frames_keep_their_order_across_both_paths(env_cls: Any) -> None:
     # Frames sent while a direct step runs go to handle(), which waits for it.
     frames: list[dict[str, Any]] = []
     for i in range(150):
@@ -129,7 +139,7 @@ async def test_pipelined_frames_keep_their_order_across_both_paths() -> None:
             frames.append({"type": "reset", "id": i})
         else:
             frames.append({"type": "step", "data": {"message": str(i)}, "id": i})
-    with run_server(ping_app()) as url:
+    with run_server(ping_app(env_cls)) as url:
         async with session_socket(url) as ws:
             for frame in frames:
                 await ws.send(orjson.dumps(frame).decode())
@@ -321,9 +331,15 @@ class Exiting(PingEnvironment):
         raise SystemExit(3)  # not an Exception: no error of the environment's to report
 
 
-async def test_a_step_that_raises_a_base_exception_ends_only_its_session() -> None:
+class AsyncExiting(PingEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("env_cls", [Exiting, AsyncExiting], ids=["def", "async"])
+async def test_a_step_that_raises_a_base_exception_ends_only_its_session(env_cls: Any) -> None:
     tracker = Tracker()
-    with run_server(ping_app(functools.partial(Exiting, tracker))) as url:
+    with run_server(ping_app(functools.partial(env_cls, tracker))) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
             await assert_internal_error(ws, {"type": "step", "data": {}})

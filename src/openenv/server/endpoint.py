@@ -1,15 +1,18 @@
 """The ``/ws`` endpoint: one WebSocket connection, one session, one environment.
 
 Each session has a task that receives a frame, has its ``Session`` handle it
-and sends the reply. On openenv's WebSocket protocol a plain ``def`` step
-skips that task: the protocol offers the frame to ``Connection._take`` from
-its own callback, the step goes to a worker thread, and the reply is sent
-from the batch that brings its result back (``Session.try_step``).
+and sends the reply. On openenv's WebSocket protocol a step skips that task:
+the protocol offers the frame to ``Connection._take`` from its own callback
+(``Session.try_step``). A plain ``def`` step goes to a worker thread, and its
+reply is sent from the batch that brings its result back; an ``async def``
+step runs there and then, as a part of the session's task, and replies at
+once unless it suspends, in which case the task is woken to finish it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 
 from starlette.types import Receive, Scope, Send
@@ -51,8 +54,11 @@ class SessionEndpoint:
         try:
             # The session's own task: waking it for each frame resumes a short
             # stack, not the dozen or so middleware frames above this one
-            # (cancelling this task cancels that one, too).
-            await asyncio.ensure_future(connection.run())
+            # (cancelling this task cancels that one, too). Its context is
+            # kept, for the steps that run as a part of it from a callback.
+            await asyncio.get_running_loop().create_task(
+                connection.run(), context=connection.context
+            )
         finally:
             service.connections.discard(connection)
 
@@ -88,12 +94,15 @@ class Connection:
         # no coroutine per message or reply (ASGI receive/send stay the fallback).
         self._inbox = channel
         self._waiting = False  # run() is parked in receive(), with nothing else to do
+        self.context = contextvars.copy_context()  # run()'s, and its steps'
+        self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         reason = "disconnect"
         session = self.session
         receive, send = self._receive, self._send
         channel, inbox = self._channel, self._inbox
+        self._task = asyncio.current_task()
         if channel is not None:
             channel.take_frames(self._take)
         try:
@@ -102,8 +111,17 @@ class Connection:
                 if inbox is None:
                     message = await receive()
                 else:
-                    while (message := inbox.receive_nowait()) is None:
-                        await inbox.arrival()
+                    try:
+                        while (message := inbox.receive_nowait()) is None:
+                            await inbox.arrival()
+                    except asyncio.CancelledError as cancelled:
+                        if not session.suspended:
+                            raise
+                        # Before this task took over the step _take started: the
+                        # step hears of it (its asyncio.timeout may be why).
+                        self._waiting = False
+                        await session.settled(cancelled)
+                        continue
                 self._waiting = False
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -115,6 +133,8 @@ class Connection:
                         await self.websocket.close(session.close_code)
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 if kind == NOTIFY:
+                    if session.suspended:
+                        await session.settled()  # an async def step _take started
                     continue
                 frame = message.get("text")
                 if frame is None:
@@ -168,7 +188,16 @@ class Connection:
         """Start a plain step from the protocol's callback; ``False``: run() takes it."""
         if not self._waiting or len(frame) > self._max_size:
             return False
-        return self.session.try_step(frame, self._reply)
+        session = self.session
+        if not session.try_step(frame, self._reply, self._task, self.context):
+            return False
+        if session.suspended:
+            # An async def step awaits something: this task finishes it.
+            self._waiting = False
+            channel = self._channel
+            assert channel is not None
+            channel.notify()
+        return True
 
     def _reply(self, frame: str) -> None:
         channel = self._channel

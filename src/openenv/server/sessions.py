@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import difflib
 import enum
 import functools
@@ -16,9 +17,10 @@ import inspect
 import logging
 import os
 import time
+import types
 import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -204,11 +206,16 @@ class Session:
         # This session's lane in the thread hand-over (see server/handoff.py).
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
-        # Plain ``def`` steps without a deadline may start outside any coroutine
-        # (``try_step``): nothing to time out, nothing to await but the thread.
-        self.direct_steps = self._settings.step_timeout is None and not calls.is_async(env.step)
+        # Steps without a deadline may start outside any coroutine (``try_step``):
+        # a plain ``def`` on the lane, an ``async def`` right there until it first
+        # suspends; nothing to time out.
+        self.direct_steps = self._settings.step_timeout is None
+        self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
         self._direct_step: _DirectStep | None = None  # the one in flight
+        # An ``async def`` step that suspended in ``try_step``, and what it awaits:
+        # ``settled()`` finishes it in the session's task.
+        self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
         self._settled: asyncio.Future[None] | None = None
         try:
             self.tools = tools_of(type(env))
@@ -242,13 +249,23 @@ class Session:
             self.busy = False
             self.last_active = time.monotonic()
 
-    def try_step(self, frame: str | bytes, reply: Callable[[str], None]) -> bool:
-        """Start a well-formed plain ``def`` step from a callback, without a coroutine.
+    def try_step(
+        self,
+        frame: str | bytes,
+        reply: Callable[[str], None],
+        task: asyncio.Task[Any] | None = None,
+        context: contextvars.Context | None = None,
+    ) -> bool:
+        """Start a well-formed step from a callback, without waking a task.
 
-        ``reply`` gets the reply frame on the loop thread once the step returns;
-        until then ``busy`` is true and ``settled()`` waits. ``False`` (anything
-        else: other messages, bad frames, a step already running) leaves the
-        frame to ``handle``, which answers it in full.
+        A plain ``def`` step goes to its lane. An ``async def`` step runs here,
+        as a part of ``task`` (the session's task, whose ``context`` it runs in),
+        until it returns or first suspends; then ``suspended`` is true and the
+        session's task must finish it with ``settled()``. ``reply`` gets the
+        reply frame on the loop thread once the step returns; until then
+        ``busy`` is true. ``False`` (anything else: other messages, bad frames,
+        a step already running) leaves the frame to ``handle``, which answers it
+        in full.
         """
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
@@ -260,13 +277,33 @@ class Session:
         except Exception:  # handle() runs it again and answers (or fails) in full
             return False
         receiver = _DirectStep(self, step[1], reply)
-        self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
+        if not self._async_step:
+            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
+        elif not _start_in(task, context, self, receiver, action):
+            return False
+        if receiver.replied:
+            return True
         self.busy = True
         self._direct_step = receiver
         return True
 
-    async def settled(self) -> None:
-        """Wait until the step ``try_step`` started has replied."""
+    @property
+    def suspended(self) -> bool:
+        """Whether an ``async def`` step ``try_step`` started waits for ``settled()``."""
+        return self._suspended is not None
+
+    async def settled(self, error: BaseException | None = None) -> None:
+        """Wait until the step ``try_step`` started has replied.
+
+        An ``async def`` step that suspended there goes on here, in the
+        session's task, with ``error`` (a cancellation of that task) thrown in.
+        """
+        suspended, self._suspended = self._suspended, None
+        if suspended is not None and self._direct_step is not None:
+            coro, awaiting = suspended
+            step = self._direct_step
+            step.resumed = True
+            await _await_step(step, _resume(coro, awaiting, error))
         while self._direct_step is not None:
             if self._settled is None:
                 self._settled = asyncio.get_running_loop().create_future()
@@ -279,14 +316,20 @@ class Session:
             # A plain def that returned an awaitable: finish it in a task.
             step.task = asyncio.ensure_future(_await_step(step, value))
             return
+        reply: str | None = None
         try:
             try:
-                if not ok:
+                if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
+                    # The session's own task is cancelled (a shutdown): it ends
+                    # the session as it unwinds, and nobody waits for a reply.
+                    self._end(CloseCode.GOING_AWAY)
+                elif not ok:
                     if not isinstance(value, Exception):
                         raise value  # KeyboardInterrupt and the like: not the env's failure
                     raise self._failure("step()", value, step.request_id, None)
-                reply = self._observed(value, step.request_id, step.started)
-                self._bad_frames = 0
+                else:
+                    reply = self._observed(value, step.request_id, step.started)
+                    self._bad_frames = 0
             except EnvFailure as exc:
                 reply = self._refusal(exc)
         except BaseException as exc:
@@ -300,7 +343,9 @@ class Session:
         settled, self._settled = self._settled, None
         if settled is not None and not settled.done():
             settled.set_result(None)
-        step.reply(reply)
+        step.replied = True
+        if reply is not None:
+            step.reply(reply)
 
     async def _dispatch(self, obj: dict[str, Any]) -> str | None:
         message = protocol.validate_client_message(obj)
@@ -587,7 +632,16 @@ _NOTHING_TO_CLOSE = Environment.close
 class _DirectStep:
     """A step started by ``Session.try_step``: the lane's receiver of its outcome."""
 
-    __slots__ = ("awaited", "reply", "request_id", "session", "started", "task")
+    __slots__ = (
+        "awaited",
+        "replied",
+        "reply",
+        "request_id",
+        "resumed",
+        "session",
+        "started",
+        "task",
+    )
 
     def __init__(
         self,
@@ -600,6 +654,8 @@ class _DirectStep:
         self.reply = reply
         self.started = time.perf_counter()
         self.awaited = False  # a plain def returned an awaitable, now awaited
+        self.resumed = False  # an async def step that suspended, now in the session's task
+        self.replied = False
         self.task: asyncio.Future[None] | None = None  # the task awaiting it
 
     def cancelled(self) -> bool:
@@ -622,6 +678,71 @@ async def _await_step(step: _DirectStep, awaitable: Any) -> None:
             raise
     else:
         step.set_result(result)
+
+
+_enter_task = getattr(asyncio.tasks, "_enter_task", None)
+_leave_task = getattr(asyncio.tasks, "_leave_task", None)
+
+
+def _start_in(
+    task: asyncio.Task[Any] | None,
+    context: contextvars.Context | None,
+    session: Session,
+    step: _DirectStep,
+    action: Any,
+) -> bool:
+    """Run an ``async def`` step of ``session`` as a part of ``task``, until it
+    returns or first suspends; ``False`` if it cannot start here.
+
+    What an eager task does (Python 3.12), inside a task that already exists:
+    ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
+    groups work, and the rest runs in that same task (``Session.settled``).
+    """
+    if task is None or context is None or _enter_task is None or _leave_task is None:
+        return False  # no task given, or an asyncio without these: the task runs it
+    loop = task.get_loop()
+    try:
+        _enter_task(loop, task)
+    except RuntimeError:  # another task is running: not a protocol callback
+        return False
+    try:
+        coro = session.env.step(action)
+        if not isinstance(coro, types.CoroutineType):
+            ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
+        else:
+            try:
+                awaiting = context.run(coro.send, None)
+            except StopIteration as done:
+                ok, value = True, done.value
+            except BaseException as exc:
+                ok, value = False, exc
+            else:
+                session._suspended = (coro, awaiting)
+                return True
+    finally:
+        _leave_task(loop, task)
+    session._stepped(step, ok, value)
+    return True
+
+
+@types.coroutine
+def _resume(
+    coro: Coroutine[Any, Any, Any], awaiting: Any, error: BaseException | None
+) -> Generator[Any, Any, Any]:
+    """Go on with ``coro`` in the task that awaits this, from where it suspended
+    (awaiting ``awaiting``) outside any task: what ``await coro`` would have done."""
+    try:
+        if error is not None:
+            awaiting = coro.throw(error)
+        while True:
+            try:
+                sent = yield awaiting
+            except BaseException as exc:  # the task's cancellation, or a bad yield
+                awaiting = coro.throw(exc)
+            else:
+                awaiting = coro.send(sent)
+    except StopIteration as done:
+        return done.value
 
 
 class EnvFailure(Exception):

@@ -1,0 +1,223 @@
+"""``async def`` steps started from the protocol's callback, as a part of the session's task.
+
+``Session.try_step`` runs such a step at once, with the session's task entered
+as the current task and in that task's context, until it returns or first
+suspends; a step that suspends is finished by the session's task. To the step
+this must look exactly like being awaited by that task: one current task all
+the way through, one context per session, ``asyncio.timeout`` working even
+when it expires before the task has taken over, and a cancellation of the
+task reaching the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from typing import Any
+
+import orjson
+import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker, health, slots_free, until
+from test_direct_steps import exchange, session_socket
+from websockets.exceptions import ConnectionClosed
+
+from openenv import ConcurrencyConfig, create_app
+from openenv.server.sessions import Session
+from openenv.testing import run_server
+
+# What a step saw of the context it ran in: set by the step before it returns.
+last_message: contextvars.ContextVar[str] = contextvars.ContextVar("last_message", default="")
+
+
+class Awaiting(PingEnvironment):
+    """An ``async def`` step that suspends or not, as its action's message says,
+    and writes down the task and context each part of it ran in."""
+
+    def __init__(
+        self, tracker: Tracker, seen: list[dict[str, Any]], gate: threading.Event | None = None
+    ) -> None:
+        super().__init__(tracker)
+        self.seen = seen
+        self.gate = gate
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        kind = action.message
+        before = asyncio.current_task()
+        previous = last_message.get()
+        last_message.set(kind)
+        record: dict[str, Any] = {"kind": kind, "previous": previous, "before": before}
+        self.seen.append(record)
+        if kind == "yield":
+            await asyncio.sleep(0)
+        elif kind == "hold":
+            assert self.gate is not None
+            loop = asyncio.get_running_loop()
+            record["waiting"] = True
+            try:
+                await loop.run_in_executor(None, self.gate.wait, 30)
+            except asyncio.CancelledError:
+                record["cancelled"] = True
+                raise
+        elif kind == "timeout":
+            # A deadline already passed: its timer is due before the session's
+            # task can take the step over, so the task is cancelled first.
+            try:
+                async with asyncio.timeout(0):
+                    await asyncio.sleep(30)
+            except TimeoutError:
+                kind = "timed out"
+        elif kind == "raise later":
+            await asyncio.sleep(0)
+            raise ValueError("failed after a suspension")
+        record["after"] = asyncio.current_task()
+        record["context value"] = last_message.get()
+        return super().step(action.model_copy(update={"message": kind}))
+
+
+def awaiting_app(
+    seen: list[dict[str, Any]], gate: threading.Event | None = None
+) -> tuple[Any, Tracker]:
+    tracker = Tracker()
+    factory = functools.partial(Awaiting, tracker, seen, gate)
+    return create_app(factory, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2)), tracker
+
+
+def step(message: str, request_id: int | None = None) -> dict[str, Any]:
+    frame: dict[str, Any] = {"type": "step", "data": {"message": message}}
+    if request_id is not None:
+        frame["id"] = request_id
+    return frame
+
+
+async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handled: list[str | bytes] = []
+    handle = Session.handle
+
+    async def counted(self: Session, frame: str | bytes) -> str | None:
+        handled.append(frame)
+        return await handle(self, frame)
+
+    monkeypatch.setattr(Session, "handle", counted)
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    kinds = ["plain", "yield", "plain", "yield", "yield", "plain"]
+    with run_server(app) as url:
+        async with session_socket(url) as first, session_socket(url) as second:
+            await exchange(first, {"type": "reset"})
+            await exchange(second, {"type": "reset"})
+            for i, kind in enumerate(kinds):
+                reply = await exchange(first, step(kind, i))
+                assert reply["id"] == i
+                assert reply["data"]["observation"] == {"message": kind, "count": i + 1}
+            await exchange(second, step("plain"))
+        await tracker.until_closed(2)
+    assert len(handled) == 2  # the resets: no step went through handle()
+    first_steps, (other,) = seen[: len(kinds)], seen[len(kinds) :]
+    (task,) = {id(r["before"]) for r in first_steps} | {id(r["after"]) for r in first_steps}
+    assert first_steps[0]["before"] is not None
+    assert id(other["before"]) != task
+    # One context per session, kept from step to step, as the session's task keeps it.
+    assert [r["previous"] for r in first_steps] == ["", *kinds[:-1]]
+    assert [r["context value"] for r in first_steps] == kinds
+    assert other["previous"] == ""
+
+
+async def test_pipelined_steps_that_suspend_keep_their_order() -> None:
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    frames = [step("yield" if i % 3 == 0 else "plain", i) for i in range(120)]
+    frames[60] = {"type": "reset", "id": 60}
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            for frame in frames:
+                await ws.send(orjson.dumps(frame).decode())
+            replies = [orjson.loads(await ws.recv()) for _ in frames]
+        await tracker.until_closed(1)
+    assert [r["id"] for r in replies] == list(range(120))
+    counts = [r["data"]["observation"].get("count") for r in replies]
+    assert counts == [*range(1, 61), 0, *range(1, 60)]
+
+
+async def test_a_deadline_that_expires_before_the_task_takes_over_reaches_the_step() -> None:
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            reply = await exchange(ws, step("timeout", 1))
+            assert reply["data"]["observation"]["message"] == "timed out"
+            # The cancellation was the step's own, and spent: the session goes on.
+            reply = await exchange(ws, step("yield", 2))
+            assert reply["data"]["observation"] == {"message": "yield", "count": 2}
+        await tracker.until_closed(1)
+    assert seen[0]["before"] is seen[0]["after"]
+
+
+async def test_a_step_that_fails_after_suspending_gets_an_error_and_the_session_goes_on() -> None:
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            error = await exchange(ws, step("raise later", 1))
+            assert error["id"] == 1
+            assert error["data"]["code"] == "EXECUTION_ERROR"
+            assert "ValueError: failed after a suspension" in error["data"]["message"]
+            reply = await exchange(ws, step("plain"))
+            assert reply["data"]["observation"]["count"] == 1
+        await tracker.until_closed(1)
+        await slots_free(url)
+
+
+async def test_close_waits_for_a_suspended_step_whose_client_vanished() -> None:
+    seen: list[dict[str, Any]] = []
+    gate = threading.Event()
+    app, tracker = awaiting_app(seen, gate)
+    with run_server(app) as url:
+        ws = await session_socket(url)
+        await exchange(ws, {"type": "reset"})
+        await ws.send(orjson.dumps(step("hold")).decode())
+        await until(lambda: _true(bool(seen) and seen[0].get("waiting", False)), what="a hold")
+        ws.transport.abort()
+        assert (await health(url))["active_sessions"] == 1  # the step still holds it
+        assert tracker.closed == []
+        gate.set()
+        await tracker.until_closed(1)
+        await slots_free(url)
+    assert "after" in seen[0]  # it ran to its end before close()
+
+
+async def test_cancelling_the_sessions_task_cancels_its_suspended_step() -> None:
+    seen: list[dict[str, Any]] = []
+    gate = threading.Event()
+    app, tracker = awaiting_app(seen, gate)
+    try:
+        with run_server(app) as url:
+            async with session_socket(url) as ws:
+                await exchange(ws, {"type": "reset"})
+                await ws.send(orjson.dumps(step("hold")).decode())
+                await until(
+                    lambda: _true(bool(seen) and seen[0].get("waiting", False)), what="a hold"
+                )
+                (connection,) = app.state.openenv.connections
+                task = connection._task
+                task.get_loop().call_soon_threadsafe(task.cancel)
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()  # no reply: the session ends
+            await tracker.until_closed(1)
+            await slots_free(url)
+            assert (await health(url))["status"] == "healthy"
+            gate.set()  # the executor's thread, which nothing can cancel
+    finally:
+        gate.set()
+    assert seen[0].get("cancelled") is True
+    assert "after" not in seen[0]
+
+
+async def _true(value: bool) -> bool:
+    return value
