@@ -304,32 +304,43 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
     return results
 
 
-def isolation(duration: float, reps: int, half: int) -> dict[str, list[float]]:
-    """Fast sessions' throughput alone, then beside as many sessions stepping 100 ms (sync)."""
+def isolation(reps: int, half: int, cycles: int) -> dict[str, list[float]]:
+    """The fast half's throughput with and without a slow half beside it (isolation.py),
+    on a fresh server for each rep."""
     server = Server(
         "benchmark-env-def",
         "benchmark_env, `def step`",
         uvicorn(PY, "server.app:app", ROOT / "envs" / "benchmark_env", "--ws", OPENENV_WS),
     )
-    # alone, beside, alone again: the machine's speed drifts by more than the
-    # effect measured, so each rep compares the middle phase with the mean of
-    # the phases around it.
-    out: dict[str, list[float]] = {"alone": [], "beside_slow": [], "slow": [], "change": []}
-    fast, slow = '{"seconds": 0}', '{"seconds": 0.1}'
-    for _ in range(reps):
+    out: dict[str, list[float]] = {
+        "alone": [],
+        "beside_slow": [],
+        "slow": [],
+        "change": [],
+        "arrival": [],
+    }
+    for rep in range(reps):
         running = Running(server)
         try:
-            before = bench(running.url, half, duration, fast)["steps_per_s"]
-            argv = load_argv(running.url, half, slow, "--duration", str(duration + 4))
-            slow_proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-            time.sleep(2)  # let the slow sessions connect and start stepping
-            beside = bench(running.url, half, duration, fast)["steps_per_s"]
-            slow_out, _ = slow_proc.communicate(timeout=120)
-            after = bench(running.url, half, duration, fast)["steps_per_s"]
-            out["alone"].append((before + after) / 2)
-            out["beside_slow"].append(beside)
-            out["change"].append(beside / ((before + after) / 2) - 1)
-            out["slow"].append(json.loads(slow_out)["steps_per_s"])
+            argv = ["taskset", "-c", "1", str(PY), str(BENCH_DIR / "isolation.py"), running.url]
+            argv += ["--sessions", str(half), "--cycles", str(cycles)]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"isolation.py failed: {done.stderr}")
+            result = json.loads(done.stdout)
+            if result["errors"]:
+                raise RuntimeError(f"isolation run had {result['errors']} errors")
+            out["alone"].append(result["alone"])
+            out["beside_slow"].append(result["beside_slow"])
+            out["slow"].append(result["slow"])
+            out["change"] += result["changes"]
+            out["arrival"] += result["arrival_changes"]
+            print(
+                f"isolation rep {rep + 1}: alone {result['alone']:,.0f} beside "
+                f"{result['beside_slow']:,.0f} steps/s; changes "
+                + ", ".join(f"{c:+.1%}" for c in result["changes"]),
+                flush=True,
+            )
         finally:
             running.stop()
     return out
@@ -507,19 +518,25 @@ def main() -> None:
     if "throughput" not in skip:
         lines += table(throughput(names, levels, args.reps, args.duration), levels)
     if "isolation" not in skip:
-        iso = isolation(args.duration, args.reps + 1, 256)
+        iso = isolation(args.reps, 256, cycles=5)
         alone, beside = median(iso["alone"]), median(iso["beside_slow"])
+        changes = sorted(iso["change"])
         lines += [
-            "**Slow-environment isolation** (benchmark_env, `def step`): 256 sessions with an "
-            "instant step, alone, then beside 256 sessions whose step sleeps 100 ms "
-            "(`time.sleep`), then alone again; medians over reps of each rep's change "
-            "against the mean of its two alone phases",
+            "**Slow-environment isolation** (benchmark_env, `def step`; "
+            "`benchmarks/isolation.py`): 256 sessions with an instant step run throughout; "
+            "beside them, 256 sessions whose step sleeps 100 ms (`time.sleep`) connect, warm "
+            f"up for 1 s, step for 3 s and close, 5 times, with 3 s off between and around; "
+            f"{args.reps} fresh servers. Each on window "
+            "is compared with the mean of the off windows either side of it; *arrival* is the "
+            "fast half from the slow half's first connect to the end of its warm-up",
             "",
-            "| fast half alone | fast half beside the slow half | change | each rep | slow half |",
-            "|---:|---:|---:|---|---:|",
-            f"| {alone:,.0f} steps/s | {beside:,.0f} steps/s | {median(iso['change']):+.1%} | "
-            f"{', '.join(f'{c:+.1%}' for c in iso['change'])} | "
-            f"{median(iso['slow']):,.0f} steps/s |",
+            "| fast half alone | fast half beside the slow half | change: median | "
+            "middle half of the windows | all windows | slow half | arrival: median |",
+            "|---:|---:|---:|---|---|---:|---:|",
+            f"| {alone:,.0f} steps/s | {beside:,.0f} steps/s | {median(changes):+.1%} | "
+            f"{changes[len(changes) // 4]:+.1%} to {changes[(3 * len(changes)) // 4]:+.1%} | "
+            f"{changes[0]:+.1%} to {changes[-1]:+.1%} | {median(iso['slow']):,.0f} steps/s | "
+            f"{median(iso['arrival']):+.1%} |",
             "",
         ]
         print(lines[-2], flush=True)

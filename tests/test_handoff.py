@@ -68,6 +68,35 @@ async def test_threads_stay_capped_when_every_call_blocks(handoff: Handoff) -> N
     assert handoff.threads == 4
 
 
+async def test_a_burst_of_blocking_calls_widens_the_lane_by_doubling() -> None:
+    # Many sessions arriving at once whose first calls block: a quick call
+    # queued behind them waits until there is a worker for each, and the
+    # watch adds one helper per stuck worker, not one per tick.
+    lane = Handoff(max_threads=40, blocking_after=0.02)
+    ticks = 0
+    watch = lane._watch
+
+    def counted() -> None:
+        nonlocal ticks
+        ticks += 1
+        watch()
+
+    lane._watch = counted  # type: ignore[method-assign]
+    gate = threading.Event()
+    try:
+        blocked = [lane.submit(LaneTicket(), gate.wait, (30,), {}) for _ in range(32)]
+        assert await lane.submit(LaneTicket(), abs, (-7,), {}) == 7
+        assert lane.threads == 33
+        assert not any(b.done() for b in blocked)
+        # Five doublings from one worker to 32; a woken worker may count as stuck
+        # a tick late. One helper per tick would take 32 ticks.
+        assert ticks <= 20
+    finally:
+        gate.set()
+        lane.shutdown()
+    assert await asyncio.gather(*blocked) == [True] * 32
+
+
 async def test_a_slow_ticket_returns_to_the_fast_lane_after_quick_calls(handoff: Handoff) -> None:
     ticket = LaneTicket()
     ticket.slow = 3

@@ -298,11 +298,16 @@ class Handoff:
             if self._pending:
                 stuck_before = _monotonic() - self.blocking_after
                 active = self._active
-                if all(0.0 < w.started < stuck_before for w in active):
-                    # Only wake a helper here: a worker that looks stuck may just have
+                stuck = sum(0.0 < w.started < stuck_before for w in active)
+                if stuck == len(active):
+                    # Only wake helpers here: a worker that looks stuck may just have
                     # been preempted, and demoting its session would make a quick
                     # session queue behind slow ones. Demotion waits for the call's end.
-                    self._wake_one()
+                    # One helper per stuck worker: when many sessions arrive at once
+                    # whose first calls block, the lane widens by doubling, not by one
+                    # thread per tick while the quick calls queue behind them.
+                    for _ in range(min(max(1, stuck), len(self._pending))):
+                        self._wake_one()
         assert self._home is not None
         self._home.loop.call_later(self.blocking_after, self._watch)
 
