@@ -304,6 +304,46 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
     return results
 
 
+PAIRED = ("ours-def", "ours-async", "bare-starlette-uvloop-orjson")
+
+
+def paired(rounds: int, sessions: int, duration: float) -> dict[str, list[float]]:
+    """Server CPU per step (us) of servers sharing core 0, each under the same load at once.
+
+    Measured one after another, servers meet a machine whose speed changes by
+    more than the margins compared (here it switches between two regimes every
+    few seconds); side by side they meet the same machine, and what each one
+    spends per step is what decides its throughput alone when it is CPU-bound.
+    """
+    chosen = [s for s in servers() if s.name in PAIRED]
+    out: dict[str, list[float]] = {s.name: [] for s in chosen}
+    for _ in range(rounds):
+        running = [Running(server) for server in chosen]
+        try:
+            samplers = [Sampler(r) for r in running]
+            started = time.perf_counter()
+            more = ("--duration", str(duration), "--warmup")
+            argvs = [load_argv(r.url, sessions, ECHO_ACTION, *more) for r in running]
+            loads = [subprocess.Popen(a, stdout=subprocess.PIPE, text=True) for a in argvs]
+            reports = [json.loads(load.communicate(timeout=120)[0]) for load in loads]
+            for sampler in samplers:
+                sampler.close()
+            for server, sampler, report in zip(chosen, samplers, reports, strict=True):
+                if report["errors"]:
+                    raise RuntimeError(f"{server.name}: errors {report['errors']}")
+                window_from = started + report["setup_s"] + 1.0 + 0.2
+                cpu = sampler.window(window_from, window_from + duration - 0.4)["server_cpu"]
+                out[server.name].append(cpu / report["steps_per_s"] * 1e6)
+            print(
+                "paired: " + ", ".join(f"{name} {us[-1]:.1f} us/step" for name, us in out.items()),
+                flush=True,
+            )
+        finally:
+            for r in running:
+                r.stop()
+    return out
+
+
 def isolation(reps: int, half: int, cycles: int) -> dict[str, list[float]]:
     """The fast half's throughput with and without a slow half beside it (isolation.py),
     on a fresh server for each rep."""
@@ -494,7 +534,9 @@ def main() -> None:
     parser.add_argument("--levels", default="16,512")
     parser.add_argument("--only", default="", help="comma list of server names (default: all)")
     parser.add_argument("--scale-sessions", type=int, default=16384)
-    parser.add_argument("--skip", default="", help="comma list of: throughput,isolation,scale")
+    parser.add_argument(
+        "--skip", default="", help="comma list of: throughput,paired,isolation,scale"
+    )
     parser.add_argument("--no-write", action="store_true", help="print, do not touch RESULTS.md")
     parser.add_argument("--baseline", default="", help="also run our servers at this git revision")
     args = parser.parse_args()
@@ -517,6 +559,25 @@ def main() -> None:
     ]
     if "throughput" not in skip:
         lines += table(throughput(names, levels, args.reps, args.duration), levels)
+    if "paired" not in skip:
+        costs = paired(args.reps, 512, args.duration)
+        bare = median(costs["bare-starlette-uvloop-orjson"])
+        lines += [
+            "**Side by side** (C=512): `ours-def`, `ours-async` and the bare uvloop+orjson "
+            "echo on core 0 at once, each under its own load generator on core 1, "
+            f"{args.reps} rounds; server CPU per step, medians, and the steps each makes per "
+            "server CPU-second against the bare echo's",
+            "",
+            "| server | CPU per step | each round | x bare uvloop+orjson |",
+            "|---|---:|---|---:|",
+            *(
+                f"| {name} | {median(us):.1f} us | {', '.join(f'{u:.1f}' for u in us)} | "
+                f"{bare / median(us):.2f} |"
+                for name, us in costs.items()
+            ),
+            "",
+        ]
+        print("\n".join(lines[-len(costs) - 3 :]), flush=True)
     if "isolation" not in skip:
         iso = isolation(args.reps, 256, cycles=5)
         alone, beside = median(iso["alone"]), median(iso["beside_slow"])
