@@ -3,7 +3,11 @@
 Every server runs pinned to core 0 (`taskset -c 0`), the load generator
 (`openenv bench`, picows client) to core 1. For each repetition the servers
 run in a rotated order, each freshly started (which also times its cold start),
-and the same load runs against each at every concurrency level. Python
+and the same load runs against each at every concurrency level. Then our
+two echo servers and the bare uvloop+orjson echo run side by side on core 0,
+each under its own load, for the server CPU each spends per step (the
+machine's changing speed meets all three alike), and the slow-environment
+isolation runs by alternation (``isolation.py``). Python
 sources are byte-compiled first, as ``pip install`` does: where
 ``PYTHONDONTWRITEBYTECODE`` is set, an editable checkout would otherwise
 compile openenv's modules at every start, which a deployed server never does. Medians go to
