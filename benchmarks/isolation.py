@@ -1,25 +1,26 @@
 """Slow-environment isolation, measured by alternation.
 
-One closed-loop *fast half* (``sessions`` sessions whose step returns at once)
-runs against the server the whole time. A *slow half* (as many sessions whose
-step sleeps 100 ms in ``time.sleep``) is switched on and off beside it:
-``--off`` seconds without it, then the slow half connects, steps for ``--on``
-seconds and closes, ``--cycles`` times, ending with one more off window.
+One closed-loop *fast half* (``sessions`` sessions whose step returns at once,
+driven by ``openenv bench``'s client) runs against the server the whole time.
+A *slow half* (as many sessions whose step sleeps 100 ms in ``time.sleep``)
+connects once, then steps for ``--on`` seconds and pauses for ``--off``
+seconds, ``--cycles`` times.
 
-The fast half's throughput is sampled every 0.25 s. Each on window (the slow
-half's measured steps, after its connects and a second of warm-up) is compared
-with the mean of the off windows on either side of it (from half a second
-after the slow half closed). Phases a few seconds apart cancel the machine's
-drift, which on a shared 2-core VM moves throughput by more than the effect
-measured. The *arrival* (from the slow half's first connect to its measured
-steps) is reported apart: every new session starts in the fast lane, so the
-first steps of 256 sleeping sessions arriving at once hold up the fast half
-until they have moved to the slow lane.
+The fast half's throughput is sampled every 0.1 s. Each on window is
+compared with the mean of the off windows on either side of it, each window
+starting a moment after the switch (the slow lane's queue fills or drains).
+Phases a couple of seconds apart cancel the machine's drift, which on a
+shared 2-core VM moves throughput by more than the effect measured.
 
-Both halves run in this one process, which `benchmarks/run.py` pins to the
+The *arrival* (the first second after the connected slow half first steps)
+is reported apart: every new session starts in the fast lane, so the first
+steps of 256 sleeping sessions at once hold up the fast half until they
+have moved to the slow lane.
+
+Both halves run in this one process, which ``benchmarks/run.py`` pins to the
 load generator's core; it prints JSON.
 
-    python benchmarks/isolation.py http://127.0.0.1:8000 --sessions 256 --cycles 6
+    python benchmarks/isolation.py http://127.0.0.1:8000 --sessions 256 --cycles 12
 """
 
 from __future__ import annotations
@@ -30,12 +31,19 @@ import json
 import statistics
 from typing import Any
 
+import orjson
+from websockets.asyncio.client import connect
+
+from openenv import protocol
 from openenv.bench import BenchProgress, bench
 from openenv.bench._run import now
+from openenv.client import ws_url
 
 FAST = {"seconds": 0}
 SLOW = {"seconds": 0.1}
-SETTLE = 0.5  # seconds after the slow half closed before an off window counts
+ARRIVAL = 1.0  # seconds after the slow half's first steps counted as its arrival
+SETTLE_ON = 0.25  # after resuming: every slow session has a step in flight
+SETTLE_OFF = 0.5  # after pausing: the slow lane's queue has drained
 
 
 def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
@@ -45,6 +53,54 @@ def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
         raise RuntimeError(f"too few samples in a window of {end - start:.2f} s")
     (t0, r0), (t1, r1) = inside[0], inside[-1]
     return (r1 - r0) / (t1 - t0)
+
+
+class SlowHalf:
+    """Sessions that step while ``stepping`` is set and wait while it is not."""
+
+    def __init__(self, url: str, sessions: int) -> None:
+        self.url = ws_url(url)
+        self.sessions = sessions
+        self.stepping = asyncio.Event()
+        self.stop = False
+        self.replies = 0
+        self.errors = 0
+        self.ready = 0
+        self.all_ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._session()) for _ in range(self.sessions)]
+
+    async def close(self) -> None:
+        self.stop = True
+        self.stepping.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _session(self) -> None:
+        step = protocol.request_frame("step", SLOW)
+        try:
+            async with connect(self.url, compression=None) as ws:
+                await ws.send(protocol.request_frame("reset", {}))
+                await ws.recv()
+                self.ready += 1
+                if self.ready == self.sessions:
+                    self.all_ready.set()
+                while True:
+                    await self.stepping.wait()
+                    if self.stop:
+                        return
+                    await ws.send(step)
+                    reply = orjson.loads(await ws.recv())
+                    if reply.get("type") == "observation":
+                        self.replies += 1
+                    else:
+                        self.errors += 1
+        except Exception:
+            self.errors += 1
+            self.ready += 1
+            if self.ready == self.sessions:
+                self.all_ready.set()
 
 
 async def measure(url: str, sessions: int, cycles: int, on: float, off: float) -> dict[str, Any]:
@@ -58,7 +114,7 @@ async def measure(url: str, sessions: int, cycles: int, on: float, off: float) -
             samples.append((now(), p.replies))
 
     # Longer than the schedule can take; the fast half is stopped once it is over.
-    total = 2.0 + cycles * (on + off + 10.0) + off
+    total = 30.0 + ARRIVAL + cycles * (on + off) + off
     fast = asyncio.ensure_future(
         bench(
             url,
@@ -67,7 +123,7 @@ async def measure(url: str, sessions: int, cycles: int, on: float, off: float) -
             warmup=1.0,
             action=FAST,
             progress=fast_progress,
-            progress_interval=0.25,
+            progress_interval=0.1,
         )
     )
     while not samples:
@@ -75,51 +131,45 @@ async def measure(url: str, sessions: int, cycles: int, on: float, off: float) -
             fast.result()  # raises what stopped it
             raise RuntimeError("the fast half stopped before measuring")
         await asyncio.sleep(0.05)
+
     offs: list[float] = []
     ons: list[float] = []
-    arrivals: list[float] = []
-    slow_rates: list[float] = []
-    slow_errors = 0
-
-    async def off_window(settle: float) -> None:
+    slow = SlowHalf(url, sessions)
+    start = now()
+    await asyncio.sleep(off)
+    offs.append(rate(samples, start, now()))
+    slow.start()
+    await slow.all_ready.wait()
+    await asyncio.sleep(SETTLE_OFF)  # the connects' own work is not the slow half's steps
+    arrived = now()
+    slow.stepping.set()
+    await asyncio.sleep(ARRIVAL)
+    arrival = rate(samples, arrived, now())
+    slow_time, slow_replies = 0.0, 0
+    for cycle in range(cycles):
+        if cycle:  # the first on window follows the arrival
+            slow.stepping.set()
+            await asyncio.sleep(SETTLE_ON)
+        start, replies = now(), slow.replies
+        await asyncio.sleep(on)
+        ons.append(rate(samples, start, now()))
+        slow_time += now() - start
+        slow_replies += slow.replies - replies
+        slow.stepping.clear()
         start = now()
         await asyncio.sleep(off)
-        offs.append(rate(samples, start + settle, now()))
-
-    await off_window(0.0)
-    for _ in range(cycles):
-        ticks: list[float] = []
-
-        def slow_progress(p: BenchProgress, ticks: list[float] = ticks) -> None:
-            if p.phase == "measuring":
-                ticks.append(now())
-
-        arriving = now()
-        report = await bench(
-            url,
-            sessions=sessions,
-            duration=on,
-            warmup=1.0,
-            action=SLOW,
-            progress=slow_progress,
-            progress_interval=0.25,
-        )
-        slow_rates.append(report.steps_per_second)
-        slow_errors += sum(report.errors.values())
-        ons.append(rate(samples, ticks[0], ticks[-1]))
-        arrivals.append(rate(samples, arriving, ticks[0]))
-        await off_window(SETTLE)
+        offs.append(rate(samples, start + SETTLE_OFF, now()))
+    await slow.close()
     fast.cancel()
     await asyncio.gather(fast, return_exceptions=True)
     changes = [ons[i] / ((offs[i] + offs[i + 1]) / 2) - 1 for i in range(cycles)]
-    arrival_changes = [arrivals[i] / ((offs[i] + offs[i + 1]) / 2) - 1 for i in range(cycles)]
     return {
         "alone": statistics.mean(offs),
         "beside_slow": statistics.mean(ons),
         "changes": changes,
-        "arrival_changes": arrival_changes,
-        "slow": statistics.median(slow_rates),
-        "errors": fast_errors + slow_errors,
+        "arrival_change": arrival / offs[0] - 1,
+        "slow": slow_replies / slow_time,
+        "errors": fast_errors + slow.errors,
     }
 
 
@@ -127,9 +177,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url")
     parser.add_argument("--sessions", type=int, default=256, help="sessions in each half")
-    parser.add_argument("--cycles", type=int, default=6)
-    parser.add_argument("--on", type=float, default=3.0, help="seconds the slow half steps")
-    parser.add_argument("--off", type=float, default=3.0, help="seconds without the slow half")
+    parser.add_argument("--cycles", type=int, default=12)
+    parser.add_argument("--on", type=float, default=1.5, help="seconds the slow half steps")
+    parser.add_argument("--off", type=float, default=1.5, help="seconds the slow half waits")
     args = parser.parse_args()
     import uvloop
 

@@ -368,6 +368,7 @@ def isolation(reps: int, half: int, cycles: int) -> dict[str, list[float]]:
         try:
             argv = ["taskset", "-c", "1", str(PY), str(BENCH_DIR / "isolation.py"), running.url]
             argv += ["--sessions", str(half), "--cycles", str(cycles)]
+            argv += ["--on", "1.5", "--off", "1.5"]
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"isolation.py failed: {done.stderr}")
@@ -378,7 +379,7 @@ def isolation(reps: int, half: int, cycles: int) -> dict[str, list[float]]:
             out["beside_slow"].append(result["beside_slow"])
             out["slow"].append(result["slow"])
             out["change"] += result["changes"]
-            out["arrival"] += result["arrival_changes"]
+            out["arrival"].append(result["arrival_change"])
             print(
                 f"isolation rep {rep + 1}: alone {result['alone']:,.0f} beside "
                 f"{result['beside_slow']:,.0f} steps/s; changes "
@@ -583,17 +584,17 @@ def main() -> None:
         ]
         print("\n".join(lines[-len(costs) - 3 :]), flush=True)
     if "isolation" not in skip:
-        iso = isolation(args.reps, 256, cycles=5)
+        iso = isolation(args.reps, 256, cycles=12)
         alone, beside = median(iso["alone"]), median(iso["beside_slow"])
         changes = sorted(iso["change"])
         lines += [
             "**Slow-environment isolation** (benchmark_env, `def step`; "
             "`benchmarks/isolation.py`): 256 sessions with an instant step run throughout; "
-            "beside them, 256 sessions whose step sleeps 100 ms (`time.sleep`) connect, warm "
-            f"up for 1 s, step for 3 s and close, 5 times, with 3 s off between and around; "
-            f"{args.reps} fresh servers. Each on window "
-            "is compared with the mean of the off windows either side of it; *arrival* is the "
-            "fast half from the slow half's first connect to the end of its warm-up",
+            "beside them, 256 sessions whose step sleeps 100 ms (`time.sleep`) connect once, "
+            "then step for 1.5 s and pause for 1.5 s, 12 times; "
+            f"{args.reps} fresh servers. Each on window is compared with the mean of the off "
+            "windows either side of it; *arrival* is the fast half in the first second after "
+            "the connected slow half first steps, against the off window before it",
             "",
             "| fast half alone | fast half beside the slow half | change: median | "
             "middle half of the windows | all windows | slow half | arrival: median |",
