@@ -185,7 +185,7 @@ class Connection:
                     self.closed.set_result(None)
 
     def _take(self, frame: str | bytes) -> bool:
-        """Start a plain step from the protocol's callback; ``False``: run() takes it."""
+        """Start a step from the protocol's callback; ``False``: run() takes the frame."""
         if not self._waiting or len(frame) > self._max_size:
             return False
         session = self.session

@@ -11,7 +11,8 @@ never in the middle of it.
 A blocking call never holds up the others for long. While work is queued, a
 timer on the event loop checks the workers every ``blocking_after`` seconds:
 when every awake worker is inside a call older than that, it wakes (or
-starts) another worker to go on draining, up to ``max_threads``. A session
+starts) as many more to go on draining, up to ``max_threads``, so a burst
+of blocking calls widens the lane by doubling. A session
 whose call took longer than ``slow_after`` moves to the *slow lane*, a pool
 of workers of its own, until its calls are quick again; so slow sessions
 queue among themselves and the fast lane stays fast. (A worker merely
