@@ -79,13 +79,13 @@ class SlowHalf:
 
     async def _session(self) -> None:
         step = protocol.request_frame("step", SLOW)
+        arrived = False
         try:
             async with connect(self.url, compression=None) as ws:
                 await ws.send(protocol.request_frame("reset", {}))
                 await ws.recv()
-                self.ready += 1
-                if self.ready == self.sessions:
-                    self.all_ready.set()
+                arrived = True
+                self._arrived()
                 while True:
                     await self.stepping.wait()
                     if self.stop:
@@ -98,9 +98,13 @@ class SlowHalf:
                         self.errors += 1
         except Exception:
             self.errors += 1
-            self.ready += 1
-            if self.ready == self.sessions:
-                self.all_ready.set()
+            if not arrived:
+                self._arrived()  # counted anyway, so the run does not wait for it
+
+    def _arrived(self) -> None:
+        self.ready += 1
+        if self.ready == self.sessions:
+            self.all_ready.set()
 
 
 async def measure(url: str, sessions: int, cycles: int, on: float, off: float) -> dict[str, Any]:

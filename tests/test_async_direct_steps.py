@@ -20,11 +20,10 @@ from typing import Any
 import orjson
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, health, slots_free, until
-from test_direct_steps import exchange, session_socket
+from test_direct_steps import count_handle, exchange, session_socket
 from websockets.exceptions import ConnectionClosed
 
 from openenv import ConcurrencyConfig, create_app
-from openenv.server.sessions import Session
 from openenv.testing import run_server
 
 # What a step saw of the context it ran in: set by the step before it returns.
@@ -94,14 +93,7 @@ def step(message: str, request_id: int | None = None) -> dict[str, Any]:
 async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    handled: list[str | bytes] = []
-    handle = Session.handle
-
-    async def counted(self: Session, frame: str | bytes) -> str | None:
-        handled.append(frame)
-        return await handle(self, frame)
-
-    monkeypatch.setattr(Session, "handle", counted)
+    handled = count_handle(monkeypatch)
     seen: list[dict[str, Any]] = []
     app, tracker = awaiting_app(seen)
     kinds = ["plain", "yield", "plain", "yield", "yield", "plain"]
@@ -124,6 +116,36 @@ async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
     assert [r["previous"] for r in first_steps] == ["", *kinds[:-1]]
     assert [r["context value"] for r in first_steps] == kinds
     assert other["previous"] == ""
+
+
+async def test_a_step_that_cannot_start_outside_the_task_is_left_to_handle() -> None:
+    # Without the session's task, or with another task running (so the
+    # session's cannot be entered), try_step runs nothing and leaves the
+    # session as it found it, for handle() to answer the frame.
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    frame = orjson.dumps(step("plain", 1)).decode()
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            (connection,) = app.state.openenv.connections
+            session = connection.session
+
+            async def attempts() -> list[tuple[bool, bool, bool]]:
+                outcomes = []
+                for task in (None, connection._task):
+                    taken = session.try_step(frame, lambda _: None, task, connection.context)
+                    outcomes.append((taken, session.busy, session.suspended))
+                return outcomes
+
+            server_loop = connection.closed.get_loop()
+            running = asyncio.run_coroutine_threadsafe(attempts(), server_loop)
+            assert await asyncio.wrap_future(running) == [(False, False, False)] * 2
+            assert seen == []
+            reply = await exchange(ws, step("plain", 2))
+            assert reply["id"] == 2
+            assert reply["data"]["observation"] == {"message": "plain", "count": 1}
+        await tracker.until_closed(1)
 
 
 async def test_pipelined_steps_that_suspend_keep_their_order() -> None:

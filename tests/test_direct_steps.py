@@ -63,6 +63,19 @@ async def assert_internal_error(ws: Any, frame: object) -> None:
     assert closed.value.rcvd.code == 1011
 
 
+def count_handle(monkeypatch: pytest.MonkeyPatch) -> list[str | bytes]:
+    """The frames ``Session.handle`` answers from now on (the task path)."""
+    handled: list[str | bytes] = []
+    handle = Session.handle
+
+    async def counted(self: Session, frame: str | bytes) -> str | None:
+        handled.append(frame)
+        return await handle(self, frame)
+
+    monkeypatch.setattr(Session, "handle", counted)
+    return handled
+
+
 async def exchange(ws: Any, frame: object) -> dict[str, Any]:
     await ws.send(frame if isinstance(frame, str) else orjson.dumps(frame).decode())
     reply: dict[str, Any] = orjson.loads(await ws.recv())
@@ -113,14 +126,7 @@ async def test_both_paths_answer_every_frame_alike(env_cls: Any) -> None:
 async def test_steps_skip_handle_only_on_openenv_protocol(
     ws_protocol: str, handled: int, env_cls: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[str | bytes] = []
-    handle = Session.handle
-
-    async def counted(self: Session, frame: str | bytes) -> str | None:
-        calls.append(frame)
-        return await handle(self, frame)
-
-    monkeypatch.setattr(Session, "handle", counted)
+    calls = count_handle(monkeypatch)
     with run_server(ping_app(env_cls), ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})

@@ -277,14 +277,56 @@ class Session:
         except Exception:  # handle() runs it again and answers (or fails) in full
             return False
         receiver = _DirectStep(self, step[1], reply)
-        if not self._async_step:
-            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
-        elif not _start_in(task, context, self, receiver, action):
-            return False
-        if receiver.replied:
-            return True
+        # Busy from here, as in handle(); _stepped clears both once it replies,
+        # which an async def step that never suspends does before this returns.
         self.busy = True
         self._direct_step = receiver
+        if not self._async_step:
+            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
+        elif not self._start_async(receiver, action, task, context):
+            self.busy = False
+            self._direct_step = None
+            return False
+        return True
+
+    def _start_async(
+        self,
+        step: _DirectStep,
+        action: Any,
+        task: asyncio.Task[Any] | None,
+        context: contextvars.Context | None,
+    ) -> bool:
+        """Run an ``async def`` step as a part of ``task``, until it returns or first
+        suspends; ``False`` if it cannot start here (nothing has run).
+
+        What an eager task does (Python 3.12), inside a task that already exists:
+        ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
+        groups work, and the rest runs in that same task (``settled``).
+        """
+        if task is None or context is None or _enter_task is None or _leave_task is None:
+            return False  # no task given, or an asyncio without these: the task runs it
+        loop = task.get_loop()
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:  # another task is running: not a protocol callback
+            return False
+        try:
+            coro = self.env.step(action)
+            if not isinstance(coro, types.CoroutineType):
+                ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
+            else:
+                try:
+                    awaiting = context.run(coro.send, None)
+                except StopIteration as done:
+                    ok, value = True, done.value
+                except BaseException as exc:
+                    ok, value = False, exc
+                else:
+                    self._suspended = (coro, awaiting)
+                    return True
+        finally:
+            _leave_task(loop, task)
+        self._stepped(step, ok, value)
         return True
 
     @property
@@ -343,7 +385,6 @@ class Session:
         settled, self._settled = self._settled, None
         if settled is not None and not settled.done():
             settled.set_result(None)
-        step.replied = True
         if reply is not None:
             step.reply(reply)
 
@@ -634,7 +675,6 @@ class _DirectStep:
 
     __slots__ = (
         "awaited",
-        "replied",
         "reply",
         "request_id",
         "resumed",
@@ -655,7 +695,6 @@ class _DirectStep:
         self.started = time.perf_counter()
         self.awaited = False  # a plain def returned an awaitable, now awaited
         self.resumed = False  # an async def step that suspended, now in the session's task
-        self.replied = False
         self.task: asyncio.Future[None] | None = None  # the task awaiting it
 
     def cancelled(self) -> bool:
@@ -682,47 +721,6 @@ async def _await_step(step: _DirectStep, awaitable: Any) -> None:
 
 _enter_task = getattr(asyncio.tasks, "_enter_task", None)
 _leave_task = getattr(asyncio.tasks, "_leave_task", None)
-
-
-def _start_in(
-    task: asyncio.Task[Any] | None,
-    context: contextvars.Context | None,
-    session: Session,
-    step: _DirectStep,
-    action: Any,
-) -> bool:
-    """Run an ``async def`` step of ``session`` as a part of ``task``, until it
-    returns or first suspends; ``False`` if it cannot start here.
-
-    What an eager task does (Python 3.12), inside a task that already exists:
-    ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
-    groups work, and the rest runs in that same task (``Session.settled``).
-    """
-    if task is None or context is None or _enter_task is None or _leave_task is None:
-        return False  # no task given, or an asyncio without these: the task runs it
-    loop = task.get_loop()
-    try:
-        _enter_task(loop, task)
-    except RuntimeError:  # another task is running: not a protocol callback
-        return False
-    try:
-        coro = session.env.step(action)
-        if not isinstance(coro, types.CoroutineType):
-            ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
-        else:
-            try:
-                awaiting = context.run(coro.send, None)
-            except StopIteration as done:
-                ok, value = True, done.value
-            except BaseException as exc:
-                ok, value = False, exc
-            else:
-                session._suspended = (coro, awaiting)
-                return True
-    finally:
-        _leave_task(loop, task)
-    session._stepped(step, ok, value)
-    return True
 
 
 @types.coroutine
