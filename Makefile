@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -35,7 +35,8 @@ pytest: $(STAMP) chromium sandbox-python
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn
+bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
+	bench-workers
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -65,6 +66,10 @@ bench-runtime: $(STAMP)
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2
+
+# One server on every core: 1 vs 2 workers, how connections spread, 32,768 sleeping sessions.
+bench-workers: $(STAMP)
+	$(BIN)/python benchmarks/workers.py
 
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
