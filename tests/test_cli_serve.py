@@ -23,7 +23,7 @@ from cli_envs import write_env
 from dockerfiles import stop, wait_healthy
 from typer.testing import CliRunner
 
-from openenv import AnyObservation, CapacityError, WebSocketEnvClient
+from openenv import Action, AnyObservation, CapacityError, SessionClosedError, WebSocketEnvClient
 from openenv.cli import app
 
 OPENENV = Path(sys.executable).with_name("openenv")
@@ -46,13 +46,6 @@ def test_a_folder_that_is_not_an_environment_is_refused(tmp_path: Path) -> None:
     )
 
 
-def test_fewer_sessions_than_workers_is_refused(tmp_path: Path) -> None:
-    folder = str(write_env(tmp_path / "env"))
-    assert refused(folder, "--workers", "3", "--max-sessions", "2") == (
-        "error: --max-sessions 2 is fewer than --workers 3: every worker needs at least one session"
-    )
-
-
 def test_reload_with_workers_is_refused(tmp_path: Path) -> None:
     folder = str(write_env(tmp_path / "env"))
     line = refused(folder, "--reload", "--workers", "2")
@@ -63,7 +56,7 @@ def test_an_app_that_would_ignore_the_cap_is_refused(tmp_path: Path) -> None:
     folder = str(write_env(tmp_path / "env", config="ConcurrencyConfig(max_concurrent_envs=8)"))
     line = refused(folder, "--max-sessions", "4")
     assert line.startswith("error: server/app.py ignores OPENENV_MAX_CONCURRENT_ENVS")
-    assert "asked for 4 sessions per worker, its app holds 8" in line
+    assert "asked for 4 sessions, its app holds 8" in line
     assert "OPENENV_MAX_CONCURRENT_ENVS" not in os.environ
 
 
@@ -140,40 +133,121 @@ def gone(pid: int) -> bool:
     return False
 
 
+async def open_sessions(url: str, n: int) -> list[tuple[WebSocketEnvClient, int]]:
+    """Open ``n`` sessions at once; every one must get in."""
+    opened = await asyncio.gather(*(open_session(url) for _ in range(n)))
+    held = [session for session in opened if session is not None]
+    refused = len(opened) - len(held)
+    assert refused == 0, f"{refused} of {n} refused"
+    return held
+
+
+async def steps_ok(sessions: list[tuple[WebSocketEnvClient, int]]) -> bool:
+    results = await asyncio.gather(*(client.step(Ping()) for client, _ in sessions))
+    return all(result.reward == 1.0 for result in results)
+
+
+async def eventually(condition: Any, what: str, log: Path, seconds: float = 30) -> None:
+    """Poll ``condition`` (blocking, so in a thread) until it holds."""
+    deadline = time.monotonic() + seconds
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}\n{await asyncio.to_thread(log.read_text)}")
+        await asyncio.sleep(0.05)
+
+
+class Ping(Action):
+    note: str = ""
+
+
 @pytest.mark.timeout(180)
-def test_workers_share_the_cap_and_refuse_beyond_it(tmp_path: Path) -> None:
+def test_workers_share_one_cap_and_a_killed_worker_is_replaced(tmp_path: Path) -> None:
     folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
 
-    async def scenario(url: str) -> list[int]:
-        held: list[tuple[WebSocketEnvClient, int]] = []
-        # The kernel picks the worker for each connection; a full worker refuses (1013)
-        # even while the other has room, so keep trying until all 4 slots are held.
-        for _ in range(200):
-            if len(held) == 4:
-                break
-            if (session := await open_session(url)) is not None:
-                held.append(session)
-        pids = [pid for _, pid in held]
+    async def scenario(url: str) -> set[int]:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 64)  # all at once: any worker, one cap
         try:
-            assert len(held) == 4
-            assert sorted(Counter(pids).values()) == [2, 2]  # 2 processes x 2 sessions
-            for _ in range(10):  # both workers are full now: nobody gets in
-                assert await open_session(url) is None
-        finally:
-            for client, _ in held:
-                await client.close()
-        return pids
+            pids = Counter(pid for _, pid in held)
+            assert len(pids) == 2, pids  # the kernel spread them over both workers
+            assert await open_session(url) is None  # the 65th: the whole server is full
+            state = health(url)
+            assert (state["status"], state["active_sessions"], state["workers"]) == (
+                "healthy",
+                64,
+                2,
+            )
 
-    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc):
-        banner = (folder / "serve.out").read_text()
-        assert "(2 workers x 2 sessions = 4)" in banner
+            victim = min(pids)
+            os.kill(victim, signal.SIGKILL)
+            doomed = [s for s in held if s[1] == victim]
+            others = [s for s in held if s[1] != victim]
+            for client, _ in doomed:  # their connection ends with the process
+                with pytest.raises(SessionClosedError):
+                    await client.step(Ping())
+            assert await steps_ok(others)  # the other worker's sessions go on
+            held = others
+
+            # A replacement worker appears and the dead one's slots are free again.
+            await eventually(
+                lambda: (
+                    health(url).get("workers") == 2
+                    and health(url).get("active_sessions") == len(others)
+                ),
+                "no replacement worker, or the dead worker's slots stayed taken",
+                log,
+            )
+            held += await open_sessions(url, len(doomed))
+            assert await open_session(url) is None
+            assert await steps_ok(held)
+            return {pid for _, pid in held} | {victim}
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "64") as (url, proc):
+        assert "(2 workers sharing 64 sessions)" in (folder / "serve.out").read_text()
         pids = asyncio.run(scenario(url))
         assert proc.pid not in pids  # sessions live in the workers, not the supervisor
+        assert "starting a replacement" in log.read_text()
         assert stop(proc, signal.SIGINT) == 0
     deadline = time.monotonic() + 20
-    while not all(gone(pid) for pid in set(pids)):
+    while not all(gone(pid) for pid in pids):
         assert time.monotonic() < deadline, "a worker outlived openenv serve"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_waits_in_line_for_a_slot_freed_by_another_worker(tmp_path: Path) -> None:
+    queueing = (
+        "ConcurrencyConfig(max_concurrent_envs=int(os.environ['OPENENV_MAX_CONCURRENT_ENVS']),"
+        " queue_timeout=60)"
+    )
+    folder = write_env(tmp_path / "env", config=queueing)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        waiting = [asyncio.ensure_future(open_session(url)) for _ in range(4)]
+        await eventually(lambda: health(url).get("queued_sessions") == 4, "not queued", log)
+        assert health(url)["active_sessions"] == 8
+        # Free one slot on each worker in turn: every waiter gets in, wherever it waits.
+        leaving, held = held[:4], held[4:]
+        for client, _ in leaving:
+            await client.close()
+        arrived = await asyncio.gather(*waiting)
+        held += [session for session in arrived if session is not None]
+        try:
+            assert len(held) == 8
+            assert (health(url)["active_sessions"], health(url)["queued_sessions"]) == (8, 0)
+            assert await steps_ok(held)
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "8") as (url, proc):
+        asyncio.run(scenario(url))
+        assert stop(proc, signal.SIGINT) == 0
 
 
 def test_an_app_that_would_ignore_the_session_timeout_is_refused(tmp_path: Path) -> None:

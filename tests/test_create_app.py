@@ -116,6 +116,7 @@ def test_health_metadata_and_schema(echo_url: str) -> None:
         "max_sessions": 64,
         "queued_sessions": 0,
         "protocol_version": 1,
+        "workers": 1,
     }
     assert metadata["name"] == "EchoEnvironment"
     assert metadata["description"].startswith("Echoes every message back")

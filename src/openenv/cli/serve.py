@@ -1,13 +1,11 @@
 """``openenv serve``: run an environment folder's app with uvicorn, in one or more processes.
 
 A WebSocket session lives in the process that accepted its connection, for as
-long as the connection stays open. So N worker processes are N independent
-servers behind one socket, each holding its own sessions: the session cap is
-split between them (``OPENENV_MAX_CONCURRENT_ENVS`` = total // N per worker),
-and the total can never be exceeded, whichever worker the kernel hands a
-connection to. A client refused by a full worker gets ``CAPACITY_REACHED``
-(close code 1013, try again later) even if another worker has room; its retry
-may land on that other worker.
+long as the connection stays open. N worker processes share one listening
+socket and one session cap: ``--max-sessions`` (``OPENENV_MAX_CONCURRENT_ENVS``)
+counts the sessions of every worker together, so a client gets a session
+while the server has room, whichever worker the kernel hands it to. A worker
+that dies is replaced and its slots are freed (``server/slots.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import typer
 
 from openenv.cli.app_loader import APP_MODULE, AppLoadError, imported_app
 
-__all__ = ["ServeInfo", "serve", "serve_command", "split_sessions"]
+__all__ = ["ServeInfo", "serve", "serve_command"]
 
 MAX_SESSIONS_VAR = "OPENENV_MAX_CONCURRENT_ENVS"
 SESSION_TIMEOUT_VAR = "OPENENV_SESSION_TIMEOUT"
@@ -36,43 +34,20 @@ class ServeInfo:
     folder: Path
     url: str
     workers: int
-    sessions_per_worker: int | None
-    max_sessions: int | None = None
+    sessions: int | None
 
     def describe(self) -> str:
         """One line for the terminal.
 
-        >>> ServeInfo("echo", Path("envs/echo_env"), "http://127.0.0.1:8000", 2, 32).describe()
-        'serving echo from envs/echo_env at http://127.0.0.1:8000 (2 workers x 32 sessions = 64)'
+        >>> ServeInfo("echo", Path("envs/echo_env"), "http://127.0.0.1:8000", 2, 64).describe()
+        'serving echo from envs/echo_env at http://127.0.0.1:8000 (2 workers sharing 64 sessions)'
         """
         where = f"serving {self.name} from {self.folder} at {self.url}"
-        if self.sessions_per_worker is None:
+        if self.sessions is None:
             return f"{where} ({self.workers} worker{'s' if self.workers > 1 else ''})"
         if self.workers == 1:
-            return f"{where} (up to {self.sessions_per_worker} sessions)"
-        total = self.workers * self.sessions_per_worker
-        split = f"{self.workers} workers x {self.sessions_per_worker} sessions = {total}"
-        if self.max_sessions is not None and self.max_sessions != total:
-            split += f"; --max-sessions {self.max_sessions} rounded down to split evenly"
-        return f"{where} ({split})"
-
-
-def split_sessions(max_sessions: int, workers: int) -> int:
-    """Each worker's share of the session cap, rounded down so the total holds.
-
-    >>> split_sessions(64, 4), split_sessions(10, 3)
-    (16, 3)
-    >>> split_sessions(1, 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: --max-sessions 1 is fewer than --workers 2: every worker needs at least one session
-    """
-    if max_sessions < workers:
-        raise ValueError(
-            f"--max-sessions {max_sessions} is fewer than --workers {workers}: "
-            f"every worker needs at least one session"
-        )
-    return max_sessions // workers
+            return f"{where} (up to {self.sessions} sessions)"
+        return f"{where} ({self.workers} workers sharing {self.sessions} sessions)"
 
 
 def serve(
@@ -92,10 +67,10 @@ def serve(
         path: The environment folder.
         host: Interface to listen on; ``0.0.0.0`` for every interface.
         port: TCP port; 0 picks a free one (see ``ServeInfo.url``).
-        workers: Server processes sharing the socket; sessions stay in the
-            process that accepted them.
-        max_sessions: Total session cap across all workers (default: the app's
-            own cap, per worker). Passed as ``OPENENV_MAX_CONCURRENT_ENVS``.
+        workers: Server processes sharing the socket and the session cap;
+            sessions stay in the process that accepted them.
+        max_sessions: The session cap of the whole server, all workers together
+            (default: the app's own cap). Passed as ``OPENENV_MAX_CONCURRENT_ENVS``.
         session_timeout: Idle seconds before a session is closed; passed as
             ``OPENENV_SESSION_TIMEOUT``.
         reload: Restart the server when a file in ``path`` changes (one worker).
@@ -118,19 +93,18 @@ def serve(
         raise ValueError(f"--session-timeout must be positive, got {session_timeout}")
     folder = Path(path).resolve()
     environ: dict[str, str | None] = {}
-    share = None if max_sessions is None else split_sessions(max_sessions, workers)
-    if share is not None:
-        environ[MAX_SESSIONS_VAR] = str(share)
+    if max_sessions is not None:
+        environ[MAX_SESSIONS_VAR] = str(max_sessions)
     if session_timeout is not None:
         environ[SESSION_TIMEOUT_VAR] = str(session_timeout)
     # The environment stays applied while serving, so worker processes inherit it.
     with imported_app(folder, environ) as app:
-        name, sessions = _check_applied(app, share, session_timeout)
+        name, sessions = _check_applied(app, max_sessions, session_timeout)
         sock = _listen(host, port)
         with sock:
             url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
             if on_ready is not None:
-                on_ready(ServeInfo(name, Path(path), url, workers, sessions, max_sessions))
+                on_ready(ServeInfo(name, Path(path), url, workers, sessions))
             # openenv's runner: heartbeats, frame limits, and on SIGTERM/SIGINT a
             # drain (close 1001 to every session, every environment closed), exit 0.
             options: dict[str, Any] = {"log_level": "info"}
@@ -151,21 +125,21 @@ def serve(
 
 
 def _check_applied(
-    app: Any, share: int | None, session_timeout: float | None
+    app: Any, max_sessions: int | None, session_timeout: float | None
 ) -> tuple[str, int | None]:
     """Refuse to serve an app that would silently ignore --max-sessions or --session-timeout."""
     service = getattr(getattr(app, "state", None), "openenv", None)
     if service is None:
-        if share is not None or session_timeout is not None:
+        if max_sessions is not None or session_timeout is not None:
             raise AppLoadError(
                 "server/app.py's `app` was not made by openenv.create_app, so "
                 "--max-sessions and --session-timeout cannot apply to it"
             )
         return "the app", None
     cap = service.registry.max_sessions
-    if share is not None and cap != share:
+    if max_sessions is not None and cap != max_sessions:
         raise AppLoadError(
-            f"server/app.py ignores {MAX_SESSIONS_VAR}: asked for {share} sessions per worker, "
+            f"server/app.py ignores {MAX_SESSIONS_VAR}: asked for {max_sessions} sessions, "
             f"its app holds {cap}. Build its config with ConcurrencyConfig.from_env(...)"
         )
     timeout = service.concurrency.session_timeout
@@ -205,11 +179,16 @@ def serve_command(
     ),
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one.")] = 8000,
     workers: Annotated[
-        int, typer.Option(min=1, help="Server processes; the session cap is split between them.")
+        int,
+        typer.Option(
+            min=1, help="Server processes, sharing the session cap; any that dies is replaced."
+        ),
     ] = 1,
     max_sessions: Annotated[
         int | None,
-        typer.Option(min=1, help="Total session cap across workers (default: the app's own)."),
+        typer.Option(
+            min=1, help="Session cap of the whole server, all workers (default: the app's own)."
+        ),
     ] = None,
     session_timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Close sessions idle this many seconds.")

@@ -132,7 +132,7 @@ def _host(action_cls: type[Action], executor: Executor) -> Any:
     from openenv.server.calls import on_executor
     from openenv.server.config import ServerSettings
     from openenv.server.metrics import Metrics
-    from openenv.server.sessions import SessionRegistry
+    from openenv.server.slots import SessionRegistry
 
     run_on_executor = on_executor(executor)
 

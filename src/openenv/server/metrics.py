@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from openenv.server.sessions import SessionRegistry
+    from openenv.server.slots import SessionRegistry
 
 __all__ = ["CONTENT_TYPE", "Histogram", "Metrics"]
 
@@ -87,14 +87,13 @@ class Metrics:
         )
 
         sessions = self._sessions
-        yield GaugeMetricFamily(
-            "openenv_sessions_active", "Sessions holding a slot.", value=sessions.active
-        )
+        active, queued = sessions.totals()
+        yield GaugeMetricFamily("openenv_sessions_active", "Sessions holding a slot.", value=active)
         yield GaugeMetricFamily(
             "openenv_sessions_capacity", "Session slots in all.", value=sessions.max_sessions
         )
         yield GaugeMetricFamily(
-            "openenv_sessions_queued", "Connections waiting for a free slot.", value=sessions.queued
+            "openenv_sessions_queued", "Connections waiting for a free slot.", value=queued
         )
         yield CounterMetricFamily("openenv_sessions_opened", "Sessions opened.", value=self.opened)
         closed = CounterMetricFamily(

@@ -134,7 +134,7 @@ async def list_envs(request: Request) -> EnvListing:
                 name=name,
                 path=f"/envs/{name}",
                 metadata=service.metadata,
-                active_sessions=service.registry.active,
+                active_sessions=service.registry.totals()[0],
                 max_sessions=service.registry.max_sessions,
                 splits=splits_of(service),
                 tools=tool_names(service),

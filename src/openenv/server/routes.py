@@ -26,6 +26,7 @@ class HealthResponse(BaseModel):
     max_sessions: int
     queued_sessions: int
     protocol_version: int
+    workers: int = 1
 
 
 class SchemaResponse(BaseModel):
@@ -40,14 +41,16 @@ def _service(request: Request) -> EnvService:
 
 
 async def health(request: Request) -> HealthResponse:
-    """Liveness, and how many session slots are taken."""
+    """Liveness, and how many session slots are taken (in the whole server)."""
     service = _service(request)
+    active, queued = service.registry.totals()
     return HealthResponse(
         status="draining" if service.draining else "healthy",
-        active_sessions=service.registry.active,
+        active_sessions=active,
         max_sessions=service.registry.max_sessions,
-        queued_sessions=service.registry.queued,
+        queued_sessions=queued,
         protocol_version=PROTOCOL_VERSION,
+        workers=service.registry.workers(),
     )
 
 

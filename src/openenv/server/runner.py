@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
+import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,16 @@ from typing import Any
 import uvicorn
 
 from openenv.server.service import LIVE_SERVICES
+from openenv.server.slots import BOARD_VAR
 from openenv.server.wsprotocol import WebSocketProtocol
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
+
+logger = logging.getLogger("openenv.server")
+
+_SHM = "/dev/shm"  # the board is a few KiB read on every admission: keep it in memory
+_STARTUP_FAILURE = 3  # uvicorn's exit code when the app's startup fails
+_CRASH_LOOP_SECONDS = 1.0
 
 
 def uvicorn_config(
@@ -106,8 +118,9 @@ def serve(
         app: The app, or its import string (required for ``reload``/``workers``).
         host: Interface to bind.
         port: Port to bind.
-        workers: Processes sharing the listening socket. Each holds its own
-            sessions: a WebSocket stays in the process that accepted it.
+        workers: Processes sharing the listening socket and one session cap; a
+            worker that dies is replaced. A WebSocket stays in the process
+            that accepted it.
         app_dir: Folder to import the app string from (like ``uvicorn --app-dir``).
         fd: Serve on an already-bound socket descriptor instead of host/port.
         **options: ``uvicorn_config`` options (``heartbeat_interval``, ...) and
@@ -132,8 +145,8 @@ def run_on_socket(
 ) -> None:
     """Serve on a socket the caller bound and listens on (``openenv serve`` does).
 
-    ``workers > 1`` runs that many processes, each with its own sessions;
-    ``reload=True`` restarts the app when its files change.
+    ``workers > 1`` runs that many processes sharing one session cap, and
+    replaces any that dies; ``reload=True`` restarts the app when its files change.
     """
     if workers > 1:
         if not isinstance(app, str):
@@ -161,29 +174,68 @@ def _worker(
 def _supervise(
     workers: int, app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
 ) -> None:
-    """Run ``workers`` processes on one socket; pass SIGTERM/SIGINT on; exit when they do."""
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        # The socket itself travels to each child (multiprocessing duplicates it).
-        context.Process(target=_worker, args=(app, app_dir, sock, options), daemon=False)
-        for _ in range(workers)
-    ]
-    for process in processes:
-        process.start()
+    """Run ``workers`` processes on one socket sharing one session cap; replace any that dies.
 
-    def forward(sig: int, frame: object) -> None:
+    uvicorn's own ``Multiprocess`` supervisor would replace workers too, but it
+    runs a plain ``uvicorn.Server`` in each, without openenv's drain; this loop
+    waits on the workers' sentinels, so a death is seen at once, not at the
+    next health-check tick.
+    """
+    context = multiprocessing.get_context("spawn")
+    board = tempfile.mkdtemp(prefix="openenv-slots-", dir=_SHM if os.path.isdir(_SHM) else None)
+    previous = os.environ.get(BOARD_VAR)
+    os.environ[BOARD_VAR] = board  # spawned workers copy the environment as they start
+    stopping = False
+
+    def start() -> multiprocessing.process.BaseProcess:
+        # The socket itself travels to each child (multiprocessing duplicates it).
+        process = context.Process(target=_worker, args=(app, app_dir, sock, options))
+        process.start()
+        return process
+
+    processes = [start() for _ in range(workers)]
+    born = {process.pid: time.monotonic() for process in processes}
+
+    def stop(sig: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
         for process in processes:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
-    originals = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    originals = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
     try:
-        for process in processes:
-            process.join()
+        while processes:
+            ended = multiprocessing.connection.wait([p.sentinel for p in processes])
+            for process in [p for p in processes if p.sentinel in ended]:
+                process.join()
+                processes.remove(process)
+                if stopping:
+                    continue
+                if process.exitcode == _STARTUP_FAILURE:
+                    # It would fail the same way every time: the app, not the worker, is broken.
+                    failed = True
+                    stop(signal.SIGTERM, None)
+                    continue
+                logger.warning(
+                    "worker %s exited with code %s; starting a replacement",
+                    process.pid,
+                    process.exitcode,
+                )
+                if time.monotonic() - born.pop(process.pid, 0.0) < _CRASH_LOOP_SECONDS:
+                    time.sleep(_CRASH_LOOP_SECONDS)  # dying at once: do not spin
+                if not stopping:
+                    processes.append(replacement := start())
+                    born[replacement.pid] = time.monotonic()
     finally:
         for sig, handler in originals.items():
             signal.signal(sig, handler)
         sock.close()
-    failed = [p.exitcode for p in processes if p.exitcode != 0]
+        if previous is None:
+            os.environ.pop(BOARD_VAR, None)
+        else:
+            os.environ[BOARD_VAR] = previous
+        shutil.rmtree(board, ignore_errors=True)
     if failed:
-        raise SystemExit(f"{len(failed)} worker(s) exited with codes {failed}")
+        raise SystemExit(_STARTUP_FAILURE)

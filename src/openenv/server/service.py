@@ -20,7 +20,8 @@ from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.metrics import Metrics
-from openenv.server.sessions import Session, SessionRegistry, SessionState
+from openenv.server.sessions import Session, SessionState
+from openenv.server.slots import SessionRegistry, SlotBoard
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
@@ -185,6 +186,10 @@ class EnvService:
             self.handoff = Handoff(self.settings.max_threads)
             self._handoff_stopped = False
         self.draining = False
+        # Under `openenv serve --workers N` every worker counts on one board: one cap.
+        board = SlotBoard.from_env(str(self.metadata.name))
+        if board is not None:
+            self.registry.attach(board)
         LIVE_SERVICES.add(self)
         restore_gc = _tune_gc(self.settings.gc_threshold)
         reaper = None
@@ -201,6 +206,7 @@ class EnvService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reaper
             await self.drain()
+            self.registry.detach()
             LIVE_SERVICES.discard(self)
             self.handoff.shutdown()
             self._handoff_stopped = True

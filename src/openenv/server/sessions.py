@@ -1,14 +1,13 @@
 """Sessions: one environment instance each, counted against one cap.
 
-``SessionRegistry`` owns the slots; ``Session`` turns decoded client frames
-into calls on its environment and returns the reply frames. Neither touches a
+``Session`` turns decoded client frames into calls on its environment and
+returns the reply frames; its slot comes from ``server/slots.py``. Neither touches a
 socket: the endpoint in ``server/endpoint.py`` does the I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextvars
 import difflib
 import enum
@@ -19,7 +18,6 @@ import os
 import time
 import types
 import weakref
-from collections import Counter
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -37,9 +35,10 @@ from openenv.types import Observation, State
 if TYPE_CHECKING:
     from openenv.server.config import ServerSettings
     from openenv.server.metrics import Metrics
+    from openenv.server.slots import SessionRegistry
     from openenv.types import Action
 
-__all__ = ["EnvFailure", "Lane", "Session", "SessionHost", "SessionRegistry", "SessionState"]
+__all__ = ["EnvFailure", "Lane", "Session", "SessionHost", "SessionState"]
 
 _R = TypeVar("_R")
 
@@ -50,79 +49,6 @@ class SessionState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-class SessionRegistry:
-    """The session slots of one server process, and the queue of those waiting.
-
-    ``try_acquire`` and ``release`` never await, so on one event loop the check
-    and the increment cannot interleave: the cap holds without a lock. A freed
-    slot goes straight to the longest-waiting connection, so nobody barges in.
-    """
-
-    def __init__(self, max_sessions: int) -> None:
-        self.max_sessions = max_sessions
-        self.sessions: dict[str, Session] = {}
-        self._reserved = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.opened = 0
-        self.closed: Counter[str] = Counter()
-
-    @property
-    def active(self) -> int:
-        return self._reserved
-
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
-
-    def try_acquire(self) -> bool:
-        """Reserve a slot before the factory runs; ``False`` when full."""
-        if self._reserved >= self.max_sessions or self._waiters:
-            return False
-        self._reserved += 1
-        return True
-
-    async def acquire(self, wait: float) -> bool:
-        """Reserve a slot, waiting up to ``wait`` seconds in line for one."""
-        if self.try_acquire():
-            return True
-        if wait <= 0:
-            return False
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout(wait):
-                await waiter
-            return True
-        except TimeoutError:
-            # The slot may have been handed over just as the deadline passed.
-            return waiter.done() and not waiter.cancelled()
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # granted just as we were cancelled: pass it on
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-    def release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot changes hands; the count stays
-                return
-        self._reserved -= 1
-        assert self._reserved >= 0, "session slot released twice"
-
-    def add(self, session: Session) -> None:
-        self.sessions[session.id] = session
-        self.opened += 1
-
-    def remove(self, session: Session, reason: str) -> None:
-        del self.sessions[session.id]
-        self.closed[reason] += 1
-        self.release()
 
 
 class _ResetArgs(BaseModel):

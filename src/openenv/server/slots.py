@@ -1,0 +1,344 @@
+"""Session slots: the cap of one server, shared by every worker process.
+
+``SessionRegistry`` holds a server process's slots and its line of waiting
+connections. On its own it caps one process.
+
+``openenv serve --workers N`` (and ``openenv.serve(..., workers=N)``) runs N
+processes on one listening socket; the kernel hands each connection to one of
+them. For the cap to hold for the whole server, each worker counts its slots
+on a ``SlotBoard``: a small table in shared memory (a file under
+``/dev/shm``), one row per worker, changed only under an exclusive ``flock``.
+
+Why file locks rather than a ``multiprocessing`` lock or a manager process:
+the kernel releases a ``flock`` when its holder dies, however it dies. A
+worker killed with SIGKILL, or by a segfault in environment code, cannot leave
+the board locked, and the lock on its own row is what tells the others that
+it is gone: whoever next finds the row unlocked zeroes it, which frees the
+dead worker's slots, and its replacement claims the row again. No supervisor
+has to be told anything, so this works under any process manager that passes
+``OPENENV_SLOT_BOARD`` on to its workers.
+
+A worker's row holds its open sessions and the connections it has waiting in
+line. Taking a slot reads the whole table (a few rows: microseconds) under the
+board lock, so a burst on every worker at once still never exceeds the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fcntl
+import mmap
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from openenv.server.sessions import Session
+
+__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard"]
+
+BOARD_VAR: Final = "OPENENV_SLOT_BOARD"
+
+_ROWS: Final = 1024  # workers per board, counting replacements that reuse a row
+_ACTIVE, _QUEUED = 0, 1  # the two numbers in a row
+_WIDTH: Final = 2
+_HIGH_WATER: Final = _ROWS * _WIDTH  # one int64 after the rows: rows ever claimed
+
+
+class SessionRegistry:
+    """The session slots of one server, and the queue of those waiting.
+
+    ``try_acquire`` and ``release`` never await, so on one event loop the check
+    and the increment cannot interleave: the cap holds without a lock. A freed
+    slot goes straight to the longest-waiting connection, so nobody barges in.
+
+    When the server runs several worker processes, each registry also counts
+    its slots on a shared ``SlotBoard`` (``attach``), so ``max_sessions`` caps
+    the whole server; a connection waiting in line here then also takes a slot
+    freed by another worker, checked every ``poll_interval`` seconds.
+    """
+
+    poll_interval = 0.01
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, Session] = {}
+        self._reserved = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._board: SlotBoard | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self.opened = 0
+        self.closed: Counter[str] = Counter()
+
+    @property
+    def active(self) -> int:
+        """Slots this process holds."""
+        return self._reserved
+
+    @property
+    def queued(self) -> int:
+        """Connections this process holds in line."""
+        return len(self._waiters)
+
+    def totals(self) -> tuple[int, int]:
+        """Slots held and connections in line, across every worker of the server."""
+        if self._board is None:
+            return self._reserved, len(self._waiters)
+        return self._board.totals()
+
+    def workers(self) -> int:
+        """Worker processes sharing the cap (1 without a board)."""
+        return 1 if self._board is None else self._board.workers()
+
+    def attach(self, board: SlotBoard) -> None:
+        """Count slots on ``board`` from now on (before any session opens)."""
+        assert self._reserved == 0, "attach a board before serving"
+        assert not self._waiters, "attach a board before serving"
+        self._board = board
+
+    def detach(self) -> None:
+        """Leave the board: the server has stopped."""
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._board is not None:
+            self._board.leave()
+            self._board = None
+
+    def try_acquire(self) -> bool:
+        """Reserve a slot before the factory runs; ``False`` when full."""
+        if self._waiters:
+            return False
+        board = self._board
+        if board is None:
+            if self._reserved >= self.max_sessions:
+                return False
+        elif board.queued_elsewhere() or not board.take(self.max_sessions):
+            return False
+        self._reserved += 1
+        return True
+
+    async def acquire(self, wait: float) -> bool:
+        """Reserve a slot, waiting up to ``wait`` seconds in line for one."""
+        if self.try_acquire():
+            return True
+        if wait <= 0:
+            return False
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._publish_queue()
+        if self._board is not None and self._poller is None:
+            self._poller = asyncio.create_task(self._poll(self._board))
+        try:
+            async with asyncio.timeout(wait):
+                await waiter
+            return True
+        except TimeoutError:
+            # The slot may have been handed over just as the deadline passed.
+            return waiter.done() and not waiter.cancelled()
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted just as we were cancelled: pass it on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            self._publish_queue()
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands; the count stays
+                return
+        self._reserved -= 1
+        assert self._reserved >= 0, "session slot released twice"
+        if self._board is not None:
+            self._board.give()
+
+    def add(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        self.opened += 1
+
+    def remove(self, session: Session, reason: str) -> None:
+        del self.sessions[session.id]
+        self.closed[reason] += 1
+        self.release()
+
+    def _publish_queue(self) -> None:
+        if self._board is not None:
+            self._board.set_queued(len(self._waiters))
+
+    async def _poll(self, board: SlotBoard) -> None:
+        """Hand slots freed by other workers to this worker's line, oldest first."""
+        try:
+            while self._waiters:
+                await asyncio.sleep(self.poll_interval)
+                while self._waiters and board.take(self.max_sessions):
+                    waiter = self._waiters.popleft()
+                    if waiter.done():  # gave up meanwhile
+                        board.give()
+                        continue
+                    self._reserved += 1
+                    waiter.set_result(None)
+                self._publish_queue()
+        finally:
+            self._poller = None
+
+
+class SlotBoard:
+    """This worker's row on the shared board of one app.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> a, b = SlotBoard.join(folder, "echo"), SlotBoard.join(folder, "echo")
+    >>> a.take(2), b.take(2), b.take(2)
+    (True, True, False)
+    >>> a.give(); b.take(2)
+    True
+    >>> a.totals(), a.workers()
+    ((2, 0), 2)
+    >>> a.leave(); b.leave()
+    """
+
+    def __init__(
+        self, folder: Path, row: int, lock_fd: int, row_fd: int, memory: mmap.mmap
+    ) -> None:
+        self.folder = folder
+        self.row = row
+        self._lock_fd = lock_fd
+        self._row_fd = row_fd  # held locked for this worker's whole life
+        self._memory = memory
+        self._view = memoryview(memory).cast("q")
+        self._peers: dict[int, int] = {}  # row -> an fd of its lock file, to test it
+
+    @classmethod
+    def from_env(cls, app_name: str) -> SlotBoard | None:
+        """Join the board named by ``OPENENV_SLOT_BOARD``, if the supervisor set one."""
+        folder = os.environ.get(BOARD_VAR)
+        return None if not folder else cls.join(folder, app_name)
+
+    @classmethod
+    def join(cls, folder: str | Path, app_name: str) -> SlotBoard:
+        """Claim a free row of ``app_name``'s board in ``folder`` (created if need be)."""
+        base = Path(folder) / re.sub(r"[^A-Za-z0-9_.-]", "_", app_name or "app")
+        base.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(base / "board", os.O_RDWR | os.O_CREAT, 0o600)
+        size = (_HIGH_WATER + 1) * 8
+        with _locked(lock_fd):
+            if os.fstat(lock_fd).st_size < size:
+                os.ftruncate(lock_fd, size)
+            memory = mmap.mmap(lock_fd, size)
+            view = memoryview(memory).cast("q")
+            for row in range(_ROWS):
+                row_fd = os.open(base / f"row-{row}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                if _try_lock(row_fd):
+                    # Free: never used, or its worker died. Whatever it counted is gone.
+                    view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
+                    view[_HIGH_WATER] = max(view[_HIGH_WATER], row + 1)
+                    view.release()
+                    return cls(base, row, lock_fd, row_fd, memory)
+                os.close(row_fd)
+            view.release()
+        memory.close()
+        os.close(lock_fd)
+        raise RuntimeError(f"every one of the {_ROWS} worker rows of {base} is in use")
+
+    def take(self, cap: int) -> bool:
+        """Count one more session for this worker, if the whole server has room."""
+        with _locked(self._lock_fd):
+            active, _ = self._sum()
+            if active >= cap:
+                self._sweep()
+                active, _ = self._sum()
+            if active >= cap:
+                return False
+            self._view[self.row * _WIDTH + _ACTIVE] += 1
+            return True
+
+    def give(self) -> None:
+        """Count one session fewer for this worker."""
+        with _locked(self._lock_fd):
+            self._view[self.row * _WIDTH + _ACTIVE] -= 1
+
+    def set_queued(self, waiting: int) -> None:
+        """Publish how many connections wait in this worker's line."""
+        self._view[self.row * _WIDTH + _QUEUED] = waiting
+
+    def queued_elsewhere(self) -> int:
+        """Connections other workers hold in line (a fresh arrival queues behind them)."""
+        _, queued = self._sum()
+        return queued - self._view[self.row * _WIDTH + _QUEUED]
+
+    def totals(self) -> tuple[int, int]:
+        """Sessions open and connections waiting, across every live worker."""
+        with _locked(self._lock_fd):
+            self._sweep()
+            return self._sum()
+
+    def workers(self) -> int:
+        """Worker processes alive on this board, this one included."""
+        with _locked(self._lock_fd):
+            return 1 + sum(1 for row in self._rows() if row != self.row and self._held(row))
+
+    def leave(self) -> None:
+        """Give the row up (its counts with it); the worker is stopping."""
+        with _locked(self._lock_fd):
+            self._view[self.row * _WIDTH + _ACTIVE] = self._view[self.row * _WIDTH + _QUEUED] = 0
+        for fd in (*self._peers.values(), self._row_fd, self._lock_fd):
+            os.close(fd)
+        self._peers.clear()
+        self._view.release()
+        self._memory.close()
+
+    def _rows(self) -> range:
+        return range(self._view[_HIGH_WATER])
+
+    def _sum(self) -> tuple[int, int]:
+        view, active, queued = self._view, 0, 0
+        for row in self._rows():
+            active += view[row * _WIDTH + _ACTIVE]
+            queued += view[row * _WIDTH + _QUEUED]
+        return active, queued
+
+    def _sweep(self) -> None:
+        """Zero the rows of workers that died (their row lock is free)."""
+        view = self._view
+        for row in self._rows():
+            counted = view[row * _WIDTH + _ACTIVE] or view[row * _WIDTH + _QUEUED]
+            if row != self.row and counted and not self._held(row):
+                view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
+
+    def _held(self, row: int) -> bool:
+        fd = self._peers.get(row)
+        if fd is None:
+            fd = self._peers[row] = os.open(
+                self.folder / f"row-{row}.lock", os.O_RDWR | os.O_CREAT, 0o600
+            )
+        if _try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        return True
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    # Held for microseconds (a read of a few rows): blocking the loop is cheaper
+    # than a thread hop.
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
