@@ -142,6 +142,12 @@ async def open_sessions(url: str, n: int) -> list[tuple[WebSocketEnvClient, int]
     return held
 
 
+def steps_counted(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(re.search(r"^openenv_steps_total (\S+)$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
+
+
 async def steps_ok(sessions: list[tuple[WebSocketEnvClient, int]]) -> bool:
     results = await asyncio.gather(*(client.step(Ping()) for client, _ in sessions))
     return all(result.reward == 1.0 for result in results)
@@ -242,6 +248,11 @@ def test_a_connection_waits_in_line_for_a_slot_freed_by_another_worker(tmp_path:
             assert len(held) == 8
             assert (health(url)["active_sessions"], health(url)["queued_sessions"]) == (8, 0)
             assert await steps_ok(held)
+            # Any worker's /metrics counts the steps of both (each connection may
+            # land on either worker, so ask several times).
+            await eventually(
+                lambda: {steps_counted(url) for _ in range(8)} == {8.0}, "steps uncounted", log
+            )
         finally:
             await asyncio.gather(*(client.close() for client, _ in held))
 

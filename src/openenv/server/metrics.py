@@ -5,7 +5,9 @@ event loop thread, so counting needs no lock (prometheus_client's metric
 objects take one per update, a measurable share of a cheap step). The
 numbers become Prometheus metric families when ``/metrics`` is scraped.
 Each app has its own registry, so several apps in one process (tests, a
-multi-environment server) never mix their numbers.
+multi-environment server) never mix their numbers. Under ``--workers N``
+each worker publishes its counters on the shared board once a second and a
+scrape of any worker adds them all up (``server/slots.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -78,6 +80,23 @@ class Metrics:
         self.step_seconds = Histogram(_STEP_BUCKETS)
         self.errors: Counter[str] = Counter()
 
+    def numbers(self) -> dict[str, Any]:
+        """This process's counters, as plain JSON (what a worker publishes).
+
+        >>> m = Metrics(None)  # type: ignore[arg-type]
+        >>> m.steps, m.errors["TIMEOUT"] = 3, 1
+        >>> m.numbers()["steps"], m.numbers()["errors"]
+        (3, {'TIMEOUT': 1})
+        """
+        return {
+            "opened": self.opened,
+            "closed": dict(self.closed),
+            "steps": self.steps,
+            "step_counts": self.step_seconds.counts,
+            "step_sum": self.step_seconds.sum,
+            "errors": dict(self.errors),
+        }
+
     def collect(self) -> Iterator[Metric]:
         """The metric families, as a prometheus_client ``Collector`` yields them."""
         from prometheus_client.core import (
@@ -86,7 +105,15 @@ class Metrics:
             HistogramMetricFamily,
         )
 
+        from openenv.server.slots import add_numbers
+
         sessions = self._sessions
+        total = self.numbers()
+        if sessions.board is not None:
+            for numbers in sessions.board.peer_numbers():
+                total = add_numbers(total, numbers)
+        step_seconds = Histogram(self.step_seconds.buckets)
+        step_seconds.counts, step_seconds.sum = total["step_counts"], total["step_sum"]
         active, queued = sessions.totals()
         yield GaugeMetricFamily("openenv_sessions_active", "Sessions holding a slot.", value=active)
         yield GaugeMetricFamily(
@@ -95,24 +122,26 @@ class Metrics:
         yield GaugeMetricFamily(
             "openenv_sessions_queued", "Connections waiting for a free slot.", value=queued
         )
-        yield CounterMetricFamily("openenv_sessions_opened", "Sessions opened.", value=self.opened)
+        yield CounterMetricFamily(
+            "openenv_sessions_opened", "Sessions opened.", value=total["opened"]
+        )
         closed = CounterMetricFamily(
             "openenv_sessions_closed", "Sessions closed, by reason.", labels=["reason"]
         )
-        for reason, n in sorted(self.closed.items()):
+        for reason, n in sorted(total["closed"].items()):
             closed.add_metric([reason], n)
         yield closed
-        yield CounterMetricFamily("openenv_steps", "Steps served.", value=self.steps)
+        yield CounterMetricFamily("openenv_steps", "Steps served.", value=total["steps"])
         yield HistogramMetricFamily(
             "openenv_step_seconds",
             "Time spent in step(), in seconds.",
-            buckets=self.step_seconds.cumulative(),
-            sum_value=self.step_seconds.sum,
+            buckets=step_seconds.cumulative(),
+            sum_value=step_seconds.sum,
         )
         errors = CounterMetricFamily(
             "openenv_errors", "Error frames sent, by code.", labels=["code"]
         )
-        for code, n in sorted(self.errors.items()):
+        for code, n in sorted(total["errors"].items()):
             errors.add_metric([code], n)
         yield errors
 

@@ -31,6 +31,9 @@ __all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout", "SessionRefused"]
 
 logger = logging.getLogger("openenv.server")
 
+# How stale another worker's counters may be in a /metrics scrape under --workers.
+METRICS_PUBLISH_SECONDS = 1.0
+
 
 # The services running in this process, for a graceful shutdown to drain.
 LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
@@ -188,8 +191,10 @@ class EnvService:
         self.draining = False
         # Under `openenv serve --workers N` every worker counts on one board: one cap.
         board = SlotBoard.from_env(str(self.metadata.name))
+        publisher = None
         if board is not None:
             self.registry.attach(board)
+            publisher = asyncio.create_task(self._publish_metrics(board))
         LIVE_SERVICES.add(self)
         restore_gc = _tune_gc(self.settings.gc_threshold)
         reaper = None
@@ -201,11 +206,14 @@ class EnvService:
                     await hooks.enter_async_context(hook())
                 yield
         finally:
-            if reaper is not None:
-                reaper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reaper
+            for task in (reaper, publisher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self.drain()
+            if board is not None:
+                board.publish(self.metrics.numbers())  # the last steps count too
             self.registry.detach()
             LIVE_SERVICES.discard(self)
             self.handoff.shutdown()
@@ -234,6 +242,11 @@ class EnvService:
                 len(self.connections),
                 self.settings.shutdown_timeout,
             )
+
+    async def _publish_metrics(self, board: SlotBoard) -> None:
+        while True:
+            board.publish(self.metrics.numbers())
+            await asyncio.sleep(METRICS_PUBLISH_SECONDS)
 
     async def _reap_idle(self, idle_limit: float) -> None:
         interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)

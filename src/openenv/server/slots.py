@@ -29,18 +29,19 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import json
 import mmap
 import os
 import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from openenv.server.sessions import Session
 
-__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard"]
+__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard", "add_numbers"]
 
 BOARD_VAR: Final = "OPENENV_SLOT_BOARD"
 
@@ -90,6 +91,11 @@ class SessionRegistry:
         if self._board is None:
             return self._reserved, len(self._waiters)
         return self._board.totals()
+
+    @property
+    def board(self) -> SlotBoard | None:
+        """The board shared with other workers, if any."""
+        return self._board
 
     def workers(self) -> int:
         """Worker processes sharing the cap (1 without a board)."""
@@ -240,6 +246,7 @@ class SlotBoard:
                     # Free: never used, or its worker died. Whatever it counted is gone.
                     view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
                     view[_HIGH_WATER] = max(view[_HIGH_WATER], row + 1)
+                    _retire(base, row)
                     view.release()
                     return cls(base, row, lock_fd, row_fd, memory)
                 os.close(row_fd)
@@ -285,10 +292,28 @@ class SlotBoard:
         with _locked(self._lock_fd):
             return 1 + sum(1 for row in self._rows() if row != self.row and self._held(row))
 
+    def publish(self, numbers: dict[str, Any]) -> None:
+        """Share this worker's metric counters, for any worker's ``/metrics`` to add up."""
+        path = self.folder / f"metrics-{self.row}.json"
+        staged = path.with_suffix(".tmp")
+        staged.write_text(json.dumps(numbers))
+        os.replace(staged, path)  # readers see the old numbers or the new, never half
+
+    def peer_numbers(self) -> list[dict[str, Any]]:
+        """The counters other workers published, and those of workers gone."""
+        mine = self.folder / f"metrics-{self.row}.json"
+        found = []
+        for path in self.folder.glob("metrics-*.json"):
+            if path != mine:
+                with contextlib.suppress(OSError, ValueError):
+                    found.append(json.loads(path.read_text()))
+        return found
+
     def leave(self) -> None:
         """Give the row up (its counts with it); the worker is stopping."""
         with _locked(self._lock_fd):
             self._view[self.row * _WIDTH + _ACTIVE] = self._view[self.row * _WIDTH + _QUEUED] = 0
+            _retire(self.folder, self.row)
         for fd in (*self._peers.values(), self._row_fd, self._lock_fd):
             os.close(fd)
         self._peers.clear()
@@ -323,6 +348,37 @@ class SlotBoard:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True
+
+
+def _retire(folder: Path, row: int) -> None:
+    """Fold a row's last published counters into those of workers gone (board lock held).
+
+    Counters only grow: a replaced worker's steps and errors still count.
+    """
+    path = folder / f"metrics-{row}.json"
+    with contextlib.suppress(FileNotFoundError):
+        gone = json.loads(path.read_text())
+        retired = folder / "metrics-retired.json"
+        with contextlib.suppress(FileNotFoundError):
+            gone = add_numbers(gone, json.loads(retired.read_text()))
+        staged = retired.with_suffix(".tmp")
+        staged.write_text(json.dumps(gone))
+        os.replace(staged, retired)
+        path.unlink()
+
+
+def add_numbers(a: Any, b: Any) -> Any:
+    """Add two trees of counters: numbers add, lists add item by item, dicts key by key.
+
+    >>> add_numbers({"steps": 2, "errors": {"X": 1}, "buckets": [1, 2]},
+    ...             {"steps": 3, "errors": {"Y": 1}, "buckets": [0, 5]})
+    {'steps': 5, 'errors': {'X': 1, 'Y': 1}, 'buckets': [1, 7]}
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {key: add_numbers(a.get(key), b.get(key)) for key in {**a, **b}}
+    if isinstance(a, list) and isinstance(b, list):
+        return [add_numbers(x, y) for x, y in zip(a, b, strict=True)]
+    return (a or 0) + (b or 0)
 
 
 def _try_lock(fd: int) -> bool:
