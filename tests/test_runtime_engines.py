@@ -6,6 +6,7 @@ local Ray cluster and a local Spark context, each started once per session.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -36,7 +37,7 @@ from servers import Ping, PingEnvironment, Pong
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, ServerPool, create_app
 from openenv.runtime import (
     RandomAgent,
     RunConfig,
@@ -101,6 +102,25 @@ def echo_server() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def small_echo_servers() -> Iterator[list[str]]:
+    """Two servers with room for 3 and 5 sessions: less than a run keeps in flight."""
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                run_server(
+                    create_app(
+                        EchoEnvironment,
+                        EchoAction,
+                        EchoObservation,
+                        ConcurrencyConfig(max_concurrent_envs=cap),
+                    )
+                )
+            )
+            for cap in (3, 5)
+        ]
+
+
 @pytest.fixture(params=list(ENGINES_UNDER_TEST))
 def engine(request: pytest.FixtureRequest) -> dict[str, Any]:
     name = request.param
@@ -136,6 +156,22 @@ def test_many_episodes_in_input_order(engine: dict[str, Any], echo_server: str) 
         assert result.error is None
         assert result.started_at <= result.ended_at
     wait_for_no_sessions(echo_server)
+
+
+def test_a_pool_of_small_servers_paces_the_run(
+    engine: dict[str, Any], small_echo_servers: list[str]
+) -> None:
+    # 16 episodes in flight per worker, 8 slots in all: the pool makes them wait
+    # for room (every worker process keeps its own count) instead of failing.
+    pool = ServerPool(small_echo_servers)
+    tasks = [Task(id=f"t{i:03}", env=pool, agent=echo_agent, seed=i) for i in range(60)]
+    results = run(tasks, engine)
+    for result in results:
+        assert result.status is TaskStatus.OK, result.error
+        assert result.value == messages(result.task_id)
+        assert result.attempts == 1  # no refusal reached the runner's retries
+    for url in small_echo_servers:
+        wait_for_no_sessions(url)
 
 
 def test_an_agent_that_raises_is_one_error(engine: dict[str, Any], echo_server: str) -> None:

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from openenv.client import ServerPool
 from openenv.errors import EngineError
 from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
 
@@ -53,7 +54,14 @@ def load_agent(spec: str) -> Any:
 
 
 def run(
-    env: Annotated[str, typer.Option("--env", help="The environment server's URL.")],
+    env: Annotated[
+        list[str],
+        typer.Option(
+            "--env",
+            help="The environment server's URL. Repeat it (or join URLs with commas) to "
+            "spread sessions over several servers or name a fleet's directory.",
+        ),
+    ],
     agent: Annotated[
         str | None,
         typer.Option(help="The agent, as module:attribute. Default: RandomAgent."),
@@ -85,8 +93,10 @@ def run(
     console = Console()
     try:
         player = load_agent(agent) if agent else RandomAgent(seed=seed)
+        joined = ",".join(env)
+        where: str | ServerPool = ServerPool(joined) if "," in joined else joined
         batch = [
-            Task(id=f"task-{i}", env=env, agent=player, seed=seed + i, max_steps=max_steps)
+            Task(id=f"task-{i}", env=where, agent=player, seed=seed + i, max_steps=max_steps)
             for i in range(tasks)
         ]
         config = RunConfig(

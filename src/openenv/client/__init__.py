@@ -2,6 +2,7 @@
 
 from openenv.client._base import AnyObservation, http_url, ws_url
 from openenv.client.async_ import EnvClient, WebSocketEnvClient
+from openenv.client.pool import ServerPool
 from openenv.client.remote import Environments, EnvSession, OpenEnvClient, RemoteEnv
 from openenv.client.remote_sync import (
     SyncEnvironments,
@@ -18,6 +19,7 @@ __all__ = [
     "Environments",
     "OpenEnvClient",
     "RemoteEnv",
+    "ServerPool",
     "SyncEnvClient",
     "SyncEnvSession",
     "SyncEnvironments",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -14,6 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from openenv import protocol
 from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
+from openenv.client.pool import ServerPool, as_pool
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from openenv.client.sync import SyncEnvClient
 
 __all__ = ["EnvClient", "WebSocketEnvClient"]
+
+# Servers a new session may lose (gone before replying) before the error is the caller's.
+_ATTEMPTS = 8
 
 
 class EnvClient(ClientCore[ActT, ObsT, StateT]):
@@ -52,7 +57,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     0.5
 
     Args:
-        base_url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``.
+        base_url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``; or a
+            ``ServerPool`` (or URLs joined by commas) to open the session on
+            whichever server has the most room.
         connect_timeout: Seconds to open the connection before giving up.
         message_timeout: Seconds to wait for each reply (``None``: forever).
         ping_interval: Seconds between keepalive pings (``None``: off).
@@ -64,7 +71,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | ServerPool,
         *,
         connect_timeout: float = 10.0,
         message_timeout: float | None = 60.0,
@@ -73,7 +80,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         max_size: int | None = 2**24,
         api_key: str | None = None,
     ) -> None:
-        self.url = ws_url(base_url)
+        self.pool = as_pool(base_url)
+        # With a pool, the server is chosen when the session opens.
+        self.url = ws_url(self.pool.urls[0] if self.pool is not None else str(base_url))
+        self._placed = False  # holding a slot of the pool's count
+        self._admitted = self.pool is None  # a server has accepted the session
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout
         self._connect_options: dict[str, Any] = {
@@ -98,8 +109,24 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             return self
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
+        if self.pool is None:
+            self._ws = await self._open(self.url)
+            return self
+        while True:
+            self.url, self._placed = await self.pool.place(), True
+            try:
+                self._ws = await self._open(self.url)
+            except AuthenticationError:
+                self._unplace(self.pool.failed)
+                raise
+            except ConnectionFailedError:
+                self._unplace(self.pool.failed)  # the pool tries the next server
+            else:
+                return self
+
+    async def _open(self, url: str) -> ClientConnection:
         try:
-            self._ws = await _connect(self.url, **self._connect_options)
+            return await _connect(url, **self._connect_options)
         except TimeoutError:
             raise ConnectionFailedError(
                 self.url, f"no answer within {self.connect_timeout}s"
@@ -113,7 +140,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             raise ConnectionFailedError(self.url, f"HTTP {status}: {_denial_reason(exc)}") from None
         except (OSError, InvalidHandshake) as exc:
             raise ConnectionFailedError(self.url, str(exc) or type(exc).__name__) from None
-        return self
+
+    def _unplace(self, outcome: Callable[[str], None]) -> None:
+        if self._placed:
+            self._placed = False
+            outcome(self.url)
 
     async def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
@@ -163,6 +194,8 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         so a new session can take it right away.
         """
         self._closed = True
+        if self.pool is not None:
+            self._unplace(self.pool.ended)
         ws, self._ws = self._ws, None
         if ws is None:
             return
@@ -201,6 +234,39 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
         data: dict[str, Any] | None = None,
     ) -> str | bytes:
+        if self._admitted:
+            return await self._exchange(kind, data)
+        assert self.pool is not None
+        # The first request on a pool's server: a refusal for capacity (or a
+        # server gone before answering) means no session was made there, so
+        # the same request goes to the next server the pool chooses.
+        deadline = time.monotonic() + self.pool.wait
+        lost = 0
+        while True:
+            try:
+                reply = await self._exchange(kind, data)
+            except SessionClosedError:
+                lost += 1
+                if lost >= _ATTEMPTS:
+                    raise
+                outcome = self.pool.failed
+            else:
+                if not _capacity_refusal(reply):
+                    self._admitted = True
+                    return reply
+                if time.monotonic() > deadline:
+                    return reply  # raises CapacityError where it is decoded
+                outcome = self.pool.refused
+            self._unplace(outcome)
+            ws, self._ws = self._ws, None
+            if ws is not None:
+                await ws.close()
+
+    async def _exchange(
+        self,
+        kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
+        data: dict[str, Any] | None = None,
+    ) -> str | bytes:
         await self.connect()
         ws = self._ws
         if ws is None:
@@ -228,6 +294,15 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 return await ws.recv()
         except (ConnectionClosed, TimeoutError):
             raise _closed_error(exc) from None
+
+
+def _capacity_refusal(reply: str | bytes) -> bool:
+    # A cheap look first: only a refusal names the code, and it is rare.
+    if b"CAPACITY_REACHED" not in (reply if isinstance(reply, bytes) else reply.encode()):
+        return False
+    data = protocol.decode_frame(reply)
+    code = (data.get("data") or {}).get("code") if data.get("type") == "error" else None
+    return bool(code == protocol.ErrorCode.CAPACITY_REACHED.value)
 
 
 def _denial_reason(exc: InvalidStatus) -> str:
@@ -264,7 +339,7 @@ class WebSocketEnvClient(EnvClient[Action, Observation, State]):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | ServerPool,
         *,
         action_cls: type[Action] = Action,
         observation_cls: type[Observation] = AnyObservation,

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from openenv import protocol
 from openenv.client._base import AnyObservation, http_url
 from openenv.client.async_ import WebSocketEnvClient
+from openenv.client.pool import ServerPool, as_pool
 from openenv.errors import (
     CapacityError,
     ConnectionFailedError,
@@ -149,7 +150,9 @@ class RemoteEnv:
 
     Args:
         base_url: Where the environment's routes live: the server root for a
-            one-environment server, ``.../envs/{name}`` on a multi-environment one.
+            one-environment server, ``.../envs/{name}`` on a multi-environment one;
+            or a ``ServerPool`` of servers of this environment (sessions go where
+            there is room; splits, tasks and tools are read from its first server).
         action_cls / observation_cls / state_cls: Models replies are parsed into.
         task_cls: The environment's ``TaskSpec`` subclass, for typed tasks.
         max_connecting: Sessions that may be opening at once (ignored with ``gate``).
@@ -160,7 +163,7 @@ class RemoteEnv:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | ServerPool,
         *,
         action_cls: type[Action] = Action,
         observation_cls: type[Observation] = AnyObservation,
@@ -171,7 +174,8 @@ class RemoteEnv:
         gate: ConnectGate | None = None,
         **options: Any,
     ) -> None:
-        self.url = http_url(base_url)
+        self.pool = base_url if isinstance(base_url, ServerPool) else as_pool(base_url)
+        self.url = http_url(self.pool.urls[0] if self.pool is not None else str(base_url))
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls
@@ -234,7 +238,7 @@ class RemoteEnv:
 
     def _client(self) -> WebSocketEnvClient:
         return WebSocketEnvClient(
-            self.url,
+            self.pool or self.url,
             action_cls=self.action_cls,
             observation_cls=self.observation_cls,
             state_cls=self.state_cls,

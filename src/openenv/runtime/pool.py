@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 
-from openenv.client import WebSocketEnvClient
+from openenv.client import ServerPool, WebSocketEnvClient
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
@@ -46,7 +46,10 @@ class ClientPool:
 
     async def release(self, task: Task, client: SessionClient, *, reusable: bool) -> None:
         idle = self._idle[_key(task)]
-        if reusable and len(idle) < self.max_idle:
+        # An idle session holds a server slot: while sessions wait for room in
+        # the task's ServerPool, hand the slot over instead of keeping it.
+        crowded = isinstance(task.env, ServerPool) and task.env.waiting > 0
+        if reusable and len(idle) < self.max_idle and not crowded:
             idle.append(client)
         else:
             await _close(client)
@@ -62,7 +65,7 @@ class ClientPool:
             self._executor = None
 
     def _new(self, task: Task) -> SessionClient:
-        if isinstance(task.env, str):
+        if isinstance(task.env, str | ServerPool):
             return (task.client_cls or WebSocketEnvClient)(task.env)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
@@ -72,7 +75,7 @@ class ClientPool:
 
 
 def _key(task: Task) -> Hashable:
-    env = task.env if isinstance(task.env, str) else id(task.env)
+    env = task.env if isinstance(task.env, str | ServerPool) else id(task.env)
     return (env, task.client_cls)
 
 

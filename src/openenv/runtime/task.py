@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from openenv.client import ws_url
+from openenv.client import ServerPool, ws_url
 from openenv.environment import Environment
 
 if TYPE_CHECKING:
@@ -36,7 +36,9 @@ class Task:
 
     Args:
         id: Names the task in its result; unique within a run.
-        env: A server URL (``http://host:port`` or ``ws://host:port/ws``), or
+        env: A server URL (``http://host:port`` or ``ws://host:port/ws``), a
+            ``ServerPool`` of several servers or a fleet (sessions go where
+            there is room; URLs joined by commas work too), or
             a zero-argument factory (e.g. the environment class) to play the
             environment in the worker's own process, with no server at all.
         agent: An ``async def agent(session) -> Any``, or an object with
@@ -53,7 +55,7 @@ class Task:
     """
 
     id: str
-    env: str | EnvFactory
+    env: str | ServerPool | EnvFactory
     agent: Any
     seed: int | None = None
     episode_id: str | None = None
@@ -66,7 +68,10 @@ class Task:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Task id must be a non-empty string, got {self.id!r}")
         if isinstance(self.env, str):
-            ws_url(self.env)  # a malformed URL fails here, naming the accepted forms
+            for url in self.env.split(","):
+                ws_url(url.strip())  # a malformed URL fails here, naming the accepted forms
+        elif isinstance(self.env, ServerPool):
+            pass
         elif isinstance(self.env, Environment):
             name = type(self.env).__name__
             raise TypeError(

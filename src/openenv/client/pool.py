@@ -1,0 +1,248 @@
+"""``ServerPool``: several servers (or a fleet) behind one client-side address.
+
+A client given a pool instead of a URL opens its session on the server with
+the most free room, as the servers advertise it on ``GET /health`` (or a
+fleet's directory on ``GET /replicas``). A server that refuses for capacity,
+or cannot be reached, is passed over and the next one tried; the caller sees
+a refusal only when every server is full for longer than ``wait`` seconds.
+
+The pool keeps its own count between health checks: each session it places
+takes one slot from its estimate at once, so a burst of clients spreads over
+the servers instead of all choosing the one that looked emptiest.
+
+Everything that takes a URL takes a pool: the typed clients, ``RemoteEnv``,
+``Task(env=...)`` on every engine (a pool pickles as its URLs; each process
+keeps its own estimates) and ``openenv run --env`` (several ``--env``, or
+URLs separated by commas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from openenv import protocol
+from openenv.client._base import http_url, ws_url
+from openenv.errors import CapacityError, ConnectionFailedError
+
+__all__ = ["ServerPool", "ServerView", "as_pool"]
+
+_LOOK_AGAIN = 0.02  # seconds between looks for room while every server is full
+
+
+@dataclass
+class ServerView:
+    """What the pool believes about one server."""
+
+    url: str  # http(s)://host:port
+    free: int = 0  # slots the pool may still use there
+    max_sessions: int = 0
+    up: bool = False
+    placed: int = 0  # sessions this pool holds there now
+
+
+class ServerPool:
+    """Place sessions on whichever of several servers has room.
+
+    >>> pool = ServerPool(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    >>> pool.urls
+    ('http://10.0.0.1:8000', 'http://10.0.0.2:8000')
+    >>> async def play() -> None:
+    ...     async with WebSocketEnvClient(pool) as env:  # on the server with most room
+    ...         await env.reset()
+
+    A URL may also name a fleet's directory (``openenv serve --ray``): the
+    pool then places sessions on the replicas it lists.
+
+    Args:
+        urls: Server (or fleet directory) URLs: an iterable, or one string
+            with URLs separated by commas.
+        refresh: Seconds between health checks of the servers.
+        wait: Seconds to wait for room when every server is full.
+        api_key: Sent to the servers' HTTP routes (default: ``$OPENENV_API_KEY``).
+    """
+
+    _shared: ClassVar[dict[tuple[str, ...], ServerPool]] = {}
+    _shared_lock: ClassVar = threading.Lock()
+
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        *,
+        refresh: float = 1.0,
+        wait: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        items = urls.split(",") if isinstance(urls, str) else list(urls)
+        self.urls = tuple(http_url(url.strip()) for url in items if url.strip())
+        if not self.urls:
+            raise ValueError("a ServerPool needs at least one URL")
+        self.refresh = refresh
+        self.wait = wait
+        self._api_key = api_key
+        self._servers: dict[str, ServerView] = {}
+        self._checked = -float("inf")
+        self.waiting = 0  # placements waiting for room, in this process
+        self._refreshing: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def shared(cls, urls: Iterable[str], **options: Any) -> ServerPool:
+        """One pool per process for these URLs, so every client shares its counts."""
+        key = tuple(urls)
+        with cls._shared_lock:
+            pool = cls._shared.get(key)
+            if pool is None:
+                pool = cls._shared[key] = cls(key, **options)
+            return pool
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Another process (a Ray or Spark worker) gets its own pool for the same
+        # servers, shared by every task it runs there.
+        return (_shared_pool, (self.urls, self.refresh, self.wait, self._api_key))
+
+    def __repr__(self) -> str:
+        return f"ServerPool({list(self.urls)!r})"
+
+    def servers(self) -> list[ServerView]:
+        """The servers as last seen (empty before the first health check)."""
+        return list(self._servers.values())
+
+    async def place(self) -> str:
+        """A server's ``ws://`` URL with room for one more session, its slot taken.
+
+        Raises:
+            CapacityError: every server stayed full for ``wait`` seconds.
+            ConnectionFailedError: no server answers its health check.
+        """
+        deadline = time.monotonic() + self.wait
+        while True:
+            if time.monotonic() - self._checked >= self.refresh:
+                await self._refresh()
+                if not any(view.up for view in self._servers.values()):
+                    raise ConnectionFailedError(str(self), "no server answered on /health")
+            chosen = self._take()
+            if chosen is not None:
+                return ws_url(chosen.url)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CapacityError(
+                    protocol.ErrorCode.CAPACITY_REACHED,
+                    f"all {len(self._servers)} servers of {self!r} full or down for {self.wait}s",
+                    {"servers": [view.url for view in self._servers.values() if view.up]},
+                )
+            # A session of ours that ends frees a slot at once; look again soon.
+            self.waiting += 1
+            try:
+                await asyncio.sleep(min(_LOOK_AGAIN, left))
+            finally:
+                self.waiting -= 1
+
+    def refused(self, ws: str) -> None:
+        """The server at ``ws`` was full after all: no room there until the next check."""
+        view = self._view(ws)
+        if view is not None:
+            view.free = 0
+            view.placed -= 1
+
+    def failed(self, ws: str) -> None:
+        """The server at ``ws`` could not be reached: skip it until it answers again."""
+        view = self._view(ws)
+        if view is not None:
+            view.up, view.free = False, 0
+            view.placed -= 1
+
+    def ended(self, ws: str) -> None:
+        """A session placed on ``ws`` ended: its slot is free again."""
+        view = self._view(ws)
+        if view is not None:
+            view.placed -= 1
+            view.free = min(view.free + 1, view.max_sessions)
+
+    def _take(self) -> ServerView | None:
+        candidates = [view for view in self._servers.values() if view.up and view.free > 0]
+        if not candidates:
+            return None
+        most = max(view.free for view in candidates)
+        chosen = random.choice([view for view in candidates if view.free == most])
+        chosen.free -= 1
+        chosen.placed += 1
+        return chosen
+
+    def _view(self, ws: str) -> ServerView | None:
+        return self._servers.get(http_url(ws))
+
+    async def _refresh(self) -> None:
+        # Concurrent placements in one loop share one round of health checks.
+        loop = asyncio.get_running_loop()
+        if self._refreshing is not None and self._loop is loop and not self._refreshing.done():
+            await asyncio.shield(self._refreshing)
+            return
+        self._loop, self._refreshing = loop, loop.create_future()
+        try:
+            await self._check_all()
+        finally:
+            self._checked = time.monotonic()
+            self._refreshing.set_result(None)
+
+    async def _check_all(self) -> None:
+        import httpx  # the pool's only HTTP; imported when a pool is first used
+
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        async with httpx.AsyncClient(timeout=5.0, headers=headers) as http:
+            found = await asyncio.gather(*(_describe(http, url) for url in self.urls))
+        seen: dict[str, ServerView] = {}
+        for servers in found:
+            for url, health in servers:
+                view = self._servers.get(url) or ServerView(url)
+                if health is None:
+                    view.up, view.free = False, 0
+                else:
+                    view.up = health.get("status", "healthy") == "healthy"
+                    view.max_sessions = int(health.get("max_sessions", 0))
+                    taken = int(health.get("active_sessions", 0))
+                    waiting = int(health.get("queued_sessions", 0))
+                    view.free = max(view.max_sessions - taken - waiting, 0) if view.up else 0
+                seen[url] = view
+        self._servers = seen
+
+
+async def _describe(http: Any, url: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """``[(server URL, its /health or None if down)]``: one server, or a fleet's replicas."""
+    import httpx
+
+    try:
+        listing = await http.get(f"{url}/replicas")
+        if listing.status_code == 200:
+            replicas = listing.json().get("replicas", [])
+            return [(http_url(r["url"]), r) for r in replicas if "url" in r]
+        health = await http.get(f"{url}/health")
+        if health.status_code == 200:
+            return [(url, health.json())]
+    except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
+        pass
+    return [(url, None)]
+
+
+def _shared_pool(urls: tuple[str, ...], refresh: float, wait: float, api_key: str | None) -> Any:
+    return ServerPool.shared(urls, refresh=refresh, wait=wait, api_key=api_key)
+
+
+def as_pool(target: str | ServerPool) -> ServerPool | None:
+    """The pool a client should place its session with, or ``None`` for one plain URL.
+
+    >>> as_pool("http://a:8000") is None
+    True
+    >>> as_pool("http://a:8000,http://b:8000")
+    ServerPool(['http://a:8000', 'http://b:8000'])
+    """
+    if isinstance(target, ServerPool):
+        return target
+    if "," in target:
+        return ServerPool.shared(tuple(http_url(u.strip()) for u in target.split(",")))
+    return None

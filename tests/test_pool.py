@@ -1,0 +1,196 @@
+"""``ServerPool``: sessions placed on whichever real server has room, refusals never seen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from servers import Ping, PingEnvironment, Pong
+
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    ConnectionFailedError,
+    EnvClient,
+    RemoteEnv,
+    RunConfig,
+    Runners,
+    ServerPool,
+    State,
+    Task,
+    create_app,
+)
+from openenv.testing import run_server
+
+
+class PingClient(EnvClient[Ping, Pong, State]):
+    pass
+
+
+def app(cap: int, queue_timeout: float = 0.0) -> object:
+    concurrency = ConcurrencyConfig(max_concurrent_envs=cap, queue_timeout=queue_timeout)
+    return create_app(PingEnvironment, Ping, Pong, concurrency)
+
+
+@contextlib.contextmanager
+def servers(*caps: int) -> Iterator[list[str]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(run_server(app(cap))) for cap in caps]
+
+
+def active(url: str) -> int:
+    count: int = httpx.get(f"{url}/health").json()["active_sessions"]
+    return count
+
+
+async def hold(pool: ServerPool, n: int) -> list[PingClient]:
+    """Open ``n`` sessions at once and step each; raises if any is refused."""
+    clients = [PingClient(pool) for _ in range(n)]
+    results = await asyncio.gather(*(c.reset() for c in clients), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        await asyncio.gather(*(c.close() for c in clients))
+        raise failures[0]
+    steps = await asyncio.gather(*(c.step(Ping(message="hi")) for c in clients))
+    assert all(step.observation.message == "hi" for step in steps)
+    return clients
+
+
+def test_sessions_fill_every_server_to_its_cap_with_no_refusal() -> None:
+    with servers(8, 16, 32) as urls:
+
+        async def scenario() -> None:
+            pool = ServerPool(urls)
+            clients = await hold(pool, 56)  # exactly the room of all three
+            try:
+                assert [active(url) for url in urls] == [8, 16, 32]
+                assert sorted(view.placed for view in pool.servers()) == [8, 16, 32]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+            assert [view.placed for view in pool.servers()] == [0, 0, 0]
+
+        asyncio.run(scenario())
+
+
+def test_a_stopped_server_is_passed_over() -> None:
+    with run_server(app(4)) as first, run_server(app(4)) as second:
+        with run_server(app(4)) as gone:
+            pass  # stopped: nothing listens there now
+
+        async def scenario() -> None:
+            pool = ServerPool([gone, first, second])
+            clients = await hold(pool, 8)
+            try:
+                assert (active(first), active(second)) == (4, 4)
+                down = [view.url for view in pool.servers() if not view.up]
+                assert down == [gone]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
+
+
+def test_a_server_that_dies_between_checks_is_skipped_by_the_next_session() -> None:
+    with run_server(app(8)) as keeps:
+
+        async def scenario() -> None:
+            with run_server(app(8)) as dies:
+                pool = ServerPool([dies, keeps], refresh=3600)  # no fresh look: it must learn
+                pool.ended(await pool.place())  # the first health check sees both up
+            clients = await hold(pool, 8)  # `dies` is gone; its estimate still says room
+            try:
+                assert active(keeps) == 8
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
+
+
+def test_a_full_pool_waits_for_room_then_places_the_session() -> None:
+    with servers(2, 2) as urls:
+
+        async def scenario() -> None:
+            pool = ServerPool(urls, wait=30)
+            clients = await hold(pool, 4)
+            late = asyncio.ensure_future(hold(pool, 1))  # no room: it waits, it is not refused
+            await clients.pop().close()  # a slot frees up: the waiting session takes it
+            clients += await late
+            await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
+
+
+def test_a_pool_full_for_longer_than_its_wait_raises_capacity_error() -> None:
+    with servers(1) as urls:
+
+        async def scenario() -> None:
+            pool = ServerPool(urls, wait=0.2)
+            clients = await hold(pool, 1)
+            with pytest.raises(CapacityError, match="full or down"):
+                await hold(pool, 1)
+            await clients[0].close()
+
+        asyncio.run(scenario())
+
+
+def test_a_pool_whose_servers_are_all_down_fails_at_once() -> None:
+    with run_server(app(1)) as gone:
+        pass
+
+    async def scenario() -> None:
+        with pytest.raises(ConnectionFailedError, match="no server answered"):
+            await PingClient(ServerPool([gone])).reset()
+
+    asyncio.run(scenario())
+
+
+def test_a_full_server_found_on_connect_sends_the_session_elsewhere() -> None:
+    # The pool believes both have room (it checked before they filled up).
+    with servers(2, 2) as urls:
+
+        async def scenario() -> None:
+            pool = ServerPool(urls, refresh=3600)
+            pool.ended(await pool.place())  # looks once, while both are empty
+            others = await hold(ServerPool(urls[:1]), 2)  # fills the first behind its back
+            mine = await hold(pool, 2)
+            try:
+                assert [active(url) for url in urls] == [2, 2]
+                assert pool.servers()[0].free == 0  # refused there: it learnt
+            finally:
+                await asyncio.gather(*(c.close() for c in others + mine))
+
+        asyncio.run(scenario())
+
+
+def test_urls_joined_by_commas_are_a_pool_for_remote_env_sessions() -> None:
+    with servers(2, 2) as urls:
+
+        async def scenario() -> None:
+            env = RemoteEnv(",".join(urls))
+            sessions = [env.session(seed=i) for i in range(4)]
+            for session in sessions:
+                await session.open()
+            try:
+                assert [active(url) for url in urls] == [2, 2]
+            finally:
+                for session in sessions:
+                    await session.close()
+
+        asyncio.run(scenario())
+
+
+def test_runners_spread_tasks_over_a_pool_and_never_see_a_refusal() -> None:
+    async def agent(session: object) -> None:
+        for _ in range(3):
+            await session.step(Ping(message="go"))  # type: ignore[attr-defined]
+
+    with servers(3, 5) as urls:
+        pool = ServerPool(urls)
+        tasks = [Task(id=f"t{i}", env=pool, agent=agent, seed=i) for i in range(100)]
+        config = RunConfig(engine_name="local", worker_num=1, max_concurrency=32)
+        results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["ok"] * 100
+    assert sum(r.steps for r in results) == 300
