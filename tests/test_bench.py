@@ -33,6 +33,27 @@ def test_every_session_takes_its_steps_and_the_server_saw_them(client: str) -> N
     tracker.wait_closed(8)  # the load generator closed every session it opened
 
 
+@pytest.mark.parametrize("client", ["picows", "websockets"])
+def test_sessions_spread_over_several_servers_by_their_room(client: str) -> None:
+    trackers = [Tracker(), Tracker()]
+    apps = [
+        create_app(
+            functools.partial(PingEnvironment, tracker),
+            Ping,
+            Pong,
+            ConcurrencyConfig(max_concurrent_envs=cap),
+        )
+        for tracker, cap in zip(trackers, (3, 5), strict=True)
+    ]
+    with run_server(apps[0]) as first, run_server(apps[1]) as second:
+        urls = f"{first},{second}"
+        report = run_bench(urls, sessions=8, steps=10, action={"message": "x"}, client=client)
+    assert (report.steps, report.sessions_ok, dict(report.errors)) == (80, 8, {})
+    # Each server held exactly as many sessions as it has room for, and closed them.
+    assert [len(t.created) for t in trackers] == [3, 5]
+    assert [len(t.closed) for t in trackers] == [3, 5]
+
+
 def test_errors_are_counted_by_code_and_refused_sessions_fail() -> None:
     app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2))
     with run_server(app) as url:

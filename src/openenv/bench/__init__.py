@@ -28,6 +28,8 @@ from typing import Any, Literal
 from openenv.bench._run import Run, SessionStats, now
 from openenv.bench.report import BenchReport, percentile
 from openenv.client import ws_url
+from openenv.client.pool import as_pool
+from openenv.errors import CapacityError, ConnectionFailedError
 
 __all__ = ["BenchProgress", "BenchReport", "ClientName", "bench", "percentile", "run_bench"]
 
@@ -66,7 +68,8 @@ async def bench(
     """Drive ``sessions`` closed-loop sessions against ``url``; see the module docstring.
 
     Args:
-        url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``.
+        url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``; several
+            joined by commas to spread the sessions over servers by free room.
         sessions: Concurrent sessions (connections).
         steps: Measured steps per session; exclusive with ``duration``.
         duration: Seconds to measure for (default 10 when ``steps`` is not given).
@@ -96,11 +99,27 @@ async def bench(
     if warmup < 0:
         raise ValueError("warmup must be >= 0")
     name, driver = _driver(client)
-    target = ws_url(url)
+    pool = as_pool(url)
+    target = ws_url(url) if pool is None else ",".join(pool.urls)
     _raise_open_files_limit(sessions + 64)
     run = Run(sessions, steps, duration, warmup, action or {})
     stats = [SessionStats() for _ in range(sessions)]
-    tasks = [asyncio.ensure_future(driver(run, target, s, connect_timeout)) for s in stats]
+
+    async def session(stats: SessionStats) -> None:
+        # Several servers: each session goes to the one with most room.
+        where = target
+        if pool is not None:
+            try:
+                where = await pool.place()
+            except (CapacityError, ConnectionFailedError) as exc:
+                stats.errored = True
+                full = isinstance(exc, CapacityError)
+                run.error("CAPACITY_REACHED" if full else "CONNECT_FAILED", str(exc))
+                run.session_ready()
+                return
+        await driver(run, where, stats, connect_timeout)
+
+    tasks = [asyncio.ensure_future(session(s)) for s in stats]
     ticker = asyncio.ensure_future(_tick(run, stats, reply_timeout, progress, progress_interval))
     try:
         await run.all_ready.wait()

@@ -17,7 +17,13 @@ __all__ = ["bench", "render"]
 
 
 def bench(
-    url: Annotated[str, typer.Argument(help="The server: http://host:port or ws://host:port/ws.")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="The server: http://host:port or ws://host:port/ws; several joined by "
+            "commas spread the sessions over them by free room."
+        ),
+    ],
     sessions: Annotated[
         int, typer.Option("--sessions", "-c", min=1, help="Concurrent sessions.")
     ] = 16,
