@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers bench-pool clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -36,7 +36,7 @@ pytest: $(STAMP) chromium sandbox-python
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
-	bench-workers
+	bench-workers bench-pool
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -70,6 +70,10 @@ bench-coding: $(STAMP) sandbox-python
 # One server on every core: 1 vs 2 workers, how connections spread, 32,768 sleeping sessions.
 bench-workers: $(STAMP)
 	$(BIN)/python benchmarks/workers.py
+
+# What a ServerPool costs against the same load straight at one server.
+bench-pool: $(STAMP)
+	$(BIN)/python benchmarks/pool.py
 
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2

@@ -52,7 +52,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(
-    workers: int, max_sessions: int, app: str, host: str = "127.0.0.1"
+    workers: int, max_sessions: int, app: str, host: str = "127.0.0.1", cwd: Path = ENV_DIR
 ) -> Iterator[tuple[str, int]]:
     """`openenv.serve(app, workers=...)` in a child process; yields its URL and pid."""
     port = free_port()
@@ -62,7 +62,7 @@ def server(
         "log_level='warning', backlog=8192)"
     )
     env = {**os.environ, "OPENENV_MAX_CONCURRENT_ENVS": str(max_sessions)}
-    proc = subprocess.Popen([str(PY), "-c", code], cwd=ENV_DIR, env=env, preexec_fn=_lift_nofile)
+    proc = subprocess.Popen([str(PY), "-c", code], cwd=cwd, env=env, preexec_fn=_lift_nofile)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(proc, url)

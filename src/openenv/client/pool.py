@@ -90,6 +90,7 @@ class ServerPool:
         self.waiting = 0  # placements waiting for room, in this process
         self._refreshing: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def shared(cls, urls: Iterable[str], **options: Any) -> ServerPool:
@@ -122,10 +123,12 @@ class ServerPool:
         """
         deadline = time.monotonic() + self.wait
         while True:
-            if time.monotonic() - self._checked >= self.refresh:
+            if not self._servers:  # the first look: nothing to go on until it answers
                 await self._refresh()
                 if not any(view.up for view in self._servers.values()):
                     raise ConnectionFailedError(str(self), "no server answered on /health")
+            elif time.monotonic() - self._checked >= self.refresh:
+                self._refresh_soon()  # meanwhile, place by the pool's own count
             chosen = self._take()
             if chosen is not None:
                 return ws_url(chosen.url)
@@ -177,6 +180,13 @@ class ServerPool:
     def _view(self, ws: str) -> ServerView | None:
         return self._servers.get(http_url(ws))
 
+    def _refresh_soon(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._refreshing is None or self._loop is not loop or self._refreshing.done():
+            task = loop.create_task(self._refresh())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
     async def _refresh(self) -> None:
         # Concurrent placements in one loop share one round of health checks.
         loop = asyncio.get_running_loop()
@@ -194,7 +204,9 @@ class ServerPool:
         import httpx  # the pool's only HTTP; imported when a pool is first used
 
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        async with httpx.AsyncClient(timeout=5.0, headers=headers) as http:
+        # Loading the CA bundle costs tens of milliseconds: only for https.
+        verify = any(url.startswith("https:") for url in self.urls)
+        async with httpx.AsyncClient(timeout=5.0, headers=headers, verify=verify) as http:
             found = await asyncio.gather(*(_describe(http, url) for url in self.urls))
         seen: dict[str, ServerView] = {}
         for servers in found:
@@ -240,9 +252,11 @@ def as_pool(target: str | ServerPool) -> ServerPool | None:
     True
     >>> as_pool("http://a:8000,http://b:8000")
     ServerPool(['http://a:8000', 'http://b:8000'])
+    >>> as_pool("http://a:8000,")  # a trailing comma: a pool of one
+    ServerPool(['http://a:8000'])
     """
     if isinstance(target, ServerPool):
         return target
     if "," in target:
-        return ServerPool.shared(tuple(http_url(u.strip()) for u in target.split(",")))
+        return ServerPool.shared(ServerPool(target).urls)
     return None

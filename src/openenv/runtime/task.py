@@ -68,8 +68,8 @@ class Task:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Task id must be a non-empty string, got {self.id!r}")
         if isinstance(self.env, str):
-            for url in self.env.split(","):
-                ws_url(url.strip())  # a malformed URL fails here, naming the accepted forms
+            for url in filter(None, map(str.strip, self.env.split(","))):
+                ws_url(url)  # a malformed URL fails here, naming the accepted forms
         elif isinstance(self.env, ServerPool):
             pass
         elif isinstance(self.env, Environment):
