@@ -9,7 +9,8 @@ import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker
 from typer.testing import CliRunner
 
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, ConnectionFailedError, create_app
+from openenv.adapters.gymnasium import create_gymnasium_app
 from openenv.bench import run_bench
 from openenv.cli import app as cli
 from openenv.testing import run_server
@@ -59,8 +60,9 @@ def test_errors_are_counted_by_code_and_refused_sessions_fail() -> None:
     with run_server(app) as url:
         report = run_bench(url, sessions=3, steps=5, action={"message": 42})
     assert report.sessions_ok == 0
-    assert report.errors["VALIDATION_ERROR"] == 10  # 2 admitted sessions x 5 steps
-    assert report.errors["CAPACITY_REACHED"] == 1
+    # 2 admitted sessions x 5 steps; the refusal once (its error frame and its
+    # close 1013 are one event).
+    assert dict(report.errors) == {"VALIDATION_ERROR": 10, "CAPACITY_REACHED": 1}
     assert "valid string" in report.error_samples["VALIDATION_ERROR"]
 
 
@@ -71,10 +73,39 @@ def test_bad_options_are_refused() -> None:
         run_bench("http://127.0.0.1:9", steps=1, client="curl")
 
 
-def test_a_server_that_is_not_there_fails_every_session() -> None:
-    report = run_bench("http://127.0.0.1:9", sessions=2, steps=1, connect_timeout=2)
-    assert report.sessions_failed == 2
-    assert report.errors["CONNECT_FAILED"] == 2
+def test_a_server_that_is_not_there_is_one_error_before_any_load() -> None:
+    with pytest.raises(ConnectionFailedError, match=r"cannot connect to http://127.0.0.1:9"):
+        run_bench("http://127.0.0.1:9", sessions=2, steps=1, connect_timeout=2)
+    result = CliRunner().invoke(cli, ["bench", "http://127.0.0.1:9", "--steps", "1"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: cannot connect to http://127.0.0.1:9")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_with_no_action_every_reference_env_is_stepped_with_a_valid_one(echo_url: str) -> None:
+    report = run_bench(echo_url, sessions=4, steps=20)
+    assert (report.steps, report.sessions_ok, dict(report.errors)) == (80, 4, {})
+
+
+def test_episodes_that_end_are_reset_and_stepping_goes_on() -> None:
+    # CartPole falls within a few dozen steps of one action repeated.
+    tracker_app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(tracker_app) as url:
+        report = run_bench(url, sessions=2, steps=300, client="websockets")
+        picows = run_bench(url, sessions=2, steps=300, client="picows")
+    for run in (report, picows):
+        assert (run.steps, run.sessions_ok, dict(run.errors)) == (600, 2, {})
+
+
+def test_more_sessions_than_the_server_holds_is_warned_before_the_run() -> None:
+    app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2))
+    notices: list[str] = []
+    with run_server(app) as url:
+        run_bench(url, sessions=3, steps=1, action={"message": "x"}, notice=notices.append)
+    assert notices == [
+        "--sessions 3 is more than the server's 2 session slots: 1 will be refused "
+        "(or wait in line, if the server queues)"
+    ]
 
 
 def test_cli_prints_json_and_exits_1_when_sessions_fail(echo_url: str) -> None:

@@ -18,7 +18,9 @@ errors by code. ``openenv bench URL`` is the same from the command line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -27,9 +29,10 @@ from typing import Any, Literal
 
 from openenv.bench._run import Run, SessionStats, now
 from openenv.bench.report import BenchReport, percentile
-from openenv.client import ws_url
+from openenv.client import http_url, ws_url
 from openenv.client.pool import as_pool
 from openenv.errors import CapacityError, ConnectionFailedError
+from openenv.runtime.random_agent import sample_schema
 
 __all__ = ["BenchProgress", "BenchReport", "ClientName", "bench", "percentile", "run_bench"]
 
@@ -64,6 +67,7 @@ async def bench(
     reply_timeout: float = 60.0,
     progress: Callable[[BenchProgress], None] | None = None,
     progress_interval: float = 0.5,
+    notice: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Drive ``sessions`` closed-loop sessions against ``url``; see the module docstring.
 
@@ -74,17 +78,21 @@ async def bench(
         steps: Measured steps per session; exclusive with ``duration``.
         duration: Seconds to measure for (default 10 when ``steps`` is not given).
         warmup: Seconds of stepping before measuring starts; not counted.
-        action: The ``data`` of every step frame (default ``{}``).
+        action: The ``data`` of every step frame (default: one valid action
+            drawn from the server's ``/schema``). An episode that ends is reset.
         client: ``picows`` (cheapest per step; ``pip install 'openenv[bench]'``),
             ``websockets``, or ``auto`` (picows when installed).
         connect_timeout: Seconds for TCP connect plus WebSocket handshake.
         reply_timeout: Seconds to wait for any reply before dropping the session.
         progress: Called with a ``BenchProgress`` every ``progress_interval`` seconds.
         progress_interval: Seconds between progress calls and reply-timeout sweeps.
+        notice: Called with a warning before the run starts (e.g. more
+            sessions than the server has slots).
 
     Raises:
         ValueError: both ``steps`` and ``duration``, or a value out of range.
         ImportError: ``client="picows"`` but picows is not installed.
+        ConnectionFailedError: nothing answers at ``url`` (no server there).
     """
     if steps is not None and duration is not None:
         raise ValueError("pass either steps or duration, not both")
@@ -101,6 +109,15 @@ async def bench(
     name, driver = _driver(client)
     pool = as_pool(url)
     target = ws_url(url) if pool is None else ",".join(pool.urls)
+    cap, schema = await _look_first(url if pool is None else pool.urls, connect_timeout)
+    if action is None:
+        # A valid action, drawn once from the server's schema (as RandomAgent would).
+        action = sample_schema(schema, random.Random(0)) if schema else {}
+    if notice is not None and cap is not None and sessions > cap:
+        notice(
+            f"--sessions {sessions} is more than the server's {cap} session slots: "
+            f"{sessions - cap} will be refused (or wait in line, if the server queues)"
+        )
     _raise_open_files_limit(sessions + 64)
     run = Run(sessions, steps, duration, warmup, action or {})
     stats = [SessionStats() for _ in range(sessions)]
@@ -153,6 +170,34 @@ async def bench(
         error_samples=run.error_samples,
         client_cpu=(run.cpu_until - run.cpu_from) / elapsed if elapsed > 0 else 0.0,
     )
+
+
+async def _look_first(
+    urls: str | tuple[str, ...], timeout: float
+) -> tuple[int | None, dict[str, Any] | None]:
+    """The servers' total session cap and the action's JSON Schema, before any load.
+
+    Raises ``ConnectionFailedError`` when nothing answers, so a run against a
+    wrong address is one line of error, not a table of failed sessions.
+    """
+    import httpx
+
+    roots = [http_url(u) for u in ((urls,) if isinstance(urls, str) else urls)]
+    caps: list[int] = []
+    schema: dict[str, Any] | None = None
+    async with httpx.AsyncClient(timeout=timeout, verify=False) as http:
+        for root in roots:
+            try:
+                health = await http.get(f"{root}/health")
+            except httpx.HTTPError as exc:
+                raise ConnectionFailedError(root, str(exc) or type(exc).__name__) from None
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                caps.append(int(health.json()["max_sessions"]))
+            if schema is None:
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                    found = (await http.get(f"{root}/schema")).json()["action"]
+                    schema = found if isinstance(found, dict) else None
+    return (sum(caps) if len(caps) == len(roots) else None), schema
 
 
 def run_bench(url: str, **options: Any) -> BenchReport:

@@ -36,16 +36,20 @@ class _Session(WSListener):
             payload = frame.get_payload_as_bytes()
             if self.stepping:
                 stats = self.stats
-                if self.run.step_reply(stats, payload, now()):
+                frame_out = self.run.step_reply(stats, payload, now())
+                if frame_out is not None:
                     stats.sent = now()
-                    transport.send(_TEXT, self.run.step_frame)
+                    transport.send(_TEXT, frame_out)
                 else:
                     self.stepping = False
                     transport.send_close(WSCloseCode.OK)
             elif not self.reset_done.done():
-                self.reset_done.set_result(self.run.reset_reply(payload))
+                ok = self.run.reset_reply(payload)
+                self.stats.errored = not ok  # now: a refusal's close frame may follow at once
+                self.reset_done.set_result(ok)
         elif kind is WSMsgType.CLOSE:
-            if not self.stats.finished:
+            # A refusal already counted its error frame: the close is the same event.
+            if not self.stats.finished and not self.stats.errored:
                 self.stats.errored = True
                 self.run.error(f"CLOSED_{frame.get_close_code().value}", frame.get_close_reason())
             if not transport.is_close_frame_sent:

@@ -27,7 +27,7 @@ now = time.perf_counter
 class SessionStats:
     """One session's progress through connect, reset and its steps."""
 
-    __slots__ = ("abort", "counted", "errored", "finished", "sent")
+    __slots__ = ("abort", "counted", "errored", "finished", "resetting", "sent")
 
     def __init__(self) -> None:
         self.abort: Callable[[], None] | None = None  # drop the connection (reply timeout)
@@ -35,6 +35,7 @@ class SessionStats:
         self.counted = 0  # step replies inside the measured window
         self.errored = False  # an error reply, a failed connect or a dropped connection
         self.finished = False  # stepped as long as asked
+        self.resetting = False  # the episode ended; a reset is in flight
 
     @property
     def ok(self) -> bool:
@@ -73,6 +74,7 @@ class Run:
         self.error_samples: dict[str, str] = {}
         self.cpu_from = 0.0
         self.cpu_until = 0.0
+        self._done = False  # whether the reply just checked ended its episode
         self.last_measured = 0.0
 
     # -- phases -----------------------------------------------------------
@@ -113,8 +115,17 @@ class Run:
         """Account the reply to ``reset``; ``True`` if the session may step."""
         return self._check(payload)
 
-    def step_reply(self, stats: SessionStats, payload: bytes | str, now: float) -> bool:
-        """Account one step reply; ``True`` if the session should send another step."""
+    def step_reply(self, stats: SessionStats, payload: bytes | str, now: float) -> bytes | None:
+        """Account one reply while stepping; the frame to send next, or ``None`` to stop.
+
+        A step that ends the episode is followed by a reset (not counted as a
+        step), then stepping goes on.
+        """
+        if stats.resetting:
+            stats.resetting = False
+            if not self._check(payload):
+                stats.errored = True
+            return self._next(stats)
         self.total_replies += 1
         good = self._check(payload)
         if not good:
@@ -124,18 +135,26 @@ class Run:
             self.last_measured = now
             if good:
                 self.latencies.append(now - stats.sent)
+        if good and self._done:
+            stats.resetting = True
+            return self.reset_frame
+        return self._next(stats)
+
+    def _next(self, stats: SessionStats) -> bytes | None:
         if self.stopping or (self.steps is not None and stats.counted >= self.steps):
             stats.finished = True
-            return False
-        return True
+            return None
+        return self.step_frame
 
     def _check(self, payload: bytes | str) -> bool:
+        self._done = False
         try:
             reply = orjson.loads(payload)
             if reply["type"] != "error":
+                self._done = bool((reply.get("data") or {}).get("done"))
                 return True
             data = reply["data"]
             self.error(str(data["code"]), str(data.get("message", "")))
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.error("INVALID_REPLY", repr(payload[:200]))
         return False

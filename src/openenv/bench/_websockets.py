@@ -47,20 +47,19 @@ async def run_session(run: Run, url: str, stats: SessionStats, connect_timeout: 
     finally:
         run.session_ready()
     await run.go.wait()
-    step = run.step_frame.decode()
+    frame: bytes | None = run.step_frame
     try:
-        while True:
+        while frame is not None:
             stats.sent = now()
-            await ws.send(step)
-            if not run.step_reply(stats, await ws.recv(), now()):
-                break
+            await ws.send(frame.decode())
+            frame = run.step_reply(stats, await ws.recv(), now())
         await ws.close()
     except ConnectionClosed as exc:
         _closed(run, stats, exc)
 
 
 def _closed(run: Run, stats: SessionStats, exc: ConnectionClosed) -> None:
-    if stats.finished:
+    if stats.finished or stats.errored:  # a refusal's close: its error frame counted it
         return
     stats.errored = True
     if exc.rcvd is None:

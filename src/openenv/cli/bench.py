@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from openenv.errors import ConnectionFailedError
+
 if TYPE_CHECKING:
     from openenv.bench import BenchProgress, BenchReport
 
@@ -38,11 +40,14 @@ def bench(
         bool, typer.Option("--warmup", help="Step for 1 s before measuring, uncounted.")
     ] = False,
     action: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--action", "-a", help='Every step\'s action, as JSON: \'{"message": "hi"}\'.'
+            "--action",
+            "-a",
+            help='Every step\'s action, as JSON: \'{"message": "hi"}\' '
+            "(default: one drawn from the server's /schema).",
         ),
-    ] = "{}",
+    ] = None,
     client: Annotated[
         str, typer.Option(help="Load generator: auto (picows if installed), picows, websockets.")
     ] = "auto",
@@ -61,14 +66,16 @@ def bench(
 
     if steps is not None and duration is not None:
         raise typer.BadParameter("pass --steps or --duration, not both")
-    try:
-        parsed = orjson.loads(action)
-    except orjson.JSONDecodeError as exc:
-        raise typer.BadParameter(f"--action is not JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise typer.BadParameter("--action must be a JSON object")
+    parsed = None
+    if action is not None:
+        try:
+            parsed = orjson.loads(action)
+        except orjson.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--action is not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise typer.BadParameter("--action must be a JSON object")
     err = Console(stderr=True)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"notice": lambda line: err.print(f"[yellow]warning:[/] {line}")}
     if err.is_terminal:
         options["progress"] = lambda p: _progress_line(err, p)
     try:
@@ -87,6 +94,9 @@ def bench(
     except (ValueError, ImportError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    except ConnectionFailedError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
     finally:
         if err.is_terminal:
             err.file.write("\r\033[K")
