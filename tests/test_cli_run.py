@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
 from openenv.cli import app
 from openenv.cli.demo import drive
 from openenv.cli.run import load_agent
+from openenv.testing import run_server
 
 runner = CliRunner()
 
@@ -35,6 +40,34 @@ def test_run_with_an_agent_that_fails_exits_non_zero(echo_url: str) -> None:
     assert outcome.exit_code == 1
     assert "2 (0 ok, 2 error, 0 timeout)" in outcome.output
     assert "ValueError: 2" in outcome.output
+    assert "ValueError: agent of task-0 gave up" in outcome.output  # the first message
+
+
+def test_run_spreads_episodes_over_several_servers(tmp_path: Path) -> None:
+    def echo(cap: int) -> Any:
+        config = ConcurrencyConfig(max_concurrent_envs=cap)
+        return run_server(create_app(EchoEnvironment, EchoAction, EchoObservation, config))
+
+    with echo(2) as first, echo(3) as second:
+        outcome = runner.invoke(
+            app,
+            [
+                *("run", "--env", first, "--env", second, "--tasks", "40"),
+                *("--max-steps", "2", "--concurrency", "16"),
+            ],
+        )
+    assert outcome.exit_code == 0, outcome.output
+    assert "40 (40 ok, 0 error, 0 timeout)" in outcome.output
+
+
+def test_run_names_a_wrong_path_as_such() -> None:
+    with run_server(
+        create_app(EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig())
+    ) as url:
+        outcome = runner.invoke(app, ["run", "--env", f"{url}/wss", "--tasks", "1"])
+    assert outcome.exit_code == 1
+    assert "ConnectionFailedError: 1" in outcome.output
+    assert "is this the server's root URL?" in outcome.output
 
 
 def test_run_on_worker_processes_with_an_act_agent_class(echo_url: str) -> None:

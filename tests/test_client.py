@@ -13,6 +13,7 @@ from servers import Ping, PingEnvironment, Pong
 
 from echo_env import EchoAction, EchoEnv
 from openenv import (
+    AuthenticationError,
     ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
@@ -59,6 +60,17 @@ async def test_nothing_listening_is_a_clear_connection_error() -> None:
     url = f"http://127.0.0.1:{_unused_port()}"
     with pytest.raises(ConnectionFailedError, match=r"cannot connect to ws://127\.0\.0\.1"):
         await EchoEnv(url, connect_timeout=5).reset()
+
+
+@pytest.mark.parametrize("path", ["/wss", "/nothing/here"])
+async def test_a_wrong_path_is_named_as_such_not_as_an_auth_problem(
+    echo_url: str, path: str
+) -> None:
+    client = WebSocketEnvClient(f"{echo_url.replace('http', 'ws')}{path}")
+    with pytest.raises(ConnectionFailedError, match="is this the server's root URL") as caught:
+        await client.reset()
+    assert not isinstance(caught.value, AuthenticationError)
+    assert path in str(caught.value)
 
 
 async def test_connect_timeout_when_the_server_never_answers() -> None:

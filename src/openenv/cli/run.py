@@ -145,3 +145,9 @@ def render_summary(results: list[TaskResult], elapsed: float, console: Console) 
     table.add_row("episodes/s", f"{len(results) / elapsed:,.1f}" if elapsed else "-")
     table.add_row("errors", ", ".join(f"{k}: {n}" for k, n in errors.most_common()) or "none")
     console.print(table)
+    first: dict[str, str] = {}
+    for result in results:
+        if result.error is not None and result.error.message:
+            first.setdefault(result.error.type, result.error.message)
+    for kind, message in first.items():  # what each kind of error said, once
+        console.print(f"  [dim]{kind}: {message}[/]", highlight=False)

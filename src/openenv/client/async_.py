@@ -134,10 +134,18 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         except InvalidURI as exc:
             raise ConnectionFailedError(self.url, str(exc)) from None
         except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status in (401, 403):
-                raise AuthenticationError(self.url, _denial_reason(exc)) from None
-            raise ConnectionFailedError(self.url, f"HTTP {status}: {_denial_reason(exc)}") from None
+            status, said = exc.response.status_code, _detail(exc)
+            if status == 401 or (status == 403 and said):
+                raise AuthenticationError(self.url, said or f"HTTP {status}") from None
+            if status in (403, 404):
+                # What a server (ours or not) answers an upgrade to a path with no
+                # WebSocket route: the URL is wrong, not the key.
+                raise ConnectionFailedError(
+                    self.url,
+                    f"no openenv session endpoint there (HTTP {status}); "
+                    f"is this the server's root URL?",
+                ) from None
+            raise ConnectionFailedError(self.url, f"HTTP {status}: {said or 'refused'}") from None
         except (OSError, InvalidHandshake) as exc:
             raise ConnectionFailedError(self.url, str(exc) or type(exc).__name__) from None
 
@@ -305,13 +313,13 @@ def _capacity_refusal(reply: str | bytes) -> bool:
     return bool(code == protocol.ErrorCode.CAPACITY_REACHED.value)
 
 
-def _denial_reason(exc: InvalidStatus) -> str:
-    """The server's ``detail`` from a refused handshake, else the HTTP status."""
+def _detail(exc: InvalidStatus) -> str:
+    """The server's ``detail`` from a refused handshake (openenv always gives one), or ``""``."""
     try:
         detail = orjson.loads(exc.response.body or b"{}").get("detail")
     except (orjson.JSONDecodeError, AttributeError):
         detail = None
-    return str(detail) if detail else f"HTTP {exc.response.status_code}"
+    return str(detail) if detail else ""
 
 
 _CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}
