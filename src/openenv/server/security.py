@@ -28,6 +28,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from openenv.server.redact import redact_api_keys
+
 __all__ = [
     "KEY_SUBPROTOCOL_PREFIX",
     "PUBLIC_PATHS",
@@ -110,6 +112,7 @@ class AccessGuard:
         allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        redact_api_keys()  # a key passed as ?api_key= must not reach uvicorn's logs
         self._key = api_key.encode() if api_key else None
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self._hosts = HostAllowList(allowed_hosts)
