@@ -177,22 +177,23 @@ class McpBridge:
             await _rpc_error(429, mcp.INTERNAL_ERROR, message)(scope, receive, send)
             return
         self._per_client[client] += 1
-        bound = False
+        opened: list[str] = []  # the session id, once bound (then _end releases the client)
         try:
-            bound = await self._open_for(manager, client, scope, receive, send)
+            await self._open_for(manager, client, opened, scope, receive, send)
         finally:
-            if not bound:
+            if not opened:
                 self._release_client(client)
 
     async def _open_for(
         self,
         manager: StreamableHTTPSessionManager,
         client: str,
+        opened: list[str],
         scope: Scope,
         receive: Receive,
         send: Send,
-    ) -> bool:
-        """``_open`` once the client may open one; whether a session was bound."""
+    ) -> None:
+        """``_open`` once the client may open one; a bound session's id goes in ``opened``."""
         service = self.service
         try:
             session = await service.open_session()
@@ -200,16 +201,15 @@ class McpBridge:
             # Full or shutting down: try again later (503); a broken factory: 500.
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             await _rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
-            return False
+            return
         frame = await session.handle(protocol.request_frame("reset"))
         assert frame is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(frame)
         if isinstance(reply, protocol.ErrorReply):
             await session.aclose("mcp_reset_failed")
             await _rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
-            return False
+            return
         entry = _McpSession(session, client, in_flight=1)
-        opened: list[str] = []
 
         async def bind_on_start(message: Message) -> None:
             # Bind before the client can learn the session id, so its next
@@ -228,7 +228,6 @@ class McpBridge:
             entry.last_active = time.monotonic()
             if not opened:  # not an initialize, or refused: nothing to keep
                 await session.aclose("mcp_open_failed")
-        return bool(opened)
 
     def _release_client(self, client: str) -> None:
         self._per_client[client] -= 1
