@@ -82,3 +82,9 @@ async def test_one_address_cannot_take_every_slot() -> None:
             )
             assert ended.status_code == 200
             assert (await initialize(http)).status_code == 200
+            # Another address has a limit of its own (any 127.x.y.z reaches loopback).
+            other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+            async with httpx.AsyncClient(base_url=url, transport=other) as elsewhere:
+                assert (await initialize(elsewhere)).status_code == 200
+                assert (await initialize(elsewhere)).status_code == 200
+            await until_active(url, 4)

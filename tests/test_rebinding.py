@@ -154,3 +154,21 @@ async def test_listed_host_names_are_served(monkeypatch: pytest.MonkeyPatch) -> 
     with run_server(ping_app(tracker)) as url:
         port = url.rsplit(":", 1)[1]
         assert (await open_ws(url, "/ws", f"anything.example:{port}"))["type"] == "state"
+
+
+def test_mounted_environments_check_hosts_and_origins_too() -> None:
+    from openenv import EnvSpec, create_multi_app
+
+    TrackedCounter.tracker = Tracker()
+    spec = EnvSpec(TrackedCounter, CounterAction, CounterObservation, mcp=True)
+    with (
+        run_server(create_multi_app({"counter": spec})) as url,
+        httpx.Client(base_url=url, headers=MCP_HEADERS) as http,
+    ):
+        mcp = "/envs/counter/mcp"
+        assert http.get("/envs/counter/schema", headers={"Host": "evil.example"}).status_code == 403
+        assert http.post(mcp, json=INITIALIZE, headers={"Host": "evil.example"}).status_code == 403
+        foreign = http.post(mcp, json=INITIALIZE, headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403
+        assert TrackedCounter.tracker.created == []
+        assert http.post(mcp, json=INITIALIZE).status_code == 200
