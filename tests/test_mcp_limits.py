@@ -48,14 +48,25 @@ async def test_sessions_without_a_tool_call_are_closed_after_the_open_timeout() 
     with run_server(app) as url:
         async with Client(f"{url}/mcp") as working, httpx.AsyncClient(base_url=url) as http:
             await working.call_tool("increment", {"amount": 2})
-            for _ in range(3):
-                assert (await initialize(http)).status_code == 200
+            bare = [await initialize(http) for _ in range(3)]
+            assert [r.status_code for r in bare] == [200, 200, 200]
             # Every slot is taken now, but the three that never called a tool
             # are closed within mcp_open_timeout, not the 30-minute idle timeout.
             await TrackedCounter.tracker.until_closed(3)
             await until_active(url, 1)
             async with RemoteEnv(url, capacity_timeout=0).session() as session:
                 assert (await session.call_tool("increment", amount=1)).data == {"value": 1}
+            # The MCP SDK's side of those sessions is gone too, not left to its 30 minutes.
+            gone = await http.post(
+                "/mcp",
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                headers={
+                    "accept": "application/json, text/event-stream",
+                    "mcp-session-id": bare[0].headers["mcp-session-id"],
+                    "mcp-protocol-version": "2025-06-18",
+                },
+            )
+            assert gone.status_code == 404
             # The session that did call a tool is still there.
             value = await working.call_tool("get_value", {})
             assert value.structured_content["data"] == 2  # type: ignore[index]

@@ -256,6 +256,39 @@ class McpBridge:
                             "MCP session %s made no tool call in %gs; closing", sid, timeout
                         )
                     await self._end(sid, "idle_timeout")
+                    await self._terminate(sid)
+
+    async def _terminate(self, sid: str) -> None:
+        """End the SDK's side of a session too, as the client's ``DELETE`` would.
+
+        Otherwise its transport would wait out the SDK's own idle timeout:
+        memory that initialize-and-vanish clients could pile up.
+        """
+        manager = self._manager
+        if manager is None:
+            return
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "DELETE",
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(MCP_SESSION_ID_HEADER.encode(), sid.encode())],
+            "client": None,
+            "server": None,
+        }
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def discard(message: Message) -> None:
+            pass
+
+        await manager.handle_request(scope, receive, discard)
 
     # -- MCP handlers ----------------------------------------------------------
 
