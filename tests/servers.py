@@ -6,7 +6,7 @@ import asyncio
 import threading
 from typing import Any
 
-from openenv import Action, Environment, Observation, State
+from openenv import Action, EnvError, Environment, Observation, State
 
 
 class Tracker:
@@ -107,7 +107,7 @@ class AsyncPingEnvironment(PingEnvironment):
 
     async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
         if action.block:
-            raise ValueError("async environments do not block")
+            raise EnvError("async environments do not block")
         return PingEnvironment.step(self, action)
 
 

@@ -198,8 +198,10 @@ async def test_errors_raise_typed_exceptions_with_details() -> None:
             with pytest.raises(EnvValidationError) as invalid:
                 await client.step({"message": 42})
             assert invalid.value.errors[0]["loc"] == ["message"]
-            with pytest.raises(EnvExecutionError, match="ValueError: asked to fail"):
+            # The type reaches the client; the text, which may hold secrets, does not.
+            with pytest.raises(EnvExecutionError, match=r"step\(\) raised ValueError \(") as failed:
                 await client.step(Ping(fail=True))
+            assert "asked to fail" not in str(failed.value)
             assert (await client.step(Ping(message="ok"))).observation.message == "ok"
 
 
@@ -213,7 +215,8 @@ async def test_factory_error_is_fatal_and_frees_the_slot() -> None:
             async with connect(ws_url(url)) as ws:
                 error = orjson.loads(await ws.recv())
                 assert error["data"]["code"] == "FACTORY_ERROR"
-                assert "RuntimeError: no GPU today" in error["data"]["message"]
+                assert "RuntimeError" in error["data"]["message"]
+                assert "no GPU today" not in error["data"]["message"]
                 with pytest.raises(ConnectionClosed) as closed:
                     await ws.recv()
                 assert closed.value.rcvd is not None

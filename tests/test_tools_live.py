@@ -110,8 +110,11 @@ async def test_failing_tools_are_execution_errors_and_the_session_goes_on(
 ) -> None:
     async with client(toolbox_url) as env:
         await env.reset()
-        with pytest.raises(EnvExecutionError, match="tool 'fail' raised RuntimeError: tool broke"):
+        with pytest.raises(
+            EnvExecutionError, match=r"tool 'fail' raised RuntimeError \("
+        ) as failed:
             await env.call_tool("fail")
+        assert "tool broke" not in str(failed.value)
         with pytest.raises(EnvExecutionError, match="returned a value that cannot be sent"):
             await env.call_tool("unsendable")
         assert (await env.call_tool("shout", text="ok")).text == "OK"

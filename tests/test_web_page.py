@@ -21,7 +21,15 @@ from tcp_proxy import TcpProxy
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import Action, ConcurrencyConfig, Environment, Observation, State, create_app
+from openenv import (
+    Action,
+    ConcurrencyConfig,
+    EnvError,
+    Environment,
+    Observation,
+    State,
+    create_app,
+)
 from openenv.testing import run_server
 
 # Debian's Chromium; Playwright never downloads a browser (see PLATFORM-NOTES.md).
@@ -94,7 +102,7 @@ class MoveEnvironment(Environment[Move, Moved, State]):
 
     def step(self, action: Move, **kwargs: Any) -> Moved:
         if action.text == "boom":
-            raise RuntimeError("boom")
+            raise EnvError("boom")
         self._state.step_count += 1
         return Moved(action=action.model_dump(mode="json"), reward=action.count * action.scale)
 
@@ -520,7 +528,7 @@ async def test_environment_error_is_shown_and_the_session_goes_on(
     await page.get_by_label("Text").fill("boom")
     await page.get_by_role("button", name="Step").click()
     await expect(page.locator("#error")).to_have_text(
-        "EXECUTION_ERROR: step() raised RuntimeError: boom"
+        "EXECUTION_ERROR: step() raised EnvError: boom"
     )
     await page.get_by_label("Text").fill("fine")
     await page.get_by_role("button", name="Step").click()

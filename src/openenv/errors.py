@@ -1,6 +1,7 @@
 """Every exception openenv raises, in one tree.
 
     OpenEnvError
+    ├── EnvError                        raised by an environment: its message reaches clients
     ├── ConcurrencyConfigurationError   the server would share unsafe environments
     ├── ConnectionFailedError           could not open a session (refused, timed out, bad URL)
     │   └── AuthenticationError         the server refused the API key or the Origin
@@ -36,6 +37,7 @@ __all__ = [
     "ConnectionFailedError",
     "DeadlineError",
     "EngineError",
+    "EnvError",
     "EnvExecutionError",
     "EnvTimeoutError",
     "EnvValidationError",
@@ -55,6 +57,25 @@ __all__ = [
 
 class OpenEnvError(Exception):
     """Root of every openenv exception."""
+
+
+class EnvError(OpenEnvError):
+    """Raise it from an environment for a failure whose message clients may read.
+
+    A server sends clients only the type of any other exception an environment
+    raises (``step() raised KeyError``): exception text often carries paths,
+    queries or credentials. An ``EnvError``'s message goes out as is, so say
+    what the client did wrong and how to go on. Subclass it (also with a
+    built-in, ``class BadMove(EnvError, ValueError)``) for your own kinds.
+    The client gets an ``EnvExecutionError``; the session goes on.
+
+    >>> from openenv import EnvError
+    >>> try:
+    ...     raise EnvError("the game is over; reset() to play another")
+    ... except EnvError as exc:
+    ...     str(exc)
+    'the game is over; reset() to play another'
+    """
 
 
 class ConcurrencyConfigurationError(OpenEnvError):

@@ -27,8 +27,9 @@ def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str
         The port is chosen by the OS and bound before uvicorn starts, so there is
         no race for it, and the URL is handed out only once the app has started.
         On exit the server shuts down (closing every open session) and the thread
-        is joined. ``config`` goes to ``uvicorn.Config``; the WebSocket protocol is
-    openenv's own, as ``openenv serve`` runs it, unless ``ws`` says otherwise.
+        is joined. ``config`` goes to ``uvicorn.Config``; the WebSocket and HTTP
+    protocols are openenv's own, as ``openenv serve`` runs them, unless ``ws`` or
+    ``http`` says otherwise.
     """
     import uvicorn
 
@@ -38,6 +39,7 @@ def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str
     port = sock.getsockname()[1]
     config.setdefault("log_level", "warning")
     config.setdefault("ws", "openenv.server.wsprotocol:WebSocketProtocol")
+    config.setdefault("http", "openenv.server.httpprotocol:HttpToolsProtocol")
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **config))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="openenv-test-server", daemon=True

@@ -19,7 +19,7 @@ from coding_env.models import (
 )
 from coding_env.server.grading import grade
 from coding_env.server.sandbox import Sandbox, SandboxLimits
-from openenv import Environment, JsonContent, TextContent, ToolOutput, tool
+from openenv import EnvError, Environment, JsonContent, TextContent, ToolOutput, tool
 
 __all__ = ["CodingEnvironment", "load_split"]
 
@@ -167,7 +167,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodingState]):
 
     def _check_open(self) -> None:
         if self._state.done:
-            raise RuntimeError("the episode is over (a solution was submitted); reset() first")
+            raise EnvError("the episode is over (a solution was submitted); reset() first")
 
 
 def _describe(execution: ExecutionResult) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from openenv import Environment, JsonContent, TextContent, ToolOutput, tool
+from openenv import EnvError, Environment, JsonContent, TextContent, ToolOutput, tool
 from wordle_env.models import (
     WORD_PATTERN,
     GuessFeedback,
@@ -119,7 +119,7 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
     def _guess(self, word: str) -> WordleObservation:
         state = self._state
         if state.done:
-            raise RuntimeError("the game is over; reset() to play another")
+            raise EnvError("the game is over; reset() to play another")
         word = word.lower()
         if word not in allowed_words():
             return self._observation(f"{word!r} is not in the word list; no guess was used")
@@ -156,7 +156,7 @@ def _answer_of(task: WordleTask) -> str:
     split, _, index = task.id.partition("-")
     if split in SPLITS and index.isdigit() and int(index) < len(answers(split)):
         return answers(split)[int(index)]
-    raise ValueError(
+    raise EnvError(
         f"unknown task {task.id!r}: ids are train-0000..train-{len(answers('train')) - 1:04d} "
         f"and test-0000..test-{len(answers('test')) - 1:04d}"
     )

@@ -141,7 +141,8 @@ def _host(action_cls: type[Action], executor: Executor) -> Any:
             self.action_cls = action_cls
             self.registry = SessionRegistry(1)
             self.registry.try_acquire()
-            self.settings = ServerSettings(api_key=None)
+            # Nothing crosses a trust boundary in-process: show the whole exception.
+            self.settings = ServerSettings(api_key=None, error_details=True)
             self.metrics = Metrics(self.registry)
             self.handoff = self
 

@@ -98,10 +98,16 @@ def create_app(
         lifespan=service.lifespan,
     )
     app.state.openenv = service
-    key, origins = service.settings.api_key, service.settings.allowed_origins
-    app.add_middleware(AccessGuard, api_key=key, allowed_origins=origins)
+    key, origins, hosts = (
+        service.settings.api_key,
+        service.settings.allowed_origins,
+        service.settings.allowed_hosts,
+    )
+    app.add_middleware(AccessGuard, api_key=key, allowed_origins=origins, allowed_hosts=hosts)
     app.session_paths = frozenset({"/ws", "/web/ws"} if web else {"/ws"})
-    app.sessions = AccessGuard(SessionEndpoint(), api_key=key, allowed_origins=origins)
+    app.sessions = AccessGuard(
+        SessionEndpoint(), api_key=key, allowed_origins=origins, allowed_hosts=hosts
+    )
     return app
 
 

@@ -134,10 +134,28 @@ class ServerSettings(BaseModel):
         repr=False,
     )
     allowed_origins: tuple[str, ...] = Field(
-        default=(),
+        default_factory=lambda: _env_list("OPENENV_ALLOWED_ORIGINS"),
         description=(
-            "Origins (scheme://host[:port]) whose pages may open sessions, besides the "
-            "server's own; '*' allows any. Requests without an Origin (programs) pass."
+            "Origins (scheme://host[:port]) whose pages may open sessions (WebSockets, "
+            "/mcp), besides the server's own; '*' allows any. Requests without an Origin "
+            "(programs) pass. Default: OPENENV_ALLOWED_ORIGINS, comma-separated."
+        ),
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        default_factory=lambda: _env_list("OPENENV_ALLOWED_HOSTS"),
+        description=(
+            "Host names the server answers to besides localhost names and IP literals "
+            "(which always pass): exact names, '*.example.com' for subdomains, or '*' for "
+            "any. Any other Host header gets 403, which stops DNS rebinding. Default: "
+            "OPENENV_ALLOWED_HOSTS, comma-separated."
+        ),
+    )
+    error_details: bool = Field(
+        default=False,
+        description=(
+            "Send clients the full text of any exception an environment raises. Off, "
+            "clients get the exception's type and only EnvError messages verbatim; the "
+            "full text and traceback are always in the server log."
         ),
     )
     shutdown_timeout: float = Field(
@@ -147,5 +165,29 @@ class ServerSettings(BaseModel):
     )
     mcp: bool = Field(
         default=False,
-        description="Also serve the tools to MCP clients at /mcp (needs the openenv[mcp] extra).",
+        description=(
+            "Also serve the tools to MCP clients at /mcp (needs the openenv[mcp] extra). "
+            "Without an api_key, only for trusted networks."
+        ),
     )
+    mcp_open_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds an MCP session may wait for its first tool call before its "
+            "environment is closed and its slot freed (later, session_timeout applies)."
+        ),
+    )
+    mcp_sessions_per_client: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "MCP sessions one client address may hold at once; default: half the session "
+            "cap (at least 1), so no single address can take every slot."
+        ),
+    )
+
+
+def _env_list(name: str) -> tuple[str, ...]:
+    """A comma-separated environment variable as a tuple of its non-empty items."""
+    return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())

@@ -5,6 +5,13 @@ session opens, and counted against the same cap as WebSocket sessions. Its
 slot is freed when the client ends the session (HTTP ``DELETE``), when the
 session idles out, or when the server stops.
 
+HTTP holds no connection to watch, so an MCP session costs its opener one
+request: a session is cheap to refuse. One that has made no tool call is
+closed after ``mcp_open_timeout`` (30 s), and one client address may hold
+only ``mcp_sessions_per_client`` sessions (half the cap), so initialize-and-
+vanish requests cannot lock WebSocket clients out. Without an API key, serve
+MCP on trusted networks only.
+
 Imported only when ``create_app(..., mcp=True)`` asks for it; it needs the
 ``openenv[mcp]`` extra (the official ``mcp`` SDK).
 """
@@ -15,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +72,8 @@ def mcp_routes(service: EnvService) -> list[BaseRoute]:
 @dataclass
 class _McpSession:
     session: Session
+    client: str  # the remote address, for the per-client limit
+    called: bool = False  # a tool call came; until then the short open timeout applies
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # open HTTP requests, the GET event stream included
     last_active: float = field(default_factory=time.monotonic)
@@ -76,6 +86,12 @@ class McpBridge:
         self.service = service
         # HTTP has no disconnect to watch, so a vanished MCP client is found by idling.
         self.idle_timeout = service.concurrency.session_timeout or DEFAULT_SESSION_IDLE_TIMEOUT
+        # Until its first tool call a session is only a promise: keep it briefly.
+        self.open_timeout = min(service.settings.mcp_open_timeout, self.idle_timeout)
+        self.per_client = service.settings.mcp_sessions_per_client or max(
+            1, service.concurrency.max_concurrent_envs // 2
+        )
+        self._per_client: Counter[str] = Counter()  # sessions held or being opened
         self.server: Server[Any] = Server(
             service.metadata.name,
             version=service.metadata.version or "",
@@ -152,6 +168,32 @@ class McpBridge:
         send: Send,
     ) -> None:
         """Serve the request that opens an MCP session, with an environment ready for it."""
+        client = _client_address(scope)
+        if self._per_client[client] >= self.per_client:
+            message = (
+                f"this client already holds {self._per_client[client]} MCP sessions, the "
+                f"most one address may (mcp_sessions_per_client); end one (HTTP DELETE) first"
+            )
+            await _rpc_error(429, mcp.INTERNAL_ERROR, message)(scope, receive, send)
+            return
+        self._per_client[client] += 1
+        opened: list[str] = []  # the session id, once bound (then _end releases the client)
+        try:
+            await self._open_for(manager, client, opened, scope, receive, send)
+        finally:
+            if not opened:
+                self._release_client(client)
+
+    async def _open_for(
+        self,
+        manager: StreamableHTTPSessionManager,
+        client: str,
+        opened: list[str],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """``_open`` once the client may open one; a bound session's id goes in ``opened``."""
         service = self.service
         try:
             session = await service.open_session()
@@ -167,8 +209,7 @@ class McpBridge:
             await session.aclose("mcp_reset_failed")
             await _rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
             return
-        entry = _McpSession(session, in_flight=1)
-        opened: list[str] = []
+        entry = _McpSession(session, client, in_flight=1)
 
         async def bind_on_start(message: Message) -> None:
             # Bind before the client can learn the session id, so its next
@@ -188,21 +229,66 @@ class McpBridge:
             if not opened:  # not an initialize, or refused: nothing to keep
                 await session.aclose("mcp_open_failed")
 
+    def _release_client(self, client: str) -> None:
+        self._per_client[client] -= 1
+        if self._per_client[client] <= 0:
+            del self._per_client[client]
+
     async def _end(self, sid: str, reason: str) -> None:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
+            self._release_client(entry.client)
             async with entry.lock:  # let a tool call in flight finish first
                 await entry.session.aclose(reason)
 
     async def _reap_idle(self) -> None:
-        interval = min(max(self.idle_timeout / 4, 0.01), 5.0)
+        interval = min(max(self.open_timeout / 4, 0.01), 5.0)
         while True:
             await asyncio.sleep(interval)
-            deadline = time.monotonic() - self.idle_timeout
+            now = time.monotonic()
             for sid, entry in list(self.sessions.items()):
-                if entry.in_flight == 0 and entry.last_active < deadline:
-                    logger.info("MCP session %s idle over %ss; closing", sid, self.idle_timeout)
+                timeout = self.idle_timeout if entry.called else self.open_timeout
+                if entry.in_flight == 0 and entry.last_active < now - timeout:
+                    if entry.called:
+                        logger.info("MCP session %s idle over %gs; closing", sid, timeout)
+                    else:
+                        logger.info(
+                            "MCP session %s made no tool call in %gs; closing", sid, timeout
+                        )
                     await self._end(sid, "idle_timeout")
+                    await self._terminate(sid)
+
+    async def _terminate(self, sid: str) -> None:
+        """End the SDK's side of a session too, as the client's ``DELETE`` would.
+
+        Otherwise its transport would wait out the SDK's own idle timeout:
+        memory that initialize-and-vanish clients could pile up.
+        """
+        manager = self._manager
+        if manager is None:
+            return
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "DELETE",
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(MCP_SESSION_ID_HEADER.encode(), sid.encode())],
+            "client": None,
+            "server": None,
+        }
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def discard(message: Message) -> None:
+            pass
+
+        await manager.handle_request(scope, receive, discard)
 
     # -- MCP handlers ----------------------------------------------------------
 
@@ -214,7 +300,9 @@ class McpBridge:
             raise MCPError(
                 code=mcp.INVALID_REQUEST,
                 message="no environment for this request: each MCP session owns one, so "
-                "connect with the initialize handshake (a stateful streamable HTTP session)",
+                "connect with the initialize handshake (a stateful streamable HTTP session); "
+                "a session that made no tool call within mcp_open_timeout, or idled out, "
+                "has lost its environment: open a new one",
             )
         return entry
 
@@ -248,6 +336,7 @@ class McpBridge:
 
     async def _call_tool(self, ctx: Any, params: mcp.CallToolRequestParams) -> mcp.CallToolResult:
         entry = self._entry(ctx)
+        entry.called = True
         async with entry.lock:  # calls of one session never overlap
             entry.session.last_active = time.monotonic()
             try:
@@ -260,6 +349,12 @@ class McpBridge:
                 text = f"[{exc.code.value}] {exc.message}"
                 return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
         return _to_mcp(output)
+
+
+def _client_address(scope: Scope) -> str:
+    """The remote address (behind a proxy, its own unless uvicorn trusts its headers)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
 
 
 def _opens_session(headers: Headers) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import uvicorn
 
+from openenv.server.httpprotocol import HttpToolsProtocol
 from openenv.server.service import LIVE_SERVICES
 from openenv.server.slots import BOARD_VAR
 from openenv.server.wsprotocol import WebSocketProtocol
@@ -51,6 +52,7 @@ def uvicorn_config(
     max_message_size: int = 2**20,
     log_level: str = "info",
     ws: Any = WebSocketProtocol,
+    http: Any = HttpToolsProtocol,
     **options: Any,
 ) -> uvicorn.Config:
     """A ``uvicorn.Config`` with openenv's WebSocket defaults.
@@ -60,7 +62,9 @@ def uvicorn_config(
     half-open client (gone without a close) loses its slot. Frames larger than
     ``max_message_size`` are refused by the WebSocket layer with close 1009
     before they are buffered. ``ws`` is openenv's WebSocket protocol
-    (``server/wsprotocol.py``), uvicorn's with a fast path for small frames.
+    (``server/wsprotocol.py``), uvicorn's with a fast path for small frames;
+    the HTTP protocol drops connections that do not finish a request's headers
+    in time (``server/httpprotocol.py``).
     """
     return uvicorn.Config(
         app,
@@ -71,6 +75,7 @@ def uvicorn_config(
         ws_max_size=max_message_size,
         log_level=log_level,
         ws=ws,
+        http=http,
         lifespan="on",
         **options,
     )

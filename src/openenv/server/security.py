@@ -1,9 +1,16 @@
-"""Who may use a server: the API key, and which web pages may open sessions.
+"""Who may use a server: the API key, the host names it answers to, and which
+web pages may open sessions.
 
 A pure ASGI middleware, so it costs one check per HTTP request or WebSocket
 handshake and nothing per frame. A rejected WebSocket handshake gets an HTTP
 401/403 answer (or close code 1008 where the ASGI server cannot send one)
 before any session, slot or environment exists.
+
+The ``Host`` check stops DNS rebinding: a page on ``evil.example`` whose name
+the attacker re-points at 127.0.0.1 reaches a local server with
+``Host: evil.example``, and its own ``Origin`` then looks same-origin. Rebinding
+always needs a host *name*, so localhost names and IP literals are always
+allowed; other names must be listed in ``allowed_hosts``.
 
 The key may come as ``Authorization: Bearer KEY`` (programs), as a WebSocket
 subprotocol ``openenv.key.KEY`` (browsers cannot set headers on WebSockets),
@@ -13,44 +20,121 @@ or as an ``api_key`` query parameter (a link to the web page).
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["KEY_SUBPROTOCOL_PREFIX", "PUBLIC_PATHS", "AccessGuard", "is_public"]
+from openenv.server.redact import redact_api_keys
+
+__all__ = [
+    "KEY_SUBPROTOCOL_PREFIX",
+    "PUBLIC_PATHS",
+    "AccessGuard",
+    "HostAllowList",
+    "host_name",
+    "is_public",
+]
 
 KEY_SUBPROTOCOL_PREFIX = "openenv.key."
 # The web page's own files are public (a browser cannot attach a key to
 # <script src>); what it loads from the server, and its sessions, are not.
 PUBLIC_PATHS = frozenset({"/health", "/web"})
+# Routes a page could use to act, not just read: a browser's Origin is checked there.
+_ORIGIN_CHECKED_PATHS = frozenset({"/mcp"})
 
 
 def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or (path.startswith("/web/") and path != "/web/ws")
 
 
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port, lowercased.
+
+    >>> host_name("Example.COM:8000"), host_name("[::1]:80"), host_name("127.0.0.1")
+    ('example.com', '::1', '127.0.0.1')
+    """
+    host = host.strip().lower()
+    if host.startswith("["):  # an IPv6 literal, with or without a port
+        return host[1:].partition("]")[0]
+    name, colon, port = host.rpartition(":")
+    if colon and port.isdigit() and ":" not in name:
+        host = name
+    return host.rstrip(".")
+
+
+class HostAllowList:
+    """The host names a server answers to: localhost names, IP literals, and ``extra``.
+
+    ``extra`` holds exact names, ``*.example.com`` for every subdomain, or
+    ``*`` for any name (DNS rebinding protection off).
+
+    >>> hosts = HostAllowList(["env.example.com", "*.internal"])
+    >>> [hosts.allows(h) for h in ("localhost:8000", "10.0.0.7", "[::1]", "env.example.com")]
+    [True, True, True, True]
+    >>> [hosts.allows(h) for h in ("a.b.internal", "evil.example:8000", "internal")]
+    [True, False, False]
+    """
+
+    def __init__(self, extra: Iterable[str] = ()) -> None:
+        names = {host_name(h) for h in extra if h.strip()}
+        self.any = "*" in names
+        self._exact = frozenset(n for n in names if not n.startswith("*."))
+        self._suffixes = tuple(n[1:] for n in names if n.startswith("*."))
+
+    def allows(self, host: str) -> bool:
+        if self.any:
+            return True
+        name = host_name(host)
+        if name == "localhost" or name.endswith(".localhost") or name in self._exact:
+            return True
+        if self._suffixes and name.endswith(self._suffixes):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+
 class AccessGuard:
-    """Require the API key (when set) and a trusted ``Origin`` on WebSockets."""
+    """Check the ``Host`` on every request, the API key (when set) on every
+    non-public route, and a trusted ``Origin`` on WebSockets and ``/mcp``."""
 
     def __init__(
-        self, app: ASGIApp, api_key: str | None, allowed_origins: tuple[str, ...] = ()
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        allowed_origins: tuple[str, ...] = (),
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        redact_api_keys()  # a key passed as ?api_key= must not reach uvicorn's logs
         self._key = api_key.encode() if api_key else None
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self._hosts = HostAllowList(allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if scope["type"] == "websocket" and not self._origin_allowed(headers):
+        host = headers.get("host")
+        # No Host at all is an HTTP/1.0 program, never a browser.
+        if host is not None and not self._hosts.allows(host):
+            await _deny(scope, receive, send, 403, _host_refusal(host))
+            return
+        path = _route_path(scope)
+        if (
+            scope["type"] == "websocket" or path in _ORIGIN_CHECKED_PATHS
+        ) and not self._origin_allowed(headers):
             origin = headers.get("origin")
             await _deny(scope, receive, send, 403, f"origin {origin} may not open sessions")
             return
-        if self._key is not None and not is_public(scope["path"]):
+        if self._key is not None and not is_public(path):
             supplied = _supplied_key(scope, headers)
             if supplied is None:
                 await _deny(scope, receive, send, 401, "missing API key")
@@ -67,8 +151,28 @@ class AccessGuard:
         origin = origin.rstrip("/").lower()
         if origin in self._origins:
             return True
-        # Same origin: the page was served by this very host.
+        # Same origin: the page was served by this very host (an allowed one,
+        # checked above, so not a rebound name).
         return urlsplit(origin).netloc == headers.get("host", "").lower()
+
+
+def _route_path(scope: Scope) -> str:
+    """The path within this app: under a ``Mount`` (``/envs/{name}``) Starlette
+    keeps the full path in ``path`` and the mount point in ``root_path``."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
+
+
+def _host_refusal(host: str) -> str:
+    name = host_name(host)[:100]
+    return (
+        f"host {name!r} is not allowed (DNS rebinding protection); to serve under this "
+        f"name, pass allowed_hosts=({name!r},) to create_app or set "
+        f"OPENENV_ALLOWED_HOSTS={name}"
+    )
 
 
 def _supplied_key(scope: Scope, headers: Headers) -> str | None:

@@ -20,6 +20,7 @@ from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.metrics import Metrics
+from openenv.server.redact import failure_text
 from openenv.server.sessions import Session, SessionState
 from openenv.server.slots import SessionRegistry, SlotBoard
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -125,7 +126,8 @@ class EnvService:
                 message = f"could not create the environment: {exc}"
             except Exception as exc:
                 logger.exception("environment factory raised")
-                message = f"could not create the environment: {type(exc).__name__}: {exc}"
+                text = failure_text(exc, self.settings.error_details)
+                message = f"could not create the environment: {text}"
             refused = SessionRefused(ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR)
         self.metrics.errors[refused.code.value] += 1
         raise refused

@@ -28,6 +28,7 @@ from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
 from openenv.server.handoff import LaneTicket, Receiver
+from openenv.server.redact import failure_text
 from openenv.tasks import TaskSpec, task_class
 from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
@@ -545,11 +546,11 @@ class Session:
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
             )
-        # The traceback stays in the server log; the wire gets the exception's name.
+        # The full text and traceback stay in the server log; the wire gets the
+        # exception's type, and its message only if the environment marked it safe.
         self.log.error("%s raised", name, exc_info=exc)
-        return EnvFailure(
-            ErrorCode.EXECUTION_ERROR, f"{name} raised {type(exc).__name__}: {exc}", request_id
-        )
+        text = failure_text(exc, self._settings.error_details)
+        return EnvFailure(ErrorCode.EXECUTION_ERROR, f"{name} raised {text}", request_id)
 
     def _checked(
         self, name: str, result: Any, expected: type[_R], request_id: protocol.RequestId | None

@@ -25,6 +25,7 @@ from pydantic import AfterValidator, Field, create_model
 
 from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
 from openenv.environment import Environment
+from openenv.errors import EnvError
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
 
     def step(self, action: GymnasiumAction, **kwargs: Any) -> GymnasiumObservation:
         if self._needs_reset:
-            raise RuntimeError(
+            raise EnvError(
                 "the episode is over (terminated or truncated); reset() to start a new one"
                 if self._state.step_count
                 else "reset() before the first step"

@@ -1,0 +1,72 @@
+"""What of a failure reaches a client, and what of a request reaches the logs.
+
+Exception text from environment code often holds what no client should read
+(``could not connect to postgres://admin:PASSWORD@db``): a client gets the
+exception's type, and its message only when the environment raised an
+``EnvError`` (or the server runs with ``error_details=True``). The server log
+keeps the full text and traceback.
+
+uvicorn writes each request's path and query to its logs, and a browser
+passes the API key as ``?api_key=``: ``redact_api_keys`` installs a filter on
+uvicorn's loggers that blanks it out.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from openenv.errors import EnvError
+
+__all__ = ["ApiKeyFilter", "failure_text", "redact_api_keys"]
+
+# uvicorn's request lines (access log) and WebSocket handshakes (error log, INFO).
+_LOGGERS = ("uvicorn.access", "uvicorn.error")
+_API_KEY = re.compile(r"(?i)(\bapi_key=)[^&#\s\"]*")
+
+
+def failure_text(exc: BaseException, details: bool = False) -> str:
+    """``Type: message`` for an ``EnvError`` (or with ``details``), else just the type.
+
+    >>> failure_text(EnvError("no such word"))
+    'EnvError: no such word'
+    >>> failure_text(ValueError("postgres://admin:hunter2@db"))
+    'ValueError (its message is in the server log; an EnvError message reaches clients)'
+    """
+    name = type(exc).__name__
+    if details or isinstance(exc, EnvError):
+        return f"{name}: {exc}"
+    return f"{name} (its message is in the server log; an EnvError message reaches clients)"
+
+
+class ApiKeyFilter(logging.Filter):
+    """Replaces the value of every ``api_key=`` in a log record's arguments with ``***``.
+
+    >>> record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0,
+    ...     '%s - "%s %s"', ("1.2.3.4:5", "GET", "/web?api_key=s3cret&x=1"), None)
+    >>> ApiKeyFilter().filter(record), record.getMessage()
+    (True, '1.2.3.4:5 - "GET /web?api_key=***&x=1"')
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {name: _redacted(arg) for name, arg in record.args.items()}
+        if isinstance(record.msg, str) and "api_key=" in record.msg.lower():
+            record.msg = _API_KEY.sub(r"\1***", record.msg)
+        return True
+
+
+def _redacted(value: object) -> object:
+    if isinstance(value, str) and "api_key=" in value.lower():
+        return _API_KEY.sub(r"\1***", value)
+    return value
+
+
+def redact_api_keys() -> None:
+    """Install ``ApiKeyFilter`` on uvicorn's loggers, once per process."""
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ApiKeyFilter) for f in logger.filters):
+            logger.addFilter(ApiKeyFilter())

@@ -1,0 +1,101 @@
+"""MCP sessions are cheap to refuse: initialize-and-vanish cannot lock /ws clients out."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from mcp import Client
+from servers import Tracker
+from test_mcp import TrackedCounter, until_active
+
+from counter_env.models import CounterAction, CounterObservation
+from openenv import CapacityError, ConcurrencyConfig, RemoteEnv, create_app
+from openenv.testing import run_server
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "gone", "version": "0"},
+    },
+}
+
+
+def counter(cap: int, **settings: object) -> object:
+    TrackedCounter.tracker = Tracker()
+    return create_app(
+        TrackedCounter,
+        CounterAction,
+        CounterObservation,
+        ConcurrencyConfig(max_concurrent_envs=cap),  # no session_timeout: 30 min for MCP
+        mcp=True,
+        **settings,
+    )
+
+
+async def initialize(http: httpx.AsyncClient) -> httpx.Response:
+    """A bare initialize whose client never comes back."""
+    return await http.post(
+        "/mcp", json=INITIALIZE, headers={"accept": "application/json, text/event-stream"}
+    )
+
+
+async def test_sessions_without_a_tool_call_are_closed_after_the_open_timeout() -> None:
+    app = counter(4, mcp_open_timeout=2, mcp_sessions_per_client=4)
+    with run_server(app) as url:
+        async with Client(f"{url}/mcp") as working, httpx.AsyncClient(base_url=url) as http:
+            await working.call_tool("increment", {"amount": 2})
+            bare = [await initialize(http) for _ in range(3)]
+            assert [r.status_code for r in bare] == [200, 200, 200]
+            # Every slot is taken now, but the three that never called a tool
+            # are closed within mcp_open_timeout, not the 30-minute idle timeout.
+            await TrackedCounter.tracker.until_closed(3)
+            await until_active(url, 1)
+            async with RemoteEnv(url, capacity_timeout=0).session() as session:
+                assert (await session.call_tool("increment", amount=1)).data == {"value": 1}
+            # The MCP SDK's side of those sessions is gone too, not left to its 30 minutes.
+            gone = await http.post(
+                "/mcp",
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                headers={
+                    "accept": "application/json, text/event-stream",
+                    "mcp-session-id": bare[0].headers["mcp-session-id"],
+                    "mcp-protocol-version": "2025-06-18",
+                },
+            )
+            assert gone.status_code == 404
+            # The session that did call a tool is still there.
+            value = await working.call_tool("get_value", {})
+            assert value.structured_content["data"] == 2  # type: ignore[index]
+
+
+async def test_one_address_cannot_take_every_slot() -> None:
+    with run_server(counter(4)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            opened = [await initialize(http) for _ in range(2)]
+            assert [r.status_code for r in opened] == [200, 200]
+            refused = await initialize(http)
+            assert refused.status_code == 429
+            assert "already holds 2 MCP sessions" in refused.json()["error"]["message"]
+            assert len(TrackedCounter.tracker.created) == 2
+            # Half the cap is left for everyone else.
+            env = RemoteEnv(url, capacity_timeout=0)
+            async with env.session(), env.session():
+                with pytest.raises(CapacityError):
+                    await env.session().open()
+            # Ending a session lets the address open another.
+            sid = opened[0].headers["mcp-session-id"]
+            ended = await http.delete(
+                "/mcp", headers={"mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}
+            )
+            assert ended.status_code == 200
+            assert (await initialize(http)).status_code == 200
+            # Another address has a limit of its own (any 127.x.y.z reaches loopback).
+            other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+            async with httpx.AsyncClient(base_url=url, transport=other) as elsewhere:
+                assert (await initialize(elsewhere)).status_code == 200
+                assert (await initialize(elsewhere)).status_code == 200
+            await until_active(url, 4)
