@@ -30,13 +30,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from openenv import EnvError
+
 __all__ = ["Lease", "SandboxBusyError", "UidPool", "processes_of"]
 
 logger = logging.getLogger("coding_env.sandbox")
 
 
-class SandboxBusyError(RuntimeError):
-    """Every uid of the pool is running a program."""
+class SandboxBusyError(EnvError, RuntimeError):
+    """Every uid of the pool is running a program (the client is told so)."""
 
 
 @dataclass

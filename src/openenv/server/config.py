@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,6 +156,14 @@ class ServerSettings(BaseModel):
             "Send clients the full text of any exception an environment raises. Off, "
             "clients get the exception's type and only EnvError messages verbatim; the "
             "full text and traceback are always in the server log."
+        ),
+    )
+    isolation: Literal["none", "process"] = Field(
+        default="none",
+        description=(
+            "'process' makes each session's environment in a child process of its own: "
+            "one that segfaults or exits ends only its session (a few ms and a process "
+            "per session). Not for environments with @tool methods."
         ),
     )
     shutdown_timeout: float = Field(

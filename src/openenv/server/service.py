@@ -19,10 +19,12 @@ from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
 from openenv.server.handoff import Handoff, LaneTicket
+from openenv.server.isolation import isolated_factory
 from openenv.server.metrics import Metrics
 from openenv.server.redact import failure_text
 from openenv.server.sessions import Session, SessionState
 from openenv.server.slots import SessionRegistry, SlotBoard
+from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
@@ -74,6 +76,13 @@ class EnvService:
         env_cls = environment_class(env_factory)
         self.env_cls = env_cls
         self.env_factory = env_factory
+        if settings.isolation == "process":
+            if env_cls is not None and tools_of(env_cls):
+                raise ValueError(
+                    f"{env_cls.__name__} has @tool methods, which isolation='process' "
+                    f"cannot reach; serve it without isolation"
+                )
+            self.env_factory = isolated_factory(env_factory)
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls or state_class(env_cls)

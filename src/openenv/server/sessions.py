@@ -28,6 +28,7 @@ from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
 from openenv.server.handoff import LaneTicket, Receiver
+from openenv.server.isolation import EnvProcessDied
 from openenv.server.redact import failure_text
 from openenv.tasks import TaskSpec, task_class
 from openenv.tools import ToolOutput, tools_of
@@ -545,6 +546,14 @@ class Session:
                 ErrorCode.TIMEOUT,
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
+            )
+        if isinstance(exc, EnvProcessDied):  # isolation="process": nothing left to step
+            self.log.error("%s: %s; ending the session", name, exc)
+            return EnvFailure(
+                ErrorCode.EXECUTION_ERROR,
+                f"{name} failed: {exc}; the session is closed",
+                request_id,
+                fatal=True,
             )
         # The full text and traceback stay in the server log; the wire gets the
         # exception's type, and its message only if the environment marked it safe.

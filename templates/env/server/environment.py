@@ -4,7 +4,7 @@ import random
 import uuid
 from typing import Any
 
-from openenv import Environment, State
+from openenv import EnvError, Environment, State
 
 from __env_name__.models import __Prefix__Action, __Prefix__Observation
 
@@ -44,8 +44,9 @@ class __Prefix__Environment(Environment[__Prefix__Action, __Prefix__Observation,
 
     def step(self, action: __Prefix__Action, **kwargs: Any) -> __Prefix__Observation:
         if self._over:
-            # Raised errors reach the client as EXECUTION_ERROR; the session goes on.
-            raise RuntimeError("no episode in progress: call reset() first")
+            # Raised errors reach the client as EXECUTION_ERROR and the session goes on;
+            # an EnvError's message is shown to the client, any other only by its type.
+            raise EnvError("no episode in progress: call reset() first")
         self._state.step_count += 1
         left = self.max_guesses - self._state.step_count
         if action.guess == self._target:

@@ -1,0 +1,52 @@
+"""An environment that crashes on request, for ``isolation="process"`` tests.
+
+It lives in a module of its own (not a test file) so that the fork server
+that starts isolated environments can import it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Any, Literal
+
+from openenv import Action, Environment, Observation, State
+
+
+class Crash(Action):
+    how: Literal["no", "exit", "segfault", "kill", "raise"] = "no"
+
+
+class Sighting(Observation):
+    pid: int
+    steps: int = 0
+
+
+class Crashy(Environment[Crash, Sighting, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        self._state = State()
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> Sighting:
+        self._state = State(episode_id=episode_id)
+        return Sighting(pid=os.getpid())
+
+    def step(self, action: Crash, **kwargs: Any) -> Sighting:
+        if action.how == "exit":
+            os._exit(3)
+        if action.how == "segfault":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        if action.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action.how == "raise":
+            raise ValueError("asked to raise")
+        self._state.step_count += 1
+        return Sighting(pid=os.getpid(), steps=self._state.step_count, reward=1.0)
+
+    @property
+    def state(self) -> State:
+        return self._state

@@ -1,0 +1,101 @@
+"""``isolation="process"``: an environment that crashes takes only its own session down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import httpx
+import pytest
+from isolated_envs import Crash, Crashy, Sighting
+
+from openenv import (
+    ConcurrencyConfig,
+    EnvClient,
+    EnvExecutionError,
+    SessionClosedError,
+    State,
+    create_app,
+)
+from openenv.testing import run_server
+
+
+class CrashyClient(EnvClient[Crash, Sighting, State]):
+    pass
+
+
+async def active(url: str) -> int:
+    async with httpx.AsyncClient() as http:
+        count: int = (await http.get(f"{url}/health")).json()["active_sessions"]
+        return count
+
+
+def app(**settings: object) -> object:
+    return create_app(Crashy, Crash, Sighting, ConcurrencyConfig(max_concurrent_envs=8), **settings)
+
+
+@pytest.mark.parametrize("how", ["exit", "segfault", "kill"])
+def test_a_crash_ends_its_own_session_and_no_other(how: str) -> None:
+    with run_server(app(isolation="process")) as url:
+
+        async def scenario() -> None:
+            clients = [CrashyClient(url) for _ in range(4)]
+            first = await asyncio.gather(*(c.reset() for c in clients))
+            pids = {r.observation.pid for r in first}
+            assert len(pids) == 4  # a process each
+            assert os.getpid() not in pids
+            victim, *others = clients
+            with pytest.raises(EnvExecutionError, match="the environment's process") as caught:
+                await victim.step(Crash(how=how))
+            assert "session is closed" in str(caught.value)
+            with pytest.raises(SessionClosedError):
+                await victim.step(Crash())
+            for _ in range(3):  # the others go on, each in its own process
+                steps = await asyncio.gather(*(c.step(Crash()) for c in others))
+                assert {s.observation.pid for s in steps} == pids - {first[0].observation.pid}
+            assert await active(url) == 3
+            await asyncio.gather(*(c.close() for c in clients))
+            assert await active(url) == 0
+
+        asyncio.run(scenario())
+
+
+def test_state_and_errors_cross_the_process_boundary() -> None:
+    with run_server(app(isolation="process")) as url:
+
+        async def scenario() -> None:
+            async with CrashyClient(url) as env:
+                await env.reset()
+                await env.step(Crash())
+                await env.step(Crash())
+                assert (await env.state()).step_count == 2
+                with pytest.raises(EnvExecutionError, match="ValueError"):
+                    await env.step(Crash(how="raise"))
+                assert (await env.step(Crash())).observation.steps == 3  # it goes on
+
+        asyncio.run(scenario())
+
+
+def test_without_isolation_a_crash_is_the_servers_business() -> None:
+    # The baseline the option exists for: same app, same process, no proxy.
+    with run_server(app()) as url:
+
+        async def scenario() -> None:
+            async with CrashyClient(url) as env:
+                reply = await env.reset()
+                assert reply.observation.pid == os.getpid()
+
+        asyncio.run(scenario())
+
+
+def test_an_environment_with_tools_cannot_be_isolated() -> None:
+    from counter_env.models import CounterAction, CounterObservation
+    from counter_env.server.environment import CounterEnvironment
+
+    with pytest.raises(ValueError, match="has @tool methods"):
+        create_app(
+            CounterEnvironment,
+            CounterAction,
+            CounterObservation,
+            isolation="process",
+        )
