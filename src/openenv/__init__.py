@@ -62,6 +62,7 @@ from openenv.errors import (
     UnknownToolError,
 )
 from openenv.protocol import CloseCode, EnvInfo, ErrorCode, TaskPage
+from openenv.rubrics import Gate, Max, Rubric, Sequential, TrajectoryRubric, WeightedSum
 from openenv.tasks import TaskSpec
 from openenv.tools import (
     ImageContent,
@@ -126,8 +127,10 @@ __all__ = [
     "EpisodeSession",
     "ErrorCode",
     "FactoryError",
+    "Gate",
     "ImageContent",
     "JsonContent",
+    "Max",
     "NotFoundError",
     "Observation",
     "OpenEnvClient",
@@ -137,9 +140,11 @@ __all__ = [
     "RandomAgent",
     "RemoteEnv",
     "RequestFailedError",
+    "Rubric",
     "RunConfig",
     "Runners",
     "RuntimeEngine",
+    "Sequential",
     "ServerError",
     "ServerPool",
     "ServerSettings",
@@ -159,8 +164,10 @@ __all__ = [
     "TextContent",
     "ToolInfo",
     "ToolOutput",
+    "TrajectoryRubric",
     "UnknownToolError",
     "WebSocketEnvClient",
+    "WeightedSum",
     "create_app",
     "create_multi_app",
     "exec_tasks",

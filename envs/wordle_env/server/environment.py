@@ -18,6 +18,7 @@ from wordle_env.models import (
     WordleState,
     WordleTask,
 )
+from wordle_env.server.rubric import wordle_rubric
 from wordle_env.server.words import SPLITS, allowed_words, answers, pattern, score
 
 __all__ = ["MAX_GUESSES", "WordleEnvironment", "tasks"]
@@ -55,6 +56,7 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
         self._answer = answers("train")[0]
         self._board: list[GuessFeedback] = []
         self._state = WordleState(episode_id=uuid.uuid4().hex, task_id=tasks("train")[0].id)
+        self.rubric = wordle_rubric()
 
     @classmethod
     def list_splits(cls) -> Sequence[str]:
@@ -138,7 +140,10 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
             message = f"out of guesses: the word was {self._answer!r}"
         else:
             message = f"{MAX_GUESSES - len(state.guesses)} guesses left"
-        return self._observation(message, reward=1.0 if state.solved else 0.0)
+        observation = self._observation(message)
+        self.rubric(word, observation)
+        # reward, and metadata["reward_parts"]: {"solved": ..., "greens": ...}
+        return self.rubric.annotate(observation)
 
     def _observation(self, message: str, reward: float | None = None) -> WordleObservation:
         state = self._state

@@ -69,10 +69,13 @@ def test_a_won_game_through_the_client() -> None:
             5,
         )
         assert first_try.observation.message == "5 guesses left"
+        # The rubric's parts travel with the reward: 3 of 5 letters in place.
+        assert first_try.observation.metadata["reward_parts"] == {"solved": 0.0, "greens": 0.6}
         assert env.state().answer is None  # not before the game is over
 
         won = env.step(WordleAction(guess="abbey"))
         assert (won.reward, won.done) == (1.0, True)
+        assert won.observation.metadata["reward_parts"] == {"solved": 1.0, "greens": 1.0}
         assert won.observation.message == "solved in 2 guesses"
         assert won.observation.answer == "abbey"
         state = env.state()
