@@ -10,6 +10,7 @@ from rich.console import Console
 
 import openenv
 from openenv.cli.bench import bench
+from openenv.cli.report import report_command
 from openenv.cli.run import run as run_episodes
 from openenv.cli.scaffold import init_command
 from openenv.cli.serve import serve_command
@@ -68,6 +69,7 @@ def demo(
 app.command("bench")(bench)
 app.command(name="run")(run_episodes)
 app.command("init")(init_command)
+app.command("report")(report_command)
 app.command("serve")(serve_command)
 app.command("validate")(validate_command)
 

@@ -116,8 +116,19 @@ def run(
     if out is not None:
         write_results(results, out)
     render_summary(results, elapsed, console)
+    if out is not None:
+        _report(out, console)
     if any(not r.ok for r in results):
         raise typer.Exit(1)
+
+
+def _report(results: Path, console: Console) -> None:
+    try:
+        from openenv.report import write_report
+    except ImportError:  # matplotlib is an extra
+        console.print(f"report: openenv report {results} (needs openenv-scale[report])")
+        return
+    console.print(f"report: {write_report(results)}")
 
 
 def write_results(results: list[TaskResult], path: Path) -> None:

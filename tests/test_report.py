@@ -1,0 +1,92 @@
+"""``openenv report``: a real run's results become one HTML page, opened in real Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+from typer.testing import CliRunner
+
+from echo_env.models import EchoAction
+from openenv import RunConfig, Runners, Task
+from openenv.cli import app
+from openenv.cli.run import write_results
+from openenv.report import load_results, pass_at_k
+from openenv.runtime import EpisodeSession
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+SCREENSHOT = Path(__file__).parents[1] / "docs" / "report.png"
+CHARTS = ["rewards", "success", "lengths", "latency", "throughput", "passk"]
+
+
+async def flaky(session: EpisodeSession) -> None:
+    """Odd repeats of the `hard` tasks fail; everything else says a few words."""
+    await session.reset()
+    task_id = session.task.id
+    if task_id.startswith("hard") and int(task_id.rsplit("#", 1)[1]) % 2:
+        raise RuntimeError(f"gave up on {task_id}")
+    for word in task_id.split("-"):
+        await session.step(EchoAction(message=word))
+
+
+@pytest.fixture(scope="module")
+def results(echo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ids = [f"{group}-{n}#{r}" for group in ("easy", "hard") for n in range(5) for r in range(4)]
+    tasks = [Task(id=i, env=echo_url, agent=flaky) for i in ids]
+    outcome = Runners.sync_run_task(tasks, RunConfig(max_concurrency=8, retries=0))
+    path = tmp_path_factory.mktemp("run") / "results.jsonl"
+    write_results(outcome, path)
+    return path
+
+
+def test_pass_at_k_counts_tasks_played_several_times(results: Path) -> None:
+    rows = load_results(results)
+    assert len(rows) == 40
+    # easy: always ok. hard: 2 of 4 tries ok, so pass@1 = 0.5 and pass@2 = 1 - C(2,2)/C(4,2).
+    assert pass_at_k(rows, 1) == pytest.approx((10 * 1.0 + 10 * 0.5) / 20)
+    assert pass_at_k(rows, 2) == pytest.approx((10 * 1.0 + 10 * (1 - 1 / 6)) / 20)
+
+
+def test_the_report_opens_in_chromium_with_every_chart(results: Path) -> None:
+    outcome = CliRunner().invoke(app, ["report", str(results)])
+    assert outcome.exit_code == 0, outcome.output
+    page_path = results.with_suffix(".html")
+    assert outcome.output.strip() == f"report: {page_path}"
+    text = page_path.read_text()
+    # Self-contained: nothing to run, nothing to fetch (SVG namespaces are only names).
+    assert "<script" not in text
+    assert re.search(r'(src|href)="(https?:)?//', text) is None
+
+    async def look() -> dict[str, object]:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=ARGS
+            )
+            page = await browser.new_page(viewport={"width": 1100, "height": 900})
+            await page.goto(page_path.as_uri())
+            found = {chart: await page.locator(f"#{chart} svg").count() for chart in CHARTS}
+            errors = await page.locator("#errors tr").all_inner_texts()
+            summary = await page.locator("#summary").inner_text()
+            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+            await browser.close()
+            return {"charts": found, "errors": errors, "summary": summary}
+
+    seen = asyncio.run(look())
+    assert seen["charts"] == dict.fromkeys(CHARTS, 1)
+    assert seen["errors"][1:] == ["RuntimeError\t10\tgave up on hard-0#1"]  # type: ignore[index]
+    summary = str(seen["summary"])
+    assert "40" in summary
+    assert "30 / 10 / 0" in summary
+
+
+def test_a_file_that_is_not_results_is_one_line_of_error(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text(json.dumps({"task_id": "x", "status": "ok"}) + "\nnot json\n")
+    outcome = CliRunner().invoke(app, ["report", str(bad)])
+    assert outcome.exit_code == 1
+    assert outcome.stderr.startswith(f"error: {bad}:2 is not JSON")
