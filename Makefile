@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml envs/*/pyproject.toml
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium,report]' -e envs/echo_env \
+	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
 		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
 		-e envs/wordle_env
 	@touch $@

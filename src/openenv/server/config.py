@@ -158,6 +158,14 @@ class ServerSettings(BaseModel):
             "full text and traceback are always in the server log."
         ),
     )
+    record: str | None = Field(
+        default_factory=lambda: os.environ.get("OPENENV_RECORD") or None,
+        description=(
+            "A folder to record every session's requests and replies into, as JSON "
+            "Lines (one file per server process); openenv.trajectories reads them. "
+            "Default: OPENENV_RECORD, else off."
+        ),
+    )
     isolation: Literal["none", "process"] = Field(
         default="none",
         description=(

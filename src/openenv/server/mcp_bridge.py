@@ -339,9 +339,13 @@ class McpBridge:
         entry.called = True
         async with entry.lock:  # calls of one session never overlap
             entry.session.last_active = time.monotonic()
+            started = time.time()
+            arguments = params.arguments or {}
             try:
-                output = await entry.session.call_tool(params.name, params.arguments or {})
+                output = await entry.session.call_tool(params.name, arguments)
+                self._record(entry.session.id, started, params.name, arguments, output)
             except (FrameError, EnvFailure) as exc:
+                self._record(entry.session.id, started, params.name, arguments, exc)
                 if exc.code is ErrorCode.UNKNOWN_TOOL:
                     raise MCPError(code=mcp.INVALID_PARAMS, message=exc.message) from None
                 # Bad arguments, a finished episode, a failing tool: the model
@@ -349,6 +353,20 @@ class McpBridge:
                 text = f"[{exc.code.value}] {exc.message}"
                 return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
         return _to_mcp(output)
+
+    def _record(
+        self, session: str, started: float, name: str, arguments: Any, outcome: Any
+    ) -> None:
+        recorder = self.service.recorder
+        if recorder is None:
+            return
+        # As the call_tool frame a WebSocket client would have sent, and its reply.
+        request = protocol.request_frame("call_tool", {"name": name, "arguments": arguments})
+        if isinstance(outcome, FrameError | EnvFailure):
+            reply = protocol.error_frame(outcome.code, outcome.message)
+        else:
+            reply = protocol.tool_result_frame(outcome)
+        recorder.call(session, started, request, reply)
 
 
 def _client_address(scope: Scope) -> str:

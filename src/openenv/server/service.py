@@ -21,6 +21,7 @@ from openenv.server.factory import environment_class, state_class
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.isolation import isolated_factory
 from openenv.server.metrics import Metrics
+from openenv.server.recording import Recorder
 from openenv.server.redact import failure_text
 from openenv.server.sessions import Session, SessionState
 from openenv.server.slots import SessionRegistry, SlotBoard
@@ -95,6 +96,7 @@ class EnvService:
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Connection] = set()
         self.handoff = Handoff(settings.max_threads)
+        self.recorder: Recorder | None = None  # made when serving starts (one file per process)
         # Factories (and closing what a late factory made) share one lane: cheap
         # constructors stay on the fast lane instead of growing the thread pool.
         self._factory_ticket = LaneTicket()
@@ -200,6 +202,8 @@ class EnvService:
             self.handoff = Handoff(self.settings.max_threads)
             self._handoff_stopped = False
         self.draining = False
+        if self.settings.record is not None:
+            self.recorder = Recorder(self.settings.record)
         # Under `openenv serve --workers N` every worker counts on one board: one cap.
         board = SlotBoard.from_env(str(self.metadata.name))
         publisher = None
@@ -226,6 +230,9 @@ class EnvService:
             if board is not None:
                 board.publish(self.metrics.numbers())  # the last steps count too
             self.registry.detach()
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
             LIVE_SERVICES.discard(self)
             self.handoff.shutdown()
             self._handoff_stopped = True

@@ -137,7 +137,9 @@ class Session:
         # Steps without a deadline may start outside any coroutine (``try_step``):
         # a plain ``def`` on the lane, an ``async def`` right there until it first
         # suspends; nothing to time out.
-        self.direct_steps = self._settings.step_timeout is None
+        self._recorder = getattr(service, "recorder", None)
+        # A recorded session takes the one path where request and reply meet.
+        self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
         self._direct_step: _DirectStep | None = None  # the one in flight
@@ -155,6 +157,8 @@ class Session:
         self.finished_by: str | None = None
         service.registry.add(self)
         self._metrics.opened += 1
+        if self._recorder is not None:
+            self._recorder.opened(self.id)
 
     @functools.cached_property
     def log(self) -> SessionLog:
@@ -164,6 +168,8 @@ class Session:
     async def handle(self, frame: str | bytes) -> str | None:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
         self.busy = True
+        started = time.time()
+        reply: str | None = None
         try:
             obj = protocol.decode_frame(frame)
             step = protocol.plain_step(obj)
@@ -172,10 +178,13 @@ class Session:
             self._bad_frames = 0
             return reply
         except (FrameError, EnvFailure) as exc:
-            return self._refusal(exc)
+            reply = self._refusal(exc)
+            return reply
         finally:
             self.busy = False
             self.last_active = time.monotonic()
+            if self._recorder is not None and reply is not None:  # a close is its own event
+                self._recorder.call(self.id, started, frame, reply)
 
     def try_step(
         self,
@@ -599,6 +608,8 @@ class Session:
         finally:
             self._service.registry.remove(self, reason)
             self._metrics.closed[reason] += 1
+            if self._recorder is not None:
+                self._recorder.closed(self.id, reason)
             if logger.isEnabledFor(logging.DEBUG):
                 self.log.debug("closed (%s)", reason)
 

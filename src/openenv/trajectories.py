@@ -1,0 +1,188 @@
+"""Recorded sessions as episodes: load them, turn them into tables, replay them.
+
+A server started with ``create_app(..., record=FOLDER)`` writes every
+session's requests and replies there (see ``openenv.server.recording``).
+``load(FOLDER)`` reads them back as ``Episode``s, one per ``reset``, with
+every step in order; ``to_rows`` flattens them into one dict per step (what
+``datasets.Dataset.from_list`` takes) and ``to_parquet`` writes the same
+rows with pyarrow; ``replay`` sends an episode's frames to a server again and
+says which replies differ, which checks that the environment is
+deterministic (same seed, same actions, same observations).
+
+>>> rows = to_rows([Episode("s1", 0, [Step("reset", {"seed": 1}, {"type": "observation",
+...     "data": {"observation": {"n": 0}, "reward": None, "done": False}}, 0.0, 0.1)])])
+>>> rows[0]["kind"], rows[0]["observation"], rows[0]["done"]
+('reset', '{"n":0}', False)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["Episode", "Step", "load", "replay", "to_parquet", "to_rows"]
+
+
+@dataclass
+class Step:
+    """One request of a session and the server's reply."""
+
+    kind: str  # reset, step, call_tool, state, ...
+    request: Any  # the request's data (a reset's arguments, an action, a tool call)
+    reply: dict[str, Any]  # the reply frame: {"type": ..., "data": ...}
+    started: float
+    ended: float
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.reply.get("data") if self.reply.get("type") == "error" else None
+
+    @property
+    def observation(self) -> Any:
+        data = self.reply.get("data") or {}
+        return data.get("observation") if self.reply.get("type") == "observation" else data
+
+    @property
+    def reward(self) -> float | None:
+        data = self.reply.get("data") or {}
+        reward = data.get("reward") if isinstance(data, dict) else None
+        return float(reward) if isinstance(reward, int | float) else None
+
+    @property
+    def done(self) -> bool:
+        data = self.reply.get("data") or {}
+        return bool(data.get("done") or data.get("finished")) if isinstance(data, dict) else False
+
+
+@dataclass
+class Episode:
+    """The steps of one session from one ``reset`` to the next (or to its end)."""
+
+    session: str
+    index: int  # the episode's number within its session
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def total_reward(self) -> float:
+        return sum(step.reward or 0.0 for step in self.steps[1:])
+
+
+def load(path: str | Path) -> list[Episode]:
+    """Every episode in a recording file, or in every ``*.jsonl`` of a folder."""
+    root = Path(path)
+    files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
+    by_session: dict[str, list[Step]] = defaultdict(list)
+    for file in files:
+        for line in file.read_bytes().splitlines():
+            event = orjson.loads(line)
+            if event.get("event") != "call":
+                continue
+            request, reply = event["request"], event["reply"] or {}
+            if not isinstance(request, dict) or "invalid_frame" in request:
+                kind, data = "invalid", request  # a frame that was not JSON, kept as text
+            else:
+                kind, data = str(request.get("type", "")), request.get("data")
+            by_session[event["session"]].append(
+                Step(kind, data, reply, float(event["started"]), float(event["ended"]))
+            )
+    episodes: list[Episode] = []
+    for session, steps in by_session.items():
+        current: Episode | None = None
+        count = 0
+        for step in steps:
+            if step.kind == "reset" or current is None:
+                current = Episode(session, count)
+                count += 1
+                episodes.append(current)
+            current.steps.append(step)
+    episodes.sort(key=lambda e: (e.steps[0].started, e.session, e.index))
+    return episodes
+
+
+def to_rows(episodes: Iterable[Episode]) -> list[dict[str, Any]]:
+    """One flat row per step; nested values as JSON text, so every column has one type."""
+    rows = []
+    for episode in episodes:
+        for number, step in enumerate(episode.steps):
+            error = step.error
+            rows.append(
+                {
+                    "session": episode.session,
+                    "episode": episode.index,
+                    "step": number,
+                    "kind": step.kind,
+                    "request": _json(step.request),
+                    "observation": _json(step.observation),
+                    "reward": step.reward,
+                    "done": step.done,
+                    "error": None
+                    if error is None
+                    else f"{error.get('code')}: {error.get('message')}",
+                    "started": step.started,
+                    "ended": step.ended,
+                }
+            )
+    return rows
+
+
+def to_parquet(episodes: Iterable[Episode], path: str | Path) -> Path:
+    """Write ``to_rows`` as a Parquet file (needs pyarrow: the ``parquet`` extra)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    target = Path(path)
+    pq.write_table(pa.Table.from_pylist(to_rows(episodes)), target)
+    return target
+
+
+async def replay(
+    episode: Episode, url: str, *, api_key: str | None = None, timeout: float = 60.0
+) -> list[int]:
+    """Send the episode's requests to ``url`` again; the numbers of the steps whose reply differs.
+
+    ``[]`` means the server answered exactly as recorded.
+    """
+    from websockets.asyncio.client import connect
+
+    from openenv.client import ws_url
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    differ = []
+    async with connect(ws_url(url), additional_headers=headers, compression=None) as ws:
+        for number, step in enumerate(episode.steps):
+            if step.kind == "invalid":
+                await ws.send(str(step.request.get("invalid_frame", "")))
+            else:
+                frame: dict[str, Any] = {"type": step.kind}
+                if step.request is not None:
+                    frame["data"] = step.request
+                await ws.send(orjson.dumps(frame).decode())
+            async with asyncio.timeout(timeout):
+                reply = orjson.loads(await ws.recv())
+            if _comparable(reply) != _comparable(step.reply):
+                differ.append(number)
+    return differ
+
+
+def _comparable(reply: dict[str, Any]) -> Any:
+    reply = {k: v for k, v in reply.items() if k != "id"}
+    return reply
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def replay_all(episodes: Sequence[Episode], url: str, **options: Any) -> dict[str, list[int]]:
+    """``replay`` every episode from plain code: ``{"session/episode": differing steps}``."""
+
+    async def run() -> dict[str, list[int]]:
+        return {f"{e.session}/{e.index}": await replay(e, url, **options) for e in episodes}
+
+    return asyncio.run(run())

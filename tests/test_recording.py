@@ -1,0 +1,141 @@
+"""Server-side recording: sessions on disk, read back as episodes, replayed, tabled."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+from websockets.asyncio.client import connect
+
+from openenv import Action, ConcurrencyConfig, Environment, Observation, State, create_app
+from openenv.client import ws_url
+from openenv.testing import run_server
+from openenv.trajectories import load, replay, replay_all, to_parquet, to_rows
+from wordle_env import WordleAction, WordleEnv, WordleTask
+from wordle_env.models import WordleObservation
+from wordle_env.server.environment import WordleEnvironment
+
+
+def wordle_app(record: Path | None = None) -> Any:
+    return create_app(
+        WordleEnvironment,
+        WordleAction,
+        WordleObservation,
+        ConcurrencyConfig(max_concurrent_envs=4),
+        record=None if record is None else str(record),
+    )
+
+
+async def play_two_games(url: str) -> None:
+    async with WordleEnv(url) as env:
+        await env.reset(task=WordleTask(id="test-0000"))  # "abbey"
+        await env.step(WordleAction(guess="xyzzy"))  # not a word: no guess used
+        await env.step(WordleAction(guess="abbot"))
+        await env.step(WordleAction(guess="abbey"))
+        await env.reset(task=WordleTask(id="test-0001"))
+        await env.step(WordleAction(guess="crane"))
+
+
+def test_a_recorded_run_reads_back_with_every_step_in_order(tmp_path: Path) -> None:
+    with run_server(wordle_app(tmp_path / "rec")) as url:
+        asyncio.run(play_two_games(url))
+    episodes = load(tmp_path / "rec")
+    assert [len(e.steps) for e in episodes] == [4, 2]
+    first, second = episodes
+    assert first.session == second.session
+    assert [s.kind for s in first.steps] == ["reset", "step", "step", "step"]
+    assert [s.request for s in first.steps[1:]] == [
+        {"guess": "xyzzy"},
+        {"guess": "abbot"},
+        {"guess": "abbey"},
+    ]
+    assert [s.reward for s in first.steps[1:]] == [None, 0.0, 1.0]
+    assert [s.done for s in first.steps] == [False, False, False, True]
+    assert first.total_reward == 1.0
+    assert first.steps[3].reply["data"]["metadata"]["reward_parts"]["solved"] == 1.0
+    assert all(s.started <= s.ended for s in first.steps)
+    assert first.steps[0].request["task"]["id"] == "test-0000"
+
+
+def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:
+    with run_server(wordle_app(tmp_path / "rec")) as url:
+        asyncio.run(play_two_games(url))
+    episodes = load(tmp_path / "rec")
+    rows = to_rows(episodes)
+    assert [(r["episode"], r["step"], r["kind"]) for r in rows] == [
+        (0, 0, "reset"),
+        (0, 1, "step"),
+        (0, 2, "step"),
+        (0, 3, "step"),
+        (1, 0, "reset"),
+        (1, 1, "step"),
+    ]
+    path = to_parquet(episodes, tmp_path / "steps.parquet")
+    assert pq.read_table(path).to_pylist() == rows
+
+
+def test_a_replay_of_a_deterministic_environment_matches(tmp_path: Path) -> None:
+    with run_server(wordle_app(tmp_path / "rec")) as url:
+        asyncio.run(play_two_games(url))
+    episodes = load(tmp_path / "rec")
+    with run_server(wordle_app()) as fresh:
+        assert replay_all(episodes, fresh) == {f"{e.session}/{e.index}": [] for e in episodes}
+
+
+class Coin(Action):
+    pass
+
+
+class Toss(Observation):
+    side: str
+
+
+class Unseeded(Environment[Coin, Toss, State]):
+    """Ignores the seed: a replay cannot match it."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Toss:
+        return Toss(side="start")
+
+    def step(self, action: Coin, **kwargs: Any) -> Toss:
+        return Toss(side=uuid.uuid4().hex)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_a_raw_websocket_session_is_recorded_and_a_replay_finds_what_differs(
+    tmp_path: Path,
+) -> None:
+    app = create_app(Unseeded, Coin, Toss, record=str(tmp_path / "rec"))
+
+    async def raw(url: str) -> None:
+        async with connect(ws_url(url)) as ws:
+            for frame in (b'{"type":"reset","data":{"seed":3}}', b'{"type":"step","data":{}}'):
+                await ws.send(frame.decode())
+                await ws.recv()
+            await ws.send("not json at all")
+            assert orjson.loads(await ws.recv())["data"]["code"] == "INVALID_JSON"
+
+    with run_server(app) as url:
+        asyncio.run(raw(url))
+        (episode,) = load(tmp_path / "rec")
+        assert [s.kind for s in episode.steps] == ["reset", "step", "invalid"]
+        assert episode.steps[0].request == {"seed": 3}
+        assert asyncio.run(replay(episode, url)) == [1]  # the toss, and only the toss
+
+
+def test_the_file_holds_the_session_from_open_to_close(tmp_path: Path) -> None:
+    with run_server(wordle_app(tmp_path / "rec")) as url:
+        asyncio.run(play_two_games(url))
+    (file,) = (tmp_path / "rec").glob("*.jsonl")
+    events = [orjson.loads(line)["event"] for line in file.read_bytes().splitlines()]
+    assert events[0] == "opened"
+    assert events[-1] == "closed"
+    assert events.count("call") == 6
