@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -36,7 +36,7 @@ pytest: $(STAMP) chromium sandbox-python
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool
+	bench-workers bench-pool bench-recording
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -74,6 +74,10 @@ bench-workers: $(STAMP)
 # What a ServerPool costs against the same load straight at one server.
 bench-pool: $(STAMP)
 	$(BIN)/python benchmarks/pool.py
+
+# What recording every session (create_app(record=...)) costs a run of short episodes.
+bench-recording: $(STAMP)
+	$(BIN)/python benchmarks/recording.py
 
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
