@@ -70,11 +70,16 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="oe-record-")
     plain, recorded = [], []
     try:
-        with recording(None), server(1, 256, "server.app:app", cwd=ECHO) as (off, _):
-            with recording(folder), server(1, 256, "server.app:app", cwd=ECHO) as (on, _):
-                for _ in range(args.rounds):
-                    plain.append(run(off, args.episodes))
-                    recorded.append(run(on, args.episodes))
+        # Each server reads OPENENV_RECORD as it starts: one without, one with.
+        with (
+            recording(None),
+            server(1, 256, "server.app:app", cwd=ECHO) as (off, _),
+            recording(folder),
+            server(1, 256, "server.app:app", cwd=ECHO) as (on, _),
+        ):
+            for _ in range(args.rounds):
+                plain.append(run(off, args.episodes))
+                recorded.append(run(on, args.episodes))
         lines = sum(1 for f in Path(folder).glob("*.jsonl") for _ in f.open("rb"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
