@@ -23,7 +23,14 @@ from cli_envs import write_env
 from dockerfiles import stop, wait_healthy
 from typer.testing import CliRunner
 
-from openenv import Action, AnyObservation, CapacityError, SessionClosedError, WebSocketEnvClient
+from openenv import (
+    Action,
+    AnyObservation,
+    CapacityError,
+    SessionClosedError,
+    SessionError,
+    WebSocketEnvClient,
+)
 from openenv.cli import app
 
 OPENENV = Path(sys.executable).with_name("openenv")
@@ -221,6 +228,37 @@ def test_workers_share_one_cap_and_a_killed_worker_is_replaced(tmp_path: Path) -
     while not all(gone(pid) for pid in pids):
         assert time.monotonic() < deadline, "a worker outlived openenv serve"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_a_terminal_drains_every_worker(tmp_path: Path) -> None:
+    # A terminal's Ctrl+C signals the whole process group: each worker gets SIGINT
+    # from the terminal and SIGTERM from the supervisor, and must still drain.
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> list[int | None]:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        os.killpg(proc.pid, signal.SIGINT)
+        return list(await asyncio.gather(*(how_it_ended(client) for client, _ in held)))
+
+    with serving(folder, "--workers", "2") as (url, proc):
+        endings = asyncio.run(scenario(url, proc))
+        assert proc.wait(30) == 0
+    # Drained, not dropped: told why, or closed with 1001 (going away).
+    assert set(endings) <= {"server shutting down", 1001}, endings
+
+
+async def how_it_ended(client: WebSocketEnvClient) -> str | int | None:
+    """Step until the session ends; what the server said, or its close code."""
+    try:
+        while True:
+            await client.step(Ping())
+    except SessionError as refused:
+        return refused.message
+    except SessionClosedError as closed:
+        return closed.close_code
 
 
 @pytest.mark.timeout(120)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -82,7 +83,22 @@ def uvicorn_config(
 
 
 class GracefulServer(uvicorn.Server):
-    """A uvicorn server that drains openenv sessions before it stops."""
+    """A uvicorn server that drains openenv sessions before it stops.
+
+    A worker of ``serve(workers=N)`` is ``supervised``: a terminal's Ctrl+C
+    reaches it twice (from the terminal, and as the supervisor's SIGTERM),
+    which must not turn the drain into uvicorn's forced exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, *, supervised: bool = False) -> None:
+        super().__init__(config)
+        self.supervised = supervised
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.supervised:
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -173,7 +189,7 @@ def _worker(
 ) -> None:
     if app_dir is not None:
         sys.path.insert(0, str(app_dir))
-    GracefulServer(uvicorn_config(app, **options)).run(sockets=[sock])
+    GracefulServer(uvicorn_config(app, **options), supervised=True).run(sockets=[sock])
 
 
 def _supervise(
