@@ -23,15 +23,22 @@ class Action(BaseModel):
     """Base class for what an agent sends to an environment.
 
     Unknown fields are rejected so that a typo in an agent's action is a
-    validation error instead of a silently ignored field.
+    validation error instead of a silently ignored field. ``metadata`` is the
+    one free-form field, as in OpenEnv, whose clients send it with every action.
 
     >>> class Move(Action):
     ...     direction: str
     >>> Move(direction="up").direction
     'up'
+    >>> Move(direction="up", metadata={"turn": 3}).metadata
+    {'turn': 3}
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form extra data; environments may ignore it."
+    )
 
 
 class Observation(BaseModel):
