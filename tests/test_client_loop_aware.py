@@ -15,6 +15,7 @@ import threading
 import warnings
 
 import pytest
+
 from echo_env import EchoAction, EchoEnv
 from echo_env.models import EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -73,18 +74,18 @@ def test_a_client_used_synchronously_then_awaited_on_another_loop(echo_url: str)
 
 
 def test_a_client_opened_on_a_loop_that_stopped_says_so(echo_url: str) -> None:
-    env = EchoEnv(echo_url)
+    clients = [EchoEnv(echo_url)]
 
     async def open_it() -> None:
-        await env.reset()
+        await clients[0].reset()
 
     asyncio.run(open_it())
     with pytest.raises(SessionClosedError, match="event loop that has stopped"):
-        env.step(EchoAction(message="hi"))
+        clients[0].step(EchoAction(message="hi"))
     # The socket went down with its loop, unclosed: the caller's doing, not ours.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
-        del env
+        clients.clear()
         gc.collect()
 
 
