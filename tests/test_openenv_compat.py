@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from echo_env.models import EchoAction
@@ -86,6 +87,18 @@ async def test_max_concurrent_envs_is_the_cap(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(CapacityError):
             await third.reset()
         await asyncio.gather(first.close(), second.close(), third.close())
+
+
+def test_our_create_app_takes_openenvs_keywords_too() -> None:
+    # A user who moved the imports to `openenv` keeps the call as it was.
+    from openenv import create_app
+
+    app = create_app(
+        OeEchoEnvironment, OeEchoAction, OeEchoObservation, env_name="moved", max_concurrent_envs=3
+    )
+    with run_server(app) as url:
+        assert httpx.get(f"{url}/metadata").json()["name"] == "moved"
+        assert httpx.get(f"{url}/health").json()["sessions"]["max"] == 3
 
 
 def test_openenv_clients_send_action_metadata(echo_url: str) -> None:

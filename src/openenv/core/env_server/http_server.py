@@ -8,7 +8,6 @@ at ``/web``.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ from fastapi import FastAPI
 
 from openenv.server.app import create_app as _create_app
 from openenv.server.config import ConcurrencyConfig
-from openenv.types import Action, EnvironmentMetadata, Observation, State
+from openenv.types import Action, Observation, State
 
 __all__ = ["create_app", "create_fastapi_app"]
 
@@ -66,21 +65,13 @@ def create_app(
             max_concurrent_envs=concurrency_config.max_concurrent_envs,
             session_timeout=concurrency_config.session_timeout,
         )
-    metadata = None
-    if env_name is not None or title_override is not None:
-        doc = inspect.getdoc(env) or ""
-        metadata = EnvironmentMetadata(
-            name=title_override or env_name or getattr(env, "__name__", "environment"),
-            description=doc.split("\n\n", 1)[0].replace("\n", " "),
-            supports_concurrent_sessions=bool(getattr(env, "SUPPORTS_CONCURRENT_SESSIONS", False)),
-        )
     return _create_app(
         env,
         action_cls,
         observation_cls,
         concurrency_config,
         state_cls=None if state_cls is State else state_cls,
-        metadata=metadata,
+        env_name=title_override or env_name,
         **settings,
     )
 
