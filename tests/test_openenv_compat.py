@@ -98,7 +98,7 @@ def test_our_create_app_takes_openenvs_keywords_too() -> None:
     )
     with run_server(app) as url:
         assert httpx.get(f"{url}/metadata").json()["name"] == "moved"
-        assert httpx.get(f"{url}/health").json()["sessions"]["max"] == 3
+        assert httpx.get(f"{url}/health").json()["max_sessions"] == 3
 
 
 def test_openenv_clients_send_action_metadata(echo_url: str) -> None:
