@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
     "Action",
@@ -32,11 +33,15 @@ class Action(BaseModel):
     'up'
     >>> Move(direction="up", metadata={"turn": 3}).metadata
     {'turn': 3}
+    >>> list(Move.model_json_schema()["properties"])
+    ['direction']
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    metadata: dict[str, Any] = Field(
+    # Kept out of the JSON Schema: forms, MCP tool schemas and sampled actions
+    # describe only what the environment reads.
+    metadata: SkipJsonSchema[dict[str, Any]] = Field(
         default_factory=dict, description="Free-form extra data; environments may ignore it."
     )
 
