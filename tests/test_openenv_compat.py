@@ -32,6 +32,14 @@ def oe_echo_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def counter_url() -> Iterator[str]:
+    from counter_env.server.app import app
+
+    with run_server(app) as url:
+        yield url
+
+
 def test_the_template_app_is_served_with_its_name_and_cap() -> None:
     service = oe_echo_app.state.openenv
     assert service.metadata.name == "oe_echo"
@@ -130,3 +138,23 @@ def test_openenv_core_import_paths() -> None:
     assert EnvClient is CoreEnvClient
     assert issubclass(CoreStepResult, StepResult)
     assert create_app is http_create_app
+
+
+def test_openenvs_tool_client_calls_our_tools(counter_url: str) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+
+    with MCPToolClient(base_url=counter_url) as env:
+        env.reset()
+        assert {"increment", "get_value", "submit"} <= {tool.name for tool in env.list_tools()}
+        increment = next(tool for tool in env.list_tools() if tool.name == "increment")
+        assert "amount" in increment.input_schema["properties"]
+        assert env.call_tool("increment", amount=2) == {"value": 2}
+        assert env.call_tool("get_value") == 2
+
+
+async def test_openenvs_tool_client_awaited(counter_url: str) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+
+    async with MCPToolClient(base_url=counter_url) as env:
+        await env.reset()
+        assert await env.call_tool("increment", amount=3) == {"value": 3}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
+from openenv.core.mcp_client import MCPToolClient
 from openenv.core.sync_client import SyncEnvClient
 from openenv.types import Action, Observation, State
 
@@ -35,6 +36,7 @@ __all__ = [
     "ConcurrencyConfig",
     "EnvClient",
     "Environment",
+    "MCPToolClient",
     "Observation",
     "State",
     "StepResult",
