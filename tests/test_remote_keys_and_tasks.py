@@ -8,7 +8,16 @@ import pytest
 
 from counter_env.models import CounterAction, CounterObservation, CounterTask
 from counter_env.server.environment import SPLITS, CounterEnvironment
-from openenv import AuthenticationError, RemoteEnv, RequestFailedError, create_app
+from openenv import (
+    AuthenticationError,
+    EnvSpec,
+    NotFoundError,
+    OpenEnvClient,
+    RemoteEnv,
+    RequestFailedError,
+    create_app,
+    create_multi_app,
+)
 from openenv.testing import run_server
 
 KEY = "open-sesame-open-sesame"
@@ -66,3 +75,23 @@ def test_the_sync_twin_takes_split_and_index(keyed_url: str) -> None:
     with RemoteEnv(keyed_url, api_key=KEY).sync().session(split="train", index=5) as session:
         assert session.task is not None
         assert session.task.id == "train-5"
+
+
+async def test_an_unknown_environment_name_is_not_found_and_the_real_ones_named() -> None:
+    app = create_multi_app(
+        {"counter": EnvSpec(CounterEnvironment, CounterAction, CounterObservation)}
+    )
+    with run_server(app) as url:
+        missing = OpenEnvClient(url).environments.get("nope")
+        for attempt in (missing.list_splits(), missing.list_tools(), missing.list_tasks("train")):
+            with pytest.raises(
+                NotFoundError, match="no environment named 'nope'; this server has counter"
+            ):
+                await attempt
+        with pytest.raises(NotFoundError, match="no environment named 'nope'"):
+            async with missing.session():
+                pass
+        assert await OpenEnvClient(url).environments.get("counter").list_splits() == [
+            "train",
+            "test",
+        ]

@@ -30,6 +30,7 @@ from openenv.errors import (
     CapacityError,
     ConnectionFailedError,
     NotFoundError,
+    OpenEnvError,
     RequestFailedError,
     SessionClosedError,
 )
@@ -126,7 +127,7 @@ class Environments:
     ) -> RemoteEnv:
         """The environment served at ``/envs/{name}``; no request is made yet."""
         client = self._client
-        return RemoteEnv(
+        env = RemoteEnv(
             f"{client.url}/envs/{name.strip('/')}",
             action_cls=action_cls,
             observation_cls=observation_cls,
@@ -136,6 +137,8 @@ class Environments:
             capacity_timeout=client.capacity_timeout,
             **client.options,
         )
+        env.listed_at = (f"{client.url}/envs", name.strip("/"))
+        return env
 
     async def list(self) -> list[protocol.EnvInfo]:
         """Every environment on the server, with its sessions, splits and tools."""
@@ -187,11 +190,39 @@ class RemoteEnv:
         self.options = options
         # Sessions send the key on their handshake; HTTP calls send it here.
         self.headers = _http_headers(options)
+        # On a multi-environment server: its listing and this environment's name.
+        self.listed_at: tuple[str, str] | None = None
+
+    async def _unknown(self) -> NotFoundError | None:
+        """``NotFoundError`` if the server's listing lacks this environment's name."""
+        if self.listed_at is None:
+            return None
+        listing_url, name = self.listed_at
+        try:
+            listing = protocol.EnvListing.model_validate(
+                await _get_json(listing_url, headers=self.headers)
+            )
+        except OpenEnvError:
+            return None  # the original error says more than this one would
+        names = sorted(env.name for env in listing.envs)
+        if name in names:
+            return None
+        return NotFoundError(
+            self.url, 404, f"no environment named {name!r}; this server has {', '.join(names)}"
+        )
+
+    async def _get(self, path: str) -> Any:
+        try:
+            return await _get_json(f"{self.url}{path}", headers=self.headers)
+        except NotFoundError:
+            unknown = await self._unknown()
+            if unknown is not None:
+                raise unknown from None
+            raise
 
     async def list_splits(self) -> list[str]:
         """The names of the environment's task splits."""
-        data = await _get_json(f"{self.url}/splits", headers=self.headers)
-        return protocol.SplitList.model_validate(data).splits
+        return protocol.SplitList.model_validate(await self._get("/splits")).splits
 
     async def list_tasks(
         self, split: str, *, offset: int = 0, limit: int | None = None
@@ -203,6 +234,8 @@ class RemoteEnv:
         """
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError(f"offset and limit must not be negative, got {offset}, {limit}")
+        if self.listed_at is not None:
+            await self._get("/splits")  # an unknown environment is named as such
         tasks: list[TaskSpec] = []
         async with _http_client(self.headers) as http:
             while limit is None or len(tasks) < limit:
@@ -220,8 +253,7 @@ class RemoteEnv:
 
     async def list_tools(self) -> list[ToolInfo]:
         """The environment's tools, without opening a session."""
-        data = await _get_json(f"{self.url}/tools", headers=self.headers)
-        return protocol.ToolList.model_validate(data).tools
+        return protocol.ToolList.model_validate(await self._get("/tools")).tools
 
     def session(
         self,
@@ -321,6 +353,12 @@ class EnvSession:
                 await client.close()
                 if loop.time() + delay > deadline:
                     raise
+            except ConnectionFailedError:
+                await client.close()
+                unknown = await self.env._unknown()
+                if unknown is not None:
+                    raise unknown from None
+                raise
             except BaseException:
                 await client.close()
                 raise
