@@ -35,14 +35,19 @@ class Action(BaseModel):
     {'turn': 3}
     >>> list(Move.model_json_schema()["properties"])
     ['direction']
+    >>> Move(direction="up").model_dump()
+    {'direction': 'up'}
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    # Kept out of the JSON Schema: forms, MCP tool schemas and sampled actions
-    # describe only what the environment reads.
+    # Kept out of the JSON Schema (forms, MCP tool schemas and sampled actions
+    # describe only what the environment reads) and out of dumps while empty
+    # (frames and recordings stay as they were before the field existed).
     metadata: SkipJsonSchema[dict[str, Any]] = Field(
-        default_factory=dict, description="Free-form extra data; environments may ignore it."
+        default_factory=dict,
+        description="Free-form extra data; environments may ignore it.",
+        exclude_if=lambda value: not value,
     )
 
 
