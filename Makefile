@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml envs/*/pyproject.toml
 		{ echo "openenv needs Python >= 3.11 (PYTHON=$(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@# The distribution was once named `openenv`, which on PyPI is Hugging Face's OpenEnv:
+	@# an old install of that name would keep shadowing this checkout's scripts.
+	$(BIN)/pip uninstall --quiet --yes openenv 2>/dev/null || true
 	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
 		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
 		-e envs/wordle_env

@@ -12,7 +12,7 @@ PYPROJECT = """\
 [project]
 name = "inline_env"
 version = "0.1.0"
-dependencies = ["openenv>=0.1"]
+dependencies = ["openenv-scale>=0.1"]
 
 [project.scripts]
 server = "inline_env.server.app:main"

@@ -94,7 +94,7 @@ def test_the_wheel_carries_the_template(image: Image, tmp_path: Path) -> None:
     where = run(image, "python", "-c", code, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(image.venv)
-    direct_url = run(image, "pip", "show", "--files", "openenv", cwd=tmp_path)
+    direct_url = run(image, "pip", "show", "--files", "openenv-scale", cwd=tmp_path)
     assert "openenv/templates/env/server/Dockerfile" in direct_url.stdout
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -165,3 +166,22 @@ def test_version() -> None:
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.stdout.startswith("openenv ")
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_generated_and_shipped_environments_depend_on_our_distribution(tmp_path: Path) -> None:
+    # PyPI's `openenv` is Hugging Face's OpenEnv: depending on that name would
+    # install the peer, whose `openenv` module has none of ours.
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    assert ours != "openenv"
+    folder = init_env("named_env", tmp_path)
+    for pyproject_path in [folder / "pyproject.toml", *REPO.glob("envs/*/pyproject.toml")]:
+        dependencies = tomllib.loads(pyproject_path.read_text())["project"]["dependencies"]
+        names = {_requirement_name(requirement) for requirement in dependencies}
+        assert ours in names, pyproject_path
+        assert "openenv" not in names, pyproject_path
+    readme = (folder / "README.md").read_text()
+    assert f"installs {ours} too" in readme

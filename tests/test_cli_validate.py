@@ -49,6 +49,15 @@ def test_a_self_contained_folder_passes(tmp_path: Path) -> None:
     assert "PidEnvironment" in detail(report, "factory")
 
 
+def test_a_dependency_on_pypis_openenv_is_named_for_what_it_is(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+    pyproject = folder / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"openenv-scale>=0.1"', '"openenv>=0.1"'))
+    report = validate_folder(folder)
+    assert statuses(report)["pyproject"] == "fail"
+    assert "Hugging Face's OpenEnv: depend on openenv-scale" in detail(report, "pyproject")
+
+
 def test_a_folder_that_is_not_an_environment_fails_in_json(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     result = CliRunner().invoke(app, ["validate", str(tmp_path), "--json"])

@@ -101,7 +101,7 @@ def test_a_missing_extra_names_the_install_command(
     monkeypatch.setitem(sys.modules, extra, None)
     monkeypatch.delitem(sys.modules, f"openenv.runtime.{engine}", raising=False)
     tasks = [factory_task("t0", echo_agent)]
-    with pytest.raises(EngineError, match=rf"pip install 'openenv\[{engine}\]'"):
+    with pytest.raises(EngineError, match=rf"pip install 'openenv-scale\[{engine}\]'"):
         Runners.sync_run_task(tasks, RunConfig(engine_name=engine))
 
 

@@ -36,6 +36,7 @@ from openenv.client import (
     SyncEnvSession,
     SyncOpenEnvClient,
     SyncRemoteEnv,
+    TRLEnv,
     WebSocketEnvClient,
 )
 from openenv.environment import Environment
@@ -156,6 +157,7 @@ __all__ = [
     "SyncEnvSession",
     "SyncOpenEnvClient",
     "SyncRemoteEnv",
+    "TRLEnv",
     "Task",
     "TaskPage",
     "TaskResult",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
     "Action",
@@ -23,15 +24,31 @@ class Action(BaseModel):
     """Base class for what an agent sends to an environment.
 
     Unknown fields are rejected so that a typo in an agent's action is a
-    validation error instead of a silently ignored field.
+    validation error instead of a silently ignored field. ``metadata`` is the
+    one free-form field, as in OpenEnv, whose clients send it with every action.
 
     >>> class Move(Action):
     ...     direction: str
     >>> Move(direction="up").direction
     'up'
+    >>> Move(direction="up", metadata={"turn": 3}).metadata
+    {'turn': 3}
+    >>> list(Move.model_json_schema()["properties"])
+    ['direction']
+    >>> Move(direction="up").model_dump()
+    {'direction': 'up'}
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    # Kept out of the JSON Schema (forms, MCP tool schemas and sampled actions
+    # describe only what the environment reads) and out of dumps while empty
+    # (frames and recordings stay as they were before the field existed).
+    metadata: SkipJsonSchema[dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Free-form extra data; environments may ignore it.",
+        exclude_if=lambda value: not value,
+    )
 
 
 class Observation(BaseModel):

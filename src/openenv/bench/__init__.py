@@ -80,7 +80,7 @@ async def bench(
         warmup: Seconds of stepping before measuring starts; not counted.
         action: The ``data`` of every step frame (default: one valid action
             drawn from the server's ``/schema``). An episode that ends is reset.
-        client: ``picows`` (cheapest per step; ``pip install 'openenv[bench]'``),
+        client: ``picows`` (cheapest per step; ``pip install 'openenv-scale[bench]'``),
             ``websockets``, or ``auto`` (picows when installed).
         connect_timeout: Seconds for TCP connect plus WebSocket handshake.
         reply_timeout: Seconds to wait for any reply before dropping the session.
@@ -219,7 +219,7 @@ def _driver(client: ClientName) -> tuple[str, _Driver]:
             from openenv.bench import _picows
         except ImportError as exc:
             raise ImportError(
-                "the picows load generator needs picows: pip install 'openenv[bench]'"
+                "the picows load generator needs picows: pip install 'openenv-scale[bench]'"
             ) from exc
         return client, _picows.run_session
     if client == "websockets":

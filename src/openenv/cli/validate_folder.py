@@ -28,7 +28,11 @@ RECOMMENDED_FILES = (
     "README.md",
     "tests",
 )
-_OPENENV_REQUIREMENT = re.compile(r"openenv\s*(?:\[.*\])?\s*(?:[<>=!~;@]|$)", re.IGNORECASE)
+# The distribution is openenv-scale; PyPI's `openenv` is Hugging Face's OpenEnv.
+_OPENENV_REQUIREMENT = re.compile(
+    r"openenv[-_.]scale\s*(?:\[.*\])?\s*(?:[<>=!~;@]|$)", re.IGNORECASE
+)
+_PEER_REQUIREMENT = re.compile(r"openenv\s*(?:\[.*\])?\s*(?:[<>=!~;@]|$)", re.IGNORECASE)
 # Values no app would pick by itself: if they show up, the app read them.
 _PROBE_TIMEOUT = 1234.5
 
@@ -101,8 +105,14 @@ def _check_pyproject(folder: Path, report: Checklist) -> None:
             f'[tool.setuptools] package-dir needs {{ "{package}" = ".", '
             f'"{package}.server" = "server" }}'
         )
-    if not any(_OPENENV_REQUIREMENT.match(dep) for dep in project.get("dependencies", [])):
-        problems.append("[project] dependencies lack openenv")
+    dependencies = project.get("dependencies", [])
+    if any(_PEER_REQUIREMENT.match(dep) for dep in dependencies):
+        problems.append(
+            "[project] dependencies name `openenv`, which on PyPI is Hugging Face's OpenEnv: "
+            "depend on openenv-scale"
+        )
+    elif not any(_OPENENV_REQUIREMENT.match(dep) for dep in dependencies):
+        problems.append("[project] dependencies lack openenv-scale")
     if problems:
         report.add("pyproject", "fail", "; ".join(problems))
     else:

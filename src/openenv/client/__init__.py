@@ -11,6 +11,7 @@ from openenv.client.remote_sync import (
     SyncRemoteEnv,
 )
 from openenv.client.sync import SyncEnvClient
+from openenv.client.trl_env import TRLEnv
 
 __all__ = [
     "AnyObservation",
@@ -25,6 +26,7 @@ __all__ = [
     "SyncEnvironments",
     "SyncOpenEnvClient",
     "SyncRemoteEnv",
+    "TRLEnv",
     "WebSocketEnvClient",
     "http_url",
     "ws_url",

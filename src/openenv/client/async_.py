@@ -14,8 +14,10 @@ from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from openenv import protocol
-from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
+from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, http_url, ws_url
+from openenv.client.loop_aware import loop_aware
 from openenv.client.pool import ServerPool, as_pool
+from openenv.client.sync import run_sync
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -35,13 +37,18 @@ __all__ = ["EnvClient", "WebSocketEnvClient"]
 
 # Servers a new session may lose (gone before replying) before the error is the caller's.
 _ATTEMPTS = 8
+# "Not given" for options where None already means "off".
+_UNSET: Any = object()
 
 
 class EnvClient(ClientCore[ActT, ObsT, StateT]):
-    """A typed async client for one environment session.
+    """A typed client for one environment session, async or blocking.
 
     Subclass it with your models as generic arguments; replies are parsed
-    into them for you. The connection opens on first use or on ``async with``.
+    into them for you. The connection opens on first use or on ``async with``
+    (or ``with``). Inside a running event loop every method is awaitable;
+    called from plain synchronous code (no event loop in the thread, as TRL
+    and OpenEnv users call it) it blocks and returns the result instead.
 
     >>> import asyncio
     >>> from openenv import EnvClient, State
@@ -55,6 +62,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     ...         return result.reward
     >>> asyncio.run(play(ECHO_URL))  # doctest: +SKIP
     0.5
+    >>> with EchoEnv(base_url=ECHO_URL) as env:  # doctest: +SKIP
+    ...     env.reset().done, env.step(EchoAction(message="hello")).reward
+    (False, 0.5)
 
     Args:
         base_url: ``http(s)://host:port`` or ``ws(s)://host:port/ws``; or a
@@ -67,6 +77,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             considered dead.
         max_size: Largest reply frame accepted, in bytes.
         api_key: The server's API key (default: ``$OPENENV_API_KEY``).
+        headers: Extra HTTP headers for the WebSocket handshake.
+        connect_timeout_s, message_timeout_s, max_message_size_mb,
+        websocket_ping_interval_s, websocket_ping_timeout_s: OpenEnv's
+            spellings of the options above, accepted so its users' code runs
+            unchanged; they win over the options above when both are given.
     """
 
     def __init__(
@@ -79,7 +94,23 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         ping_timeout: float | None = 20.0,
         max_size: int | None = 2**24,
         api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float | None = None,
+        message_timeout_s: float | None = None,
+        max_message_size_mb: float | None = None,
+        websocket_ping_interval_s: float | None = _UNSET,
+        websocket_ping_timeout_s: float | None = _UNSET,
     ) -> None:
+        if connect_timeout_s is not None:
+            connect_timeout = connect_timeout_s
+        if message_timeout_s is not None:
+            message_timeout = message_timeout_s
+        if max_message_size_mb is not None:
+            max_size = int(max_message_size_mb * 1024 * 1024)
+        if websocket_ping_interval_s is not _UNSET:
+            ping_interval = websocket_ping_interval_s
+        if websocket_ping_timeout_s is not _UNSET:
+            ping_timeout = websocket_ping_timeout_s
         self.pool = as_pool(base_url)
         # With a pool, the server is chosen when the session opens.
         self.url = ws_url(self.pool.urls[0] if self.pool is not None else str(base_url))
@@ -96,19 +127,34 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
+        extra_headers = dict(headers or {})
         api_key = api_key or os.environ.get("OPENENV_API_KEY")
         if api_key:
-            self._connect_options["additional_headers"] = {"Authorization": f"Bearer {api_key}"}
+            extra_headers["Authorization"] = f"Bearer {api_key}"
+        if extra_headers:
+            self._connect_options["additional_headers"] = extra_headers
         self._ws: ClientConnection | None = None
+        # The loop the connection lives on; calls from elsewhere are carried to it.
+        self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         self._closed = False
 
+    @property
+    def base_url(self) -> str:
+        """The server's HTTP root (OpenEnv's attribute), e.g. ``http://localhost:8000``."""
+        return http_url(self.url)
+
+    @loop_aware
     async def connect(self) -> Self:
         """Open the connection (and with it a server-side session)."""
+        return await self._connect()
+
+    async def _connect(self) -> Self:
         if self._ws is not None:
             return self
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
+        self.home_loop = asyncio.get_running_loop()
         if self.pool is None:
             self._ws = await self._open(self.url)
             return self
@@ -154,27 +200,33 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             self._placed = False
             outcome(self.url)
 
+    @loop_aware
     async def reset(
-        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+        self, /, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[ObsT]:
         """Start a new episode; extra keyword arguments (``task=...``) go to ``reset``."""
         data = self.encode_reset(seed, episode_id, kwargs)
         return self.decode_result(await self._request("reset", data))
 
+    @loop_aware
     async def step(self, action: ActT | dict[str, Any]) -> StepResult[ObsT]:
         """Apply one action and return the observation, reward and done flag."""
         return self.decode_result(await self._request("step", self.encode_action(action)))
 
+    @loop_aware
     async def state(self) -> StateT:
         """The environment's current state."""
         return self.decode_state(await self._request("state"))
 
+    @loop_aware
     async def list_tools(self) -> list[ToolInfo]:
         """The environment's tools: names, descriptions, JSON Schemas of their arguments."""
         return self.decode_tools(await self._request("list_tools"))
 
+    @loop_aware
     async def call_tool(
         self,
+        /,
         name: str,
         arguments: Mapping[str, Any] | BaseModel | None = None,
         **kwargs: Any,
@@ -190,11 +242,13 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         data = self.encode_tool_call(name, arguments, kwargs)
         return self.decode_tool_result(await self._request("call_tool", data))
 
+    @loop_aware
     async def get_prompt(self, task: TaskSpec | None = None) -> str:
         """The prompt of ``task``, by default the task the episode was reset with."""
         data = {} if task is None else {"task": task.model_dump(mode="json")}
         return self.decode_prompt(await self._request("get_prompt", data))
 
+    @loop_aware
     async def close(self) -> None:
         """End the session; the server closes the environment. Idempotent.
 
@@ -205,6 +259,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self.pool is not None:
             self._unplace(self.pool.ended)
         ws, self._ws = self._ws, None
+        self.home_loop = None
         if ws is None:
             return
         try:
@@ -228,6 +283,22 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
 
     async def __aenter__(self) -> Self:
         return await self.connect()
+
+    def __enter__(self) -> Self:
+        # Blocking even inside a running loop: the connection then lives on
+        # the background loop, and later awaits are carried over to it.
+        return run_sync(self._connect())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        run_sync(self._close_from_anywhere())
+
+    async def _close_from_anywhere(self) -> None:
+        await self.close()
 
     async def __aexit__(
         self,
@@ -275,7 +346,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
         data: dict[str, Any] | None = None,
     ) -> str | bytes:
-        await self.connect()
+        await self._connect()
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this client was closed; create a new one")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import random
 import ssl
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from openenv.errors import (
     CapacityError,
     ConnectionFailedError,
     NotFoundError,
+    OpenEnvError,
     RequestFailedError,
     SessionClosedError,
 )
@@ -98,6 +100,7 @@ class OpenEnvClient:
         self.gate = ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
         self.options = options
+        self.headers = _http_headers(options)
         self.environments = Environments(self)
 
     def sync(self) -> SyncOpenEnvClient:
@@ -124,7 +127,7 @@ class Environments:
     ) -> RemoteEnv:
         """The environment served at ``/envs/{name}``; no request is made yet."""
         client = self._client
-        return RemoteEnv(
+        env = RemoteEnv(
             f"{client.url}/envs/{name.strip('/')}",
             action_cls=action_cls,
             observation_cls=observation_cls,
@@ -134,10 +137,12 @@ class Environments:
             capacity_timeout=client.capacity_timeout,
             **client.options,
         )
+        env.listed_at = (f"{client.url}/envs", name.strip("/"))
+        return env
 
     async def list(self) -> list[protocol.EnvInfo]:
         """Every environment on the server, with its sessions, splits and tools."""
-        data = await _get_json(f"{self._client.url}/envs")
+        data = await _get_json(f"{self._client.url}/envs", headers=self._client.headers)
         return protocol.EnvListing.model_validate(data).envs
 
 
@@ -183,10 +188,41 @@ class RemoteEnv:
         self.gate = gate or ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
         self.options = options
+        # Sessions send the key on their handshake; HTTP calls send it here.
+        self.headers = _http_headers(options)
+        # On a multi-environment server: its listing and this environment's name.
+        self.listed_at: tuple[str, str] | None = None
+
+    async def _unknown(self) -> NotFoundError | None:
+        """``NotFoundError`` if the server's listing lacks this environment's name."""
+        if self.listed_at is None:
+            return None
+        listing_url, name = self.listed_at
+        try:
+            listing = protocol.EnvListing.model_validate(
+                await _get_json(listing_url, headers=self.headers)
+            )
+        except OpenEnvError:
+            return None  # the original error says more than this one would
+        names = sorted(env.name for env in listing.envs)
+        if name in names:
+            return None
+        return NotFoundError(
+            self.url, 404, f"no environment named {name!r}; this server has {', '.join(names)}"
+        )
+
+    async def _get(self, path: str) -> Any:
+        try:
+            return await _get_json(f"{self.url}{path}", headers=self.headers)
+        except NotFoundError:
+            unknown = await self._unknown()
+            if unknown is not None:
+                raise unknown from None
+            raise
 
     async def list_splits(self) -> list[str]:
         """The names of the environment's task splits."""
-        return protocol.SplitList.model_validate(await _get_json(f"{self.url}/splits")).splits
+        return protocol.SplitList.model_validate(await self._get("/splits")).splits
 
     async def list_tasks(
         self, split: str, *, offset: int = 0, limit: int | None = None
@@ -198,8 +234,10 @@ class RemoteEnv:
         """
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError(f"offset and limit must not be negative, got {offset}, {limit}")
+        if self.listed_at is not None:
+            await self._get("/splits")  # an unknown environment is named as such
         tasks: list[TaskSpec] = []
-        async with _http_client() as http:
+        async with _http_client(self.headers) as http:
             while limit is None or len(tasks) < limit:
                 size = _PAGE if limit is None else min(_PAGE, limit - len(tasks))
                 if size == 0:
@@ -215,20 +253,33 @@ class RemoteEnv:
 
     async def list_tools(self) -> list[ToolInfo]:
         """The environment's tools, without opening a session."""
-        return protocol.ToolList.model_validate(await _get_json(f"{self.url}/tools")).tools
+        return protocol.ToolList.model_validate(await self._get("/tools")).tools
 
     def session(
         self,
         task: TaskSpec | None = None,
         *,
+        split: str | None = None,
+        index: int | None = None,
         seed: int | None = None,
         episode_id: str | None = None,
         **reset_kwargs: Any,
     ) -> EnvSession:
-        """A session reset with ``task``: ``async with env.session(task) as session: ...``."""
+        """A session reset with ``task``: ``async with env.session(task) as session: ...``.
+
+        ``split="train", index=3`` picks the split's fourth task instead; it is
+        fetched when the session opens.
+        """
+        if (split is None) != (index is None):
+            raise ValueError("pass split and index together")
+        if task is not None and split is not None:
+            raise ValueError("pass a task, or a split and an index, not both")
         if task is not None:
             reset_kwargs["task"] = task
-        return EnvSession(self, seed=seed, episode_id=episode_id, reset_kwargs=reset_kwargs)
+        at = None if split is None or index is None else (split, index)
+        return EnvSession(
+            self, seed=seed, episode_id=episode_id, reset_kwargs=reset_kwargs, task_at=at
+        )
 
     def sync(self) -> SyncRemoteEnv:
         """A blocking twin with the same methods."""
@@ -261,8 +312,10 @@ class EnvSession:
         seed: int | None,
         episode_id: str | None,
         reset_kwargs: Mapping[str, Any],
+        task_at: tuple[str, int] | None = None,
     ) -> None:
         self.env = env
+        self._task_at = task_at
         task = reset_kwargs.get("task")
         self.task: TaskSpec | None = task if isinstance(task, TaskSpec) else None
         self._reset_args = (seed, episode_id, dict(reset_kwargs))
@@ -281,6 +334,13 @@ class EnvSession:
     async def open(self) -> Self:
         """Connect and reset; waits (with backoff) while the server is at capacity."""
         seed, episode_id, kwargs = self._reset_args
+        if self._task_at is not None:
+            split, index = self._task_at
+            found = await self.env.list_tasks(split, offset=index, limit=1)
+            if not found:
+                raise IndexError(f"split {split!r} has no task at index {index}")
+            kwargs["task"] = self.task = found[0]
+            self._task_at = None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.env.capacity_timeout
         delay = 0.05
@@ -293,6 +353,12 @@ class EnvSession:
                 await client.close()
                 if loop.time() + delay > deadline:
                     raise
+            except ConnectionFailedError:
+                await client.close()
+                unknown = await self.env._unknown()
+                if unknown is not None:
+                    raise unknown from None
+                raise
             except BaseException:
                 await client.close()
                 raise
@@ -369,14 +435,18 @@ class EnvSession:
 
 
 async def _get_json(
-    url: str, params: Mapping[str, Any] | None = None, http: httpx.AsyncClient | None = None
+    url: str,
+    params: Mapping[str, Any] | None = None,
+    http: httpx.AsyncClient | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
     """GET a JSON document; HTTP errors become ``NotFoundError`` / ``RequestFailedError``."""
     import httpx
 
     try:
         if http is None:
-            async with _http_client() as own:
+            async with _http_client(headers) as own:
                 response = await own.get(url, params=params)
         else:
             response = await http.get(url, params=params)
@@ -397,10 +467,19 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def _http_client() -> httpx.AsyncClient:
+def _http_client(headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
     import httpx
 
-    return httpx.AsyncClient(verify=_ssl_context())
+    return httpx.AsyncClient(verify=_ssl_context(), headers=dict(headers or {}))
+
+
+def _http_headers(options: Mapping[str, Any]) -> dict[str, str]:
+    """The HTTP headers a session's handshake would carry: ``headers=``, then the API key."""
+    headers = dict(options.get("headers") or {})
+    api_key = options.get("api_key") or os.environ.get("OPENENV_API_KEY")
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
 
 
 def _detail(response: httpx.Response) -> str:

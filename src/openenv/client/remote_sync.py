@@ -73,7 +73,7 @@ class SyncRemoteEnv:
         return run_sync(self.env.list_tools())
 
     def session(self, task: TaskSpec | None = None, **reset_kwargs: Any) -> SyncEnvSession:
-        """A session reset with ``task``: ``with env.session(task) as session: ...``."""
+        """A session reset with ``task`` (or ``split=``, ``index=``): ``with env.session(...)``."""
         return SyncEnvSession(self.env.session(task, **reset_kwargs))
 
 

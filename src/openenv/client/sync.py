@@ -8,10 +8,11 @@ so the blocking API works anywhere, including inside a running event loop
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -48,6 +49,14 @@ def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
     return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
 
 
+def _blocking(call: Coroutine[Any, Any, _T]) -> _T:
+    # ``EnvClient``'s methods already block when no event loop runs in this
+    # thread and return a coroutine only inside one (a notebook, say).
+    if inspect.iscoroutine(call):
+        return cast(_T, run_sync(call))
+    return cast(_T, call)
+
+
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     """Blocking twin of ``EnvClient``; get one with ``EnvClient(...).sync()``.
 
@@ -64,26 +73,26 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
 
     def connect(self) -> Self:
         """Open the connection (and with it a server-side session)."""
-        run_sync(self.client.connect())
+        _blocking(self.client.connect())
         return self
 
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[ObsT]:
         """Start a new episode; see ``EnvClient.reset``."""
-        return run_sync(self.client.reset(seed=seed, episode_id=episode_id, **kwargs))
+        return _blocking(self.client.reset(seed=seed, episode_id=episode_id, **kwargs))
 
     def step(self, action: ActT | dict[str, Any]) -> StepResult[ObsT]:
         """Apply one action; see ``EnvClient.step``."""
-        return run_sync(self.client.step(action))
+        return _blocking(self.client.step(action))
 
     def state(self) -> StateT:
         """The environment's current state."""
-        return run_sync(self.client.state())
+        return _blocking(self.client.state())
 
     def list_tools(self) -> list[ToolInfo]:
         """The environment's tools; see ``EnvClient.list_tools``."""
-        return run_sync(self.client.list_tools())
+        return _blocking(self.client.list_tools())
 
     def call_tool(
         self,
@@ -92,15 +101,15 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         **kwargs: Any,
     ) -> ToolOutput:
         """Call a tool; see ``EnvClient.call_tool``."""
-        return run_sync(self.client.call_tool(name, arguments, **kwargs))
+        return _blocking(self.client.call_tool(name, arguments, **kwargs))
 
     def get_prompt(self, task: TaskSpec | None = None) -> str:
         """The prompt of ``task`` (default: the task of the last reset)."""
-        return run_sync(self.client.get_prompt(task))
+        return _blocking(self.client.get_prompt(task))
 
     def close(self) -> None:
         """End the session. Idempotent."""
-        run_sync(self.client.close())
+        _blocking(self.client.close())
 
     def __enter__(self) -> Self:
         return self.connect()

@@ -95,7 +95,7 @@ def engine_class(config: RunConfig) -> type[RuntimeEngine]:
 
     Raises:
         EngineError: The engine's extra is not installed; the message says
-            which one (``pip install 'openenv[ray]'``).
+            which one (``pip install 'openenv-scale[ray]'``).
     """
     if config.cls is not None:
         return config.cls
@@ -108,7 +108,7 @@ def engine_class(config: RunConfig) -> type[RuntimeEngine]:
         if name in _EXTRAS and missing == _EXTRAS[name][0]:
             raise EngineError(
                 f"the {name} engine needs {_EXTRAS[name][1]}, which is not installed: "
-                f"pip install 'openenv[{name}]'"
+                f"pip install 'openenv-scale[{name}]'"
             ) from exc
         raise
     engine: type[RuntimeEngine] = getattr(module, attr)

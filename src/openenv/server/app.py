@@ -28,6 +28,8 @@ def create_app(
     state_cls: type[State] | None = None,
     metadata: EnvironmentMetadata | None = None,
     web: bool = True,
+    env_name: str | None = None,
+    max_concurrent_envs: int | None = None,
     **settings: Any,
 ) -> FastAPI:
     """Build a FastAPI app that serves an environment over WebSocket sessions.
@@ -50,6 +52,9 @@ def create_app(
         metadata: What ``/metadata`` reports; derived from the class otherwise.
         web: Serve the page at ``/web`` that plays the environment by hand,
             over ``/web/ws`` (sessions there count against the same cap).
+        env_name: The name ``/metadata`` reports (OpenEnv's keyword).
+        max_concurrent_envs: The session cap, instead of ``concurrency``
+            (OpenEnv's keyword).
         **settings: Further ``ServerSettings`` fields, e.g. ``max_threads=32``,
             ``step_timeout=30`` or ``mcp=True``.
 
@@ -73,6 +78,10 @@ def create_app(
     False
     """
     check_factory(env_factory)
+    if max_concurrent_envs is not None:
+        if concurrency is not None:
+            raise ValueError("pass concurrency or max_concurrent_envs, not both")
+        concurrency = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs)
     concurrency = concurrency or ConcurrencyConfig()
     check_concurrency(env_factory, concurrency)
     service = EnvService(
@@ -84,6 +93,8 @@ def create_app(
         state_cls=state_cls,
         metadata=metadata,
     )
+    if env_name is not None:
+        service.metadata = service.metadata.model_copy(update={"name": env_name})
     if service.env_cls is not None:
         tools_of(service.env_cls)  # a misdeclared @tool fails here, at startup
     extra_routes = []

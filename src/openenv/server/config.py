@@ -182,7 +182,7 @@ class ServerSettings(BaseModel):
     mcp: bool = Field(
         default=False,
         description=(
-            "Also serve the tools to MCP clients at /mcp (needs the openenv[mcp] extra). "
+            "Also serve the tools to MCP clients at /mcp (needs openenv-scale[mcp]). "
             "Without an api_key, only for trusted networks."
         ),
     )

@@ -13,7 +13,7 @@ vanish requests cannot lock WebSocket clients out. Without an API key, serve
 MCP on trusted networks only.
 
 Imported only when ``create_app(..., mcp=True)`` asks for it; it needs the
-``openenv[mcp]`` extra (the official ``mcp`` SDK).
+``openenv-scale[mcp]`` extra (the official ``mcp`` SDK).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     if exc.name is None or exc.name.split(".")[0] not in {"mcp", "mcp_types"}:
         raise
     raise ImportError(
-        "serving MCP (mcp=True) needs the MCP SDK: pip install 'openenv[mcp]'"
+        "serving MCP (mcp=True) needs the MCP SDK: pip install 'openenv-scale[mcp]'"
     ) from exc
 
 from openenv import protocol

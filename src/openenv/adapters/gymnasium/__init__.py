@@ -1,4 +1,4 @@
-"""Serve any Gymnasium environment over openenv sessions (``pip install 'openenv[gymnasium]'``).
+"""Serve any Gymnasium environment over openenv sessions (``openenv-scale[gymnasium]``).
 
 Action and observation models are derived from the environment's spaces, so
 the JSON Schema at ``/schema`` says exactly what an action looks like:
@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - only without the extra
     if exc.name != "gymnasium":
         raise
     raise ImportError(
-        "openenv.adapters.gymnasium needs Gymnasium: pip install 'openenv[gymnasium]'"
+        "openenv.adapters.gymnasium needs Gymnasium: pip install 'openenv-scale[gymnasium]'"
     ) from exc
 
 from openenv.adapters.gymnasium.environment import (

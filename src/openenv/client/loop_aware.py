@@ -1,0 +1,76 @@
+"""Client methods that are awaitable inside an event loop and blocking outside one.
+
+OpenEnv's clients, and TRL's documented ``environment_factory`` pattern on top
+of them, call ``env.reset()`` / ``env.step(action)`` from plain synchronous code.
+A bare coroutine there would be dropped unawaited and the training loop would
+read an exception's text instead of an observation. So each public client
+method looks at the calling thread: with no running event loop it runs the
+call on the shared background loop (``openenv.client.sync``) and returns the
+result; inside a running loop it returns the coroutine, for ``await``.
+
+A WebSocket connection belongs to the event loop that opened it; a call made
+from another loop (sync first, then ``await`` on a trainer's own loop, say) is
+carried over to that home loop instead of touching the socket from a foreign
+one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
+
+from openenv.client.sync import run_sync
+from openenv.errors import SessionClosedError
+
+__all__ = ["HasHomeLoop", "loop_aware", "on_home_loop"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class HasHomeLoop(Protocol):
+    """A client whose connection lives on one event loop (``None`` until it connects)."""
+
+    home_loop: asyncio.AbstractEventLoop | None
+
+
+_C = TypeVar("_C", bound=HasHomeLoop)
+
+
+async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``coro`` on the loop that owns ``client``'s connection."""
+    home, here = client.home_loop, asyncio.get_running_loop()
+    if home is None or home is here:
+        return await coro
+    if home.is_closed() or not home.is_running():
+        coro.close()
+        raise SessionClosedError(
+            "this client's connection was opened on an event loop that has stopped; "
+            "create a new client"
+        )
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))
+
+
+def loop_aware(
+    method: Callable[Concatenate[_C, _P], Coroutine[Any, Any, _T]],
+) -> Callable[Concatenate[_C, _P], Coroutine[Any, Any, _T]]:
+    """Make an ``async def`` client method blocking when no event loop runs in the caller.
+
+    Type checkers keep seeing a coroutine method, so ``await client.step(...)``
+    stays typed; plain synchronous callers get the result itself.
+    """
+
+    @functools.wraps(method)
+    def call(self: _C, /, *args: _P.args, **kwargs: _P.kwargs) -> Coroutine[Any, Any, _T]:
+        coro = on_home_loop(self, method(self, *args, **kwargs))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            # The declared type is the coroutine's, for ``await`` users; here
+            # the caller is synchronous and gets the value it would await.
+            return cast(Coroutine[Any, Any, _T], run_sync(coro))
+        return coro
+
+    return call

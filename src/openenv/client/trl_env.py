@@ -1,0 +1,88 @@
+"""A base class for TRL's ``GRPOTrainer(environment_factory=...)``, on an openenv client.
+
+TRL makes one instance per rollout, calls ``reset(**dataset_row)`` before
+generating, exposes every public method of the class to the model as a tool
+(its signature and docstring become the tool's schema), and reads
+``get_reward()`` when the rollout ends. All of that is plain synchronous code,
+which is how ``EnvClient`` behaves outside an event loop. So a TRL user writes
+only the tools:
+
+>>> from openenv import TRLEnv
+>>> from echo_env import EchoAction, EchoEnv
+>>> class Echo(TRLEnv):
+...     client_cls = EchoEnv
+...     base_url = "http://localhost:8000"
+...     def echo(self, message: str) -> str:
+...         '''Echo a message back from the environment.
+...
+...         Args:
+...             message: The message to echo.
+...         '''
+...         return self._step(EchoAction(message=message)).echoed_message
+>>> # GRPOTrainer(..., environment_factory=Echo)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from openenv.client.async_ import EnvClient
+from openenv.client.pool import ServerPool
+from openenv.types import Action
+
+__all__ = ["TRLEnv"]
+
+
+class TRLEnv:
+    """One environment session per TRL rollout; subclass it and add tool methods.
+
+    Class attributes:
+        client_cls: The environment's ``EnvClient`` subclass.
+        base_url: Its server's URL (or a ``ServerPool`` / comma-joined URLs).
+
+    Everything here but ``reset`` and ``get_reward`` is private, because TRL
+    offers every public method to the model as a tool. Override
+    ``_reset_kwargs`` to pass dataset columns (a ``task``, a ``seed``) to the
+    environment's ``reset``, and ``_prompt`` to add the first observation to
+    the prompt.
+    """
+
+    client_cls: ClassVar[type[EnvClient[Any, Any, Any]]]
+    base_url: ClassVar[str | ServerPool]
+
+    def __init__(self) -> None:
+        # Typed blocking calls; EnvClient itself would block too (no loop runs in TRL's thread).
+        self._client = self.client_cls(self.base_url).sync()
+        self._reward = 0.0
+        self._done = False
+
+    def reset(self, **kwargs: Any) -> str | None:
+        """Start a new episode for the dataset row ``kwargs``; TRL calls this."""
+        result = self._client.reset(**self._reset_kwargs(kwargs))
+        self._reward, self._done = 0.0, result.done
+        return self._prompt(result.observation)
+
+    def get_reward(self) -> float:
+        """The rewards of this episode's steps, summed; TRL calls this at the end."""
+        return self._reward
+
+    def _step(self, action: Action | dict[str, Any]) -> Any:
+        """Apply ``action``, add its reward, return the observation (for a tool to read)."""
+        if self._done:
+            raise RuntimeError("the episode is over; no more actions")
+        result = self._client.step(action)
+        self._reward += result.reward or 0.0
+        self._done = result.done
+        return result.observation
+
+    def _reset_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
+        """What of a dataset row goes to the environment's ``reset`` (default: nothing)."""
+        return {}
+
+    def _prompt(self, observation: Any) -> str | None:
+        """Text TRL appends to the prompt after ``reset`` (default: none)."""
+        return None
+
+    def _close(self) -> None:
+        """End the session (TRL reuses instances, so it never calls this itself)."""
+        self._client.close()

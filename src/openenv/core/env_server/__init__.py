@@ -1,0 +1,40 @@
+"""``openenv.core.env_server``: what OpenEnv 0.10 environments import, onto openenv.
+
+>>> from openenv.core.env_server import Action, Environment, create_app
+>>> from openenv import Action as OurAction
+>>> Action is OurAction
+True
+"""
+
+from __future__ import annotations
+
+from openenv.core.env_server.exceptions import (
+    ConcurrencyConfigurationError,
+    EnvironmentFactoryError,
+    OpenEnvError,
+    SessionCapacityError,
+)
+from openenv.core.env_server.http_server import create_app, create_fastapi_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import (
+    Action,
+    ConcurrencyConfig,
+    EnvironmentMetadata,
+    Observation,
+    State,
+)
+
+__all__ = [
+    "Action",
+    "ConcurrencyConfig",
+    "ConcurrencyConfigurationError",
+    "Environment",
+    "EnvironmentFactoryError",
+    "EnvironmentMetadata",
+    "Observation",
+    "OpenEnvError",
+    "SessionCapacityError",
+    "State",
+    "create_app",
+    "create_fastapi_app",
+]

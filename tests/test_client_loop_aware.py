@@ -1,0 +1,125 @@
+"""EnvClient called the way OpenEnv and TRL users call it: plain synchronous code.
+
+With no event loop running in the calling thread, ``reset``/``step``/``state``/
+``close`` block and return their result; inside a running loop they stay
+awaitable. A connection belongs to the loop that opened it, so a client used
+both ways carries each call over to that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import threading
+import warnings
+
+import pytest
+
+from echo_env import EchoAction, EchoEnv
+from echo_env.models import EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import AuthenticationError, SessionClosedError, StepResult, create_app
+from openenv.testing import run_server
+
+KEY = "sesame-sesame-sesame"
+
+
+def test_methods_block_and_return_results_without_an_event_loop(echo_url: str) -> None:
+    env = EchoEnv(base_url=echo_url)
+    try:
+        reset = env.reset()
+        assert isinstance(reset, StepResult)
+        assert not reset.done
+        result = env.step(EchoAction(message="hello"))
+        assert result.observation.echoed_message == "hello"
+        assert result.reward == pytest.approx(0.5)
+        assert env.state().step_count == 1
+    finally:
+        assert env.close() is None
+    with pytest.raises(SessionClosedError):
+        env.step(EchoAction(message="after close"))
+
+
+def test_with_block_and_base_url(echo_url: str) -> None:
+    with EchoEnv(base_url=echo_url) as env:
+        assert env.base_url == echo_url
+        env.reset()
+        assert env.step(EchoAction(message="hey")).observation.message_length == 3
+
+
+async def test_methods_stay_awaitable_inside_an_event_loop(echo_url: str) -> None:
+    async with EchoEnv(echo_url) as env:
+        pending = env.step(EchoAction(message="hi"))
+        assert inspect.isawaitable(pending)
+        assert (await pending).observation.echoed_message == "hi"
+
+
+def test_a_client_used_synchronously_then_awaited_on_another_loop(echo_url: str) -> None:
+    # TRL resets environments from plain code and may await async tools on
+    # its own daemon loop: both reach the one connection.
+    env = EchoEnv(echo_url)
+    env.reset()
+
+    async def on_a_trainer_loop() -> str:
+        result = await env.step(EchoAction(message="from a loop"))
+        return result.observation.echoed_message
+
+    assert asyncio.run(on_a_trainer_loop()) == "from a loop"
+    assert env.step(EchoAction(message="back to sync")).observation.echoed_message == (
+        "back to sync"
+    )
+    assert env.state().step_count == 2
+    env.close()
+
+
+def test_a_client_opened_on_a_loop_that_stopped_says_so(echo_url: str) -> None:
+    clients = [EchoEnv(echo_url)]
+
+    async def open_it() -> None:
+        await clients[0].reset()
+
+    asyncio.run(open_it())
+    with pytest.raises(SessionClosedError, match="event loop that has stopped"):
+        clients[0].step(EchoAction(message="hi"))
+    # The socket went down with its loop, unclosed: the caller's doing, not ours.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        clients.clear()
+        gc.collect()
+
+
+def test_each_thread_of_a_thread_pool_drives_its_own_client(echo_url: str) -> None:
+    rewards: list[float | None] = []
+
+    def play(message: str) -> None:
+        with EchoEnv(echo_url) as env:
+            env.reset()
+            rewards.append(env.step(EchoAction(message=message)).reward)
+
+    threads = [threading.Thread(target=play, args=("x" * n,)) for n in range(1, 9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r or 0.0 for r in rewards) == pytest.approx([n / 10 for n in range(1, 9)])
+
+
+def test_openenv_client_options() -> None:
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, api_key=KEY)
+    with run_server(app) as url:
+        # OpenEnv users pass the key (for a private Space, say) as headers=.
+        with EchoEnv(url, headers={"Authorization": f"Bearer {KEY}"}, message_timeout_s=7.5) as env:
+            assert env.message_timeout == 7.5
+            env.reset()
+        with pytest.raises(AuthenticationError):
+            EchoEnv(url, headers={"Authorization": "Bearer wrong"}).reset()
+
+
+def test_max_message_size_mb_bounds_the_replies(echo_url: str) -> None:
+    # 200 bytes: the reply to a 1,000-character echo cannot fit.
+    env = EchoEnv(echo_url, max_message_size_mb=200 / 2**20)
+    env.reset()
+    with pytest.raises(SessionClosedError):
+        env.step(EchoAction(message="x" * 1000))
+    env.close()

@@ -1,0 +1,160 @@
+"""OpenEnv 0.10 environments and clients, unchanged, on openenv.
+
+``tests/apps/oe_echo`` is what OpenEnv's ``openenv init oe_echo`` writes,
+byte for byte: ``openenv.core.*`` imports, ``create_app(..., env_name=...,
+max_concurrent_envs=1)``, a client with ``_step_payload``/``_parse_result``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from echo_env.models import EchoAction
+from openenv import CapacityError, WebSocketEnvClient
+from openenv.testing import run_server
+
+sys.path.insert(0, str(Path(__file__).parent / "apps"))
+
+from oe_echo import OeEchoAction, OeEchoEnv, OeEchoObservation
+from oe_echo.server.app import app as oe_echo_app
+from oe_echo.server.oe_echo_environment import OeEchoEnvironment
+
+
+@pytest.fixture(scope="module")
+def oe_echo_url() -> Iterator[str]:
+    with run_server(oe_echo_app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def counter_url() -> Iterator[str]:
+    from counter_env.server.app import app
+
+    with run_server(app) as url:
+        yield url
+
+
+def test_the_template_app_is_served_with_its_name_and_cap() -> None:
+    service = oe_echo_app.state.openenv
+    assert service.metadata.name == "oe_echo"
+    assert service.concurrency.max_concurrent_envs == 1
+
+
+def test_the_template_client_plays_an_episode_the_documented_way(oe_echo_url: str) -> None:
+    # The template client's own docstring: `with Env(base_url=...).sync() as client`.
+    with OeEchoEnv(base_url=oe_echo_url).sync() as client:
+        result = client.reset()
+        assert result.observation.echoed_message == "Oe Echo environment ready!"
+        result = client.step(OeEchoAction(message="Hello!"))
+        assert result.observation.echoed_message == "Hello!"
+        assert result.observation.message_length == 6
+        assert result.reward == pytest.approx(0.6)
+        # `_parse_result` is the template's: it reads the reply's metadata.
+        assert result.metadata == {"original_message": "Hello!", "step": 1}
+        assert client.state().step_count == 1
+
+
+def test_the_template_client_without_sync_blocks_outside_an_event_loop(oe_echo_url: str) -> None:
+    client = OeEchoEnv(base_url=oe_echo_url)
+    try:
+        assert client.reset().observation.echoed_message == "Oe Echo environment ready!"
+        result = client.step(OeEchoAction(message="hey"))
+        assert isinstance(result.observation, OeEchoObservation)
+        assert result.observation.echoed_message == "hey"
+    finally:
+        client.close()
+
+
+async def test_the_template_client_awaited_inside_an_event_loop(oe_echo_url: str) -> None:
+    async with OeEchoEnv(base_url=oe_echo_url) as client:
+        await client.reset()
+        result = await client.step(OeEchoAction(message="async"))
+        assert result.observation.echoed_message == "async"
+
+
+async def test_max_concurrent_envs_is_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    from openenv.core.env_server.http_server import create_app
+
+    monkeypatch.setenv("OPENENV_QUEUE_TIMEOUT", "0")  # refuse at once instead of queueing
+    app = create_app(
+        OeEchoEnvironment,
+        OeEchoAction,
+        OeEchoObservation,
+        env_name="oe_echo",
+        max_concurrent_envs=2,
+    )
+    with run_server(app) as url:
+        first, second, third = (WebSocketEnvClient(url) for _ in range(3))
+        await asyncio.gather(first.reset(), second.reset())
+        with pytest.raises(CapacityError):
+            await third.reset()
+        await asyncio.gather(first.close(), second.close(), third.close())
+
+
+def test_our_create_app_takes_openenvs_keywords_too() -> None:
+    # A user who moved the imports to `openenv` keeps the call as it was.
+    from openenv import create_app
+
+    app = create_app(
+        OeEchoEnvironment, OeEchoAction, OeEchoObservation, env_name="moved", max_concurrent_envs=3
+    )
+    with run_server(app) as url:
+        assert httpx.get(f"{url}/metadata").json()["name"] == "moved"
+        assert httpx.get(f"{url}/health").json()["max_sessions"] == 3
+
+
+def test_openenv_clients_send_action_metadata(echo_url: str) -> None:
+    # OpenEnv's generic clients send `action.model_dump()`, metadata included.
+    payload = EchoAction(message="hi", metadata={"turn": 1}).model_dump()
+    assert payload == {"message": "hi", "metadata": {"turn": 1}}
+    with WebSocketEnvClient(echo_url).sync() as env:
+        env.reset()
+        assert env.step(payload).observation.model_extra == {
+            "echoed_message": "hi",
+            "message_length": 2,
+        }
+
+
+def test_openenv_core_import_paths() -> None:
+    from openenv import Action, Environment, Observation, State, StepResult
+    from openenv.core import EnvClient
+    from openenv.core.client_types import StepResult as CoreStepResult
+    from openenv.core.env_client import EnvClient as CoreEnvClient
+    from openenv.core.env_server import Action as ServerAction
+    from openenv.core.env_server import create_app
+    from openenv.core.env_server.http_server import create_app as http_create_app
+    from openenv.core.env_server.interfaces import Environment as CoreEnvironment
+    from openenv.core.env_server.types import Observation as CoreObservation
+    from openenv.core.env_server.types import State as CoreState
+
+    assert (ServerAction, CoreObservation, CoreState) == (Action, Observation, State)
+    assert CoreEnvironment is Environment
+    assert EnvClient is CoreEnvClient
+    assert issubclass(CoreStepResult, StepResult)
+    assert create_app is http_create_app
+
+
+def test_openenvs_tool_client_calls_our_tools(counter_url: str) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+
+    with MCPToolClient(base_url=counter_url) as env:
+        env.reset()
+        assert {"increment", "get_value", "submit"} <= {tool.name for tool in env.list_tools()}
+        increment = next(tool for tool in env.list_tools() if tool.name == "increment")
+        assert "amount" in increment.input_schema["properties"]
+        assert env.call_tool("increment", amount=2) == {"value": 2}
+        assert env.call_tool("get_value") == 2
+
+
+async def test_openenvs_tool_client_awaited(counter_url: str) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+
+    async with MCPToolClient(base_url=counter_url) as env:
+        await env.reset()
+        assert await env.call_tool("increment", amount=3) == {"value": 3}

@@ -1,0 +1,72 @@
+"""OpenEnv 0.10's real client, in a virtual environment of its own, against our server.
+
+PyPI's ``openenv`` (Hugging Face's OpenEnv) imports as ``openenv`` too, so it
+is installed from PyPI into a fresh virtual environment made by this test, and
+``tests/apps/openenv_peer_client.py`` runs there. If the install fails, the
+test fails and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
+from openenv.testing import run_server
+
+PEER = "openenv==0.10.0"
+SCRIPT = Path(__file__).parent / "apps" / "openenv_peer_client.py"
+EPISODES = 100
+# A fresh venv with OpenEnv 0.10 (gradio, huggingface_hub, fastmcp, ...) takes 0.5-2 min.
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    venv = tmp_path_factory.mktemp("openenv-peer")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", PEER],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    if installed.returncode != 0:
+        pytest.fail(f"could not install {PEER} from PyPI:\n{installed.stderr[-3000:]}")
+    return python
+
+
+def test_openenv_010_client_plays_100_concurrent_episodes(peer_python: Path) -> None:
+    app = create_app(
+        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
+    )
+    # The peer's Python must not see this checkout's `openenv` on its path.
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with run_server(app) as url:
+        played = subprocess.run(
+            [str(peer_python), str(SCRIPT), url, str(EPISODES)],
+            capture_output=True,
+            text=True,
+            env=environ,
+            cwd=peer_python.parent,
+            timeout=180,
+            check=False,
+        )
+    assert played.returncode == 0, played.stderr[-3000:]
+    report = json.loads(played.stdout.splitlines()[-1])
+    assert Path(report["module"]).is_relative_to(peer_python.parents[1])
+    assert len(report["episodes"]) == EPISODES
+    for episode in report["episodes"]:
+        assert episode["steps"] == 3
+        assert episode["rewards"] == pytest.approx([len(episode["message"]) / 10] * 3)
+    assert report["sync_reward"] == pytest.approx(0.4)
+    assert report["plain_reward"] == pytest.approx(0.6)

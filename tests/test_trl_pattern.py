@@ -1,0 +1,160 @@
+"""TRL's ``GRPOTrainer(environment_factory=...)`` calls, mirrored from trl 1.16.0.
+
+TRL needs torch, too heavy here, so ``Trainer`` below repeats, in order, what
+``trl/trainer/grpo_trainer.py`` does with an environment: probe one instance
+for ``reset``/``get_reward`` and its public methods (the tools), draw one
+instance per rollout from a pool, ``reset(**row)`` per dataset row, call each
+tool the model asked for from plain synchronous code (an exception becomes an
+``{"error": ...}`` tool reply, as in TRL), then read ``get_reward()``. The model
+is replaced by fixed tool calls; everything else is a real server and client.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from echo_env import EchoAction, EchoEnv
+from openenv import TRLEnv
+
+ROWS = [
+    {"prompt": [{"role": "user", "content": content}]}
+    for content in [
+        "Try to echo 'Hello World!' in the environment.",
+        "Make the environment echo 'Goodbye World!'",
+        "Can you ask the environment to echo 'TRL is great!'?",
+    ]
+]
+MESSAGES = ["Hello World!", "Goodbye World!", "TRL is great!"]
+
+
+class Trainer:
+    """The environment half of ``GRPOTrainer``, call for call."""
+
+    def __init__(self, environment_factory: Callable[[], Any]) -> None:
+        instance = environment_factory()
+        has_reset, has_reward, methods = False, False, []
+        for member_name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction):
+            if member_name == "reset":
+                has_reset = True
+            elif member_name == "get_reward":
+                has_reward = True
+            elif not member_name.startswith("_"):
+                methods.append(getattr(instance, member_name))
+        assert has_reset
+        assert has_reward
+        self.factory = environment_factory
+        self.tool_names = sorted(method.__name__ for method in methods)
+        self.pool = [instance]
+        self.env_type = type(instance)
+
+    def rollouts(self, rows: list[dict[str, Any]], calls: list[list[dict[str, Any]]]) -> Any:
+        environments = []
+        for index in range(len(rows)):
+            if index == len(self.pool):
+                self.pool.append(self.factory())
+            environments.append(self.pool[index])
+        tool_dicts = []
+        for environment in environments:
+            methods = [
+                getattr(environment, member_name)
+                for member_name, _ in inspect.getmembers(
+                    type(environment), predicate=inspect.isfunction
+                )
+                if member_name not in ("reset", "get_reward") and not member_name.startswith("_")
+            ]
+            sync_tool_dict = {}
+            for tool in methods:
+                assert not inspect.iscoroutinefunction(tool)
+                sync_tool_dict[tool.__name__] = tool
+            tool_dicts.append(sync_tool_dict)
+        for environment, row in zip(environments, rows, strict=True):
+            environment.reset(**row)
+        replies: list[list[str]] = []
+        for sync_tool_dict, tool_call_list in zip(tool_dicts, calls, strict=True):
+            replies.append([])
+            for tool_call in tool_call_list:
+                function = tool_call["function"]
+                try:
+                    result = sync_tool_dict[function["name"]](**function["arguments"])
+                except Exception as e:
+                    result = {"error": str(e)}
+                replies[-1].append(result if isinstance(result, list) else str(result))
+        rewards = [e.get_reward() if type(e) is self.env_type else None for e in environments]
+        return replies, rewards
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_trls_own_echo_example_class_gets_real_rewards(echo_url: str) -> None:
+    # trl's examples/scripts/openenv/echo_env_factory.py, with this server's URL.
+    class MyEchoEnv:
+        def __init__(self) -> None:
+            self.env = EchoEnv(base_url=echo_url)
+
+        def reset(self, **kwargs: Any) -> None:
+            self._reward = None
+
+        def step(self, message: str) -> str:
+            """
+            Echo the message back from the environment.
+
+            Args:
+                message: The message to echo
+
+            Returns:
+                The echoed message.
+            """
+            observation = self.env.step(EchoAction(message=message))
+            self._reward = observation.observation.reward
+            return observation.observation.echoed_message
+
+        def get_reward(self) -> float:
+            """
+            Get the reward from the last step.
+
+            Returns:
+                The reward value.
+            """
+            return self._reward  # type: ignore[return-value]
+
+    trainer = Trainer(MyEchoEnv)
+    assert trainer.tool_names == ["step"]
+    for _ in range(2):  # instances are pooled and reset for the next batch
+        replies, rewards = trainer.rollouts(ROWS, [[call("step", message=m)] for m in MESSAGES])
+        assert replies == [[m] for m in MESSAGES]
+        assert rewards == pytest.approx([len(m) / 10 for m in MESSAGES])
+    for environment in trainer.pool:
+        environment.env.close()  # TRL never does; the shared test server would keep them
+
+
+def test_trlenv_helper_sums_rewards_and_exposes_only_the_tools(echo_url: str) -> None:
+    class Echo(TRLEnv):
+        client_cls = EchoEnv
+        base_url = echo_url
+
+        def echo(self, message: str) -> str:
+            """Echo a message back from the environment.
+
+            Args:
+                message: The message to echo.
+            """
+            return str(self._step(EchoAction(message=message)).echoed_message)
+
+    trainer = Trainer(Echo)
+    assert trainer.tool_names == ["echo"]
+    calls = [[call("echo", message=m), call("echo", message="ab")] for m in MESSAGES]
+    replies, rewards = trainer.rollouts(ROWS, calls)
+    assert replies == [[m, "ab"] for m in MESSAGES]
+    assert rewards == pytest.approx([len(m) / 10 + 0.2 for m in MESSAGES])
+    # A bad call comes back to the model as an error reply, as TRL words it.
+    replies, rewards = trainer.rollouts(ROWS[:1], [[call("echo", text="wrong argument")]])
+    assert replies[0][0].startswith("{'error':")
+    assert rewards == [0.0]
+    for environment in trainer.pool:
+        environment._close()
