@@ -196,8 +196,42 @@ def serve_command(
     reload: Annotated[
         bool, typer.Option("--reload", help="Restart when a file in PATH changes.")
     ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray", help="Serve replicas on a Ray cluster ($RAY_ADDRESS, else a local one)."
+        ),
+    ] = False,
+    replicas: Annotated[int, typer.Option(min=1, help="--ray: replicas to start with.")] = 1,
+    min_replicas: Annotated[
+        int | None, typer.Option(min=1, help="--ray: fewest replicas (default: --replicas).")
+    ] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option(min=1, help="--ray: most replicas (default: --replicas).")
+    ] = None,
+    num_cpus: Annotated[
+        float, typer.Option(min=0.0, help="--ray: CPUs Ray reserves for each replica.")
+    ] = 1.0,
 ) -> None:
     """Serve the environment in PATH (default: this folder) over WebSocket sessions."""
+    if ray:
+        from openenv.cli.serve_fleet import serve_fleet
+
+        try:
+            serve_fleet(
+                path,
+                host=host,
+                port=port,
+                replicas=replicas,
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+                max_sessions=max_sessions,
+                num_cpus=num_cpus,
+            )
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        return
 
     def ready(info: ServeInfo) -> None:
         typer.echo(f"{info.describe()}; Ctrl+C to stop")

@@ -1,0 +1,38 @@
+"""``openenv serve PATH --ray``: the environment as a fleet of replicas on a Ray cluster."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["serve_fleet"]
+
+
+def serve_fleet(path: Path, *, host: str, port: int, **options: Any) -> None:
+    """Start a ``Fleet``, print its directory's address, run until SIGINT or SIGTERM."""
+    try:
+        from openenv.fleet import Fleet
+    except ImportError:  # pragma: no cover - ray is an extra
+        typer.echo("error: --ray needs Ray: pip install 'openenv-scale[ray]'", err=True)
+        raise typer.Exit(1) from None
+    if not (path / "server" / "app.py").is_file():
+        typer.echo(f"error: {path.resolve()} has no server/app.py", err=True)
+        raise typer.Exit(1)
+    fleet = Fleet(path, host=host, port=port, **options)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    url = fleet.start()
+    try:
+        typer.echo(
+            f"fleet of {fleet.replicas} replica(s) of {path} (scaling "
+            f"{fleet.min_replicas}..{fleet.max_replicas}); clients: ServerPool({url!r}) "
+            f"or openenv run --env {url},; Ctrl+C to stop"
+        )
+        stop.wait()
+    finally:
+        fleet.stop()

@@ -1,0 +1,397 @@
+"""A fleet: one environment served by many openenv servers across a Ray cluster.
+
+``Fleet("envs/echo_env", replicas=4)`` starts four replicas, each a full
+openenv server (the folder's ``server/app.py`` under openenv's runner) inside
+a Ray actor, placed by Ray's scheduler (``num_cpus``, custom ``resources``,
+spread over the nodes) and restarted by Ray when its process dies. The fleet
+has **one address**: a small directory server whose ``GET /replicas`` lists
+every replica with its URL and occupancy, and whose ``GET /health`` sums
+them. Clients hand that address to a ``ServerPool``, which opens each session
+on the replica with the most room; a plain client given it (``/ws``) is
+redirected (307) to the replica with the most room as it connects.
+
+The fleet scales itself between ``min_replicas`` and ``max_replicas``: one
+more replica when sessions queue anywhere or the fleet's slots are more than
+``scale_up_at`` full; one fewer when it has held no session for
+``idle_seconds``. From the command line: ``openenv serve PATH --ray
+--replicas N`` (``RAY_ADDRESS`` joins an existing cluster; otherwise a local
+one starts).
+
+Why plain actors and not Ray Serve: a replica's clients hold WebSockets to it
+for a whole episode, and the pool already places them by free room, so a
+request router in front would only add a hop to every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["Fleet", "ReplicaView"]
+
+
+@dataclass
+class ReplicaView:
+    """A replica as the directory last saw it."""
+
+    url: str
+    status: str = "starting"  # healthy, draining, down, starting
+    active_sessions: int = 0
+    max_sessions: int = 0
+    queued_sessions: int = 0
+    node: str = ""
+    pid: int = 0
+
+
+class Replica:
+    """One openenv server in a Ray actor's process (``Fleet`` makes the actor class)."""
+
+    def __init__(self, folder: str, environ: Mapping[str, str], host: str | None) -> None:
+        import ray
+
+        from openenv.cli.app_loader import imported_app
+        from openenv.server.runner import GracefulServer, uvicorn_config
+
+        self._stack = contextlib.ExitStack()
+        app = self._stack.enter_context(imported_app(folder, dict(environ)))
+        host = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        self._sock = sock
+        self._server = GracefulServer(uvicorn_config(app, log_level="warning"))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the server of {folder} failed to start; see its log")
+            self._thread.join(0.01)
+        name = f"[{host}]" if ":" in host else host
+        self._url = f"http://{name}:{sock.getsockname()[1]}"
+        self._node = ray.get_runtime_context().get_node_id()
+
+    def where(self) -> dict[str, Any]:
+        """Its URL, node and process."""
+        return {"url": self._url, "node": self._node, "pid": os.getpid()}
+
+    def stop(self) -> None:
+        """Drain (close 1001 to every session) and stop serving."""
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+
+
+class Fleet:
+    """Replicas of one environment across a Ray cluster, behind one directory address.
+
+    >>> fleet = Fleet("envs/echo_env", replicas=2, max_replicas=4)
+    >>> (fleet.min_replicas, fleet.max_replicas)
+    (2, 4)
+
+    Use it as a context manager (``with Fleet(...) as url:``), or call
+    ``start()`` and ``stop()``.
+
+    Args:
+        path: The environment folder (its ``server/app.py``), readable on every node.
+        replicas: Replicas to start with.
+        min_replicas / max_replicas: Bounds for scaling (default: ``replicas``).
+        max_sessions: Each replica's session cap (``OPENENV_MAX_CONCURRENT_ENVS``).
+        num_cpus: CPUs Ray reserves for each replica (fractions are fine).
+        resources: Custom Ray resources each replica needs, e.g. ``{"gpu_box": 1}``.
+        environ: Environment variables for the replicas' processes.
+        host: The directory's interface (default ``127.0.0.1``; ``0.0.0.0`` for all).
+        port: The directory's port (0: any free one).
+        replica_host: The replicas' interface (default: their node's IP address).
+        scale_up_at: Occupancy (open / slots) above which a replica is added.
+        idle_seconds: Seconds without sessions before a replica is removed.
+        interval: Seconds between health checks and scaling decisions.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        replicas: int = 1,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+        max_sessions: int | None = None,
+        num_cpus: float = 1.0,
+        resources: Mapping[str, float] | None = None,
+        environ: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        replica_host: str | None = None,
+        scale_up_at: float = 0.8,
+        idle_seconds: float = 30.0,
+        interval: float = 1.0,
+    ) -> None:
+        self.min_replicas = replicas if min_replicas is None else min_replicas
+        self.max_replicas = max(
+            replicas, self.min_replicas if max_replicas is None else max_replicas
+        )
+        if not 1 <= self.min_replicas <= replicas <= self.max_replicas:
+            raise ValueError(
+                f"need 1 <= min_replicas ({self.min_replicas}) <= replicas ({replicas}) "
+                f"<= max_replicas ({self.max_replicas})"
+            )
+        self.folder = str(Path(path).resolve())
+        self.replicas = replicas
+        self.environ = dict(environ or {})
+        if max_sessions is not None:
+            self.environ["OPENENV_MAX_CONCURRENT_ENVS"] = str(max_sessions)
+        self.num_cpus = num_cpus
+        self.resources = dict(resources or {})
+        self.host, self.port, self.replica_host = host, port, replica_host
+        self.scale_up_at = scale_up_at
+        self.idle_seconds = idle_seconds
+        self.interval = interval
+        self.url = ""
+        self._actors: list[Any] = []
+        self._views: dict[int, ReplicaView] = {}  # by id() of the actor handle
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._idle_since: float | None = None
+        self._directory: Any = None
+        self._threads: list[threading.Thread] = []
+        self._replica_class: Any = None
+
+    # -- life ---------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start the replicas and the directory; return the directory's URL."""
+        import ray
+
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+        self._replica_class = ray.remote(max_restarts=-1, max_task_retries=-1)(Replica)
+        for _ in range(self.replicas):
+            self._add()
+        self._refresh()
+        self._directory = _Directory(self)
+        self.url = self._directory.start(self.host, self.port)
+        control = threading.Thread(target=self._control, name="openenv-fleet", daemon=True)
+        control.start()
+        self._threads.append(control)
+        return self.url
+
+    def stop(self) -> None:
+        """Drain every replica, remove it, stop the directory."""
+        import ray
+
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(30)
+        with self._lock:
+            actors, self._actors = self._actors, []
+        with contextlib.suppress(Exception):
+            ray.get([actor.stop.remote() for actor in actors], timeout=60)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if self._directory is not None:
+            self._directory.stop()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- what the directory shows -----------------------------------------
+
+    def views(self) -> list[ReplicaView]:
+        """Every replica as last seen."""
+        with self._lock:
+            return [self._views[id(actor)] for actor in self._actors if id(actor) in self._views]
+
+    def where(self) -> list[dict[str, Any]]:
+        """Each replica's URL, node id and process id, asked of the replicas now."""
+        import ray
+
+        with self._lock:
+            actors = list(self._actors)
+        return list(ray.get([actor.where.remote() for actor in actors], timeout=60))
+
+    def place(self) -> str | None:
+        """The healthy replica with the most room (its slot counted until the next look)."""
+        with self._lock:
+            views = [self._views[id(a)] for a in self._actors if id(a) in self._views]
+            room = [v for v in views if v.status == "healthy"]
+            free = {v.url: v.max_sessions - v.active_sessions - v.queued_sessions for v in room}
+            if not free or max(free.values()) <= 0:
+                return None
+            best = max(room, key=lambda v: free[v.url])
+            best.active_sessions += 1  # so a burst spreads before the next health check
+            return best.url
+
+    # -- scaling ------------------------------------------------------------
+
+    def _add(self) -> None:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "scheduling_strategy": "SPREAD"}
+        if self.resources:
+            options["resources"] = self.resources
+        actor = self._replica_class.options(**options).remote(
+            self.folder, self.environ, self.replica_host
+        )
+        with self._lock:
+            self._actors.append(actor)
+
+    def _remove(self) -> None:
+        import ray
+
+        with self._lock:
+            if len(self._actors) <= self.min_replicas:
+                return
+            actor = self._actors.pop()
+            self._views.pop(id(actor), None)
+        with contextlib.suppress(Exception):
+            ray.get(actor.stop.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)
+
+    def _control(self) -> None:
+        while not self._stopping.wait(self.interval):
+            self._refresh()
+            self._scale()
+
+    def _scale(self) -> None:
+        views = [v for v in self.views() if v.status == "healthy"]
+        count = len(self._actors)
+        slots = sum(v.max_sessions for v in views)
+        active = sum(v.active_sessions for v in views)
+        queued = sum(v.queued_sessions for v in views)
+        if count < self.max_replicas and (queued or (slots and active >= self.scale_up_at * slots)):
+            self._idle_since = None
+            self._add()
+            return
+        now = time.monotonic()
+        if active or queued:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= self.idle_seconds and count > self.min_replicas:
+            self._idle_since = now
+            self._remove()
+
+    def _refresh(self) -> None:
+        """Ask every replica where it is (once, or again after a restart) and how full it is."""
+        import ray
+
+        with self._lock:
+            actors = list(self._actors)
+        with httpx.Client(timeout=max(self.interval, 2.0)) as http:
+            for actor in actors:
+                view = self._views.get(id(actor))
+                if view is None or view.status in ("down", "starting"):
+                    try:  # a restarted replica listens on a new port
+                        found = ray.get(actor.where.remote(), timeout=self.interval)
+                    except Exception:
+                        if view is not None:
+                            view.status = "down"
+                        continue
+                    view = ReplicaView(found["url"], node=found["node"], pid=found["pid"])
+                try:
+                    health = http.get(f"{view.url}/health").json()
+                except (httpx.HTTPError, ValueError):
+                    view.status = "down"
+                else:
+                    view.status = str(health.get("status", "healthy"))
+                    view.active_sessions = int(health.get("active_sessions", 0))
+                    view.max_sessions = int(health.get("max_sessions", 0))
+                    view.queued_sessions = int(health.get("queued_sessions", 0))
+                with self._lock:
+                    if actor in self._actors:
+                        self._views[id(actor)] = view
+
+
+class _Directory:
+    """The fleet's one address: ``/replicas`` and ``/health``, served from this process."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self._context: contextlib.ExitStack | None = None
+
+    def start(self, host: str, port: int) -> str:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, RedirectResponse
+        from starlette.routing import Route, WebSocketRoute
+        from starlette.websockets import WebSocket
+
+        fleet = self.fleet
+
+        async def replicas(request: Request) -> JSONResponse:
+            return JSONResponse({"replicas": [asdict(v) for v in fleet.views()]})
+
+        async def session(websocket: WebSocket) -> None:
+            # A plain client given the fleet's address: send it on to the replica
+            # with the most room (WebSocket clients follow a 307 on the upgrade).
+            target = fleet.place()
+            if target is None:
+                await websocket.send_denial_response(
+                    JSONResponse({"detail": "no replica of this fleet has room"}, 503)
+                )
+                return
+            await websocket.send_denial_response(
+                RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
+            )
+
+        async def health(request: Request) -> JSONResponse:
+            views = [v for v in fleet.views() if v.status == "healthy"]
+            return JSONResponse(
+                {
+                    "status": "healthy" if views else "down",
+                    "active_sessions": sum(v.active_sessions for v in views),
+                    "max_sessions": sum(v.max_sessions for v in views),
+                    "queued_sessions": sum(v.queued_sessions for v in views),
+                    "replicas": len(views),
+                }
+            )
+
+        routes = [
+            Route("/replicas", replicas),
+            Route("/health", health),
+            WebSocketRoute("/ws", session),
+        ]
+        app = Starlette(routes=routes)
+        self._context = contextlib.ExitStack()
+        return self._context.enter_context(_serve_in_thread(app, host, port))
+
+    def stop(self) -> None:
+        if self._context is not None:
+            self._context.close()
+
+
+@contextlib.contextmanager
+def _serve_in_thread(app: Any, host: str, port: int) -> Iterator[str]:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="openenv-directory", daemon=True
+    )
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the fleet's directory failed to start")
+            thread.join(0.01)
+        name = f"[{host}]" if ":" in host else host
+        yield f"http://{name}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

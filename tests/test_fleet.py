@@ -1,0 +1,215 @@
+"""A fleet on a real two-node Ray cluster: placement, one address, restarts, scaling, Runners."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from echo_env.models import EchoAction
+from openenv import RunConfig, Runners, ServerPool, Task, WebSocketEnvClient
+from openenv.fleet import Fleet
+from openenv.runtime import EpisodeSession
+
+ECHO = Path(__file__).parents[1] / "envs" / "echo_env"
+OPENENV = str(Path(sys.executable).with_name("openenv"))
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[list[str]]:
+    """A head and a worker node (Ray's own test utility), 2 CPUs each; their node ids."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    memory = 100 * 2**20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": memory},
+    )
+    cluster.add_node(num_cpus=2, object_store_memory=memory)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        yield [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {seconds}s"
+        time.sleep(0.1)
+
+
+def healthy(url: str) -> list[dict[str, Any]]:
+    replicas: list[dict[str, Any]] = httpx.get(f"{url}/replicas").json()["replicas"]
+    return [r for r in replicas if r["status"] == "healthy"]
+
+
+def test_replicas_spread_over_both_nodes_behind_one_address(two_nodes: list[str]) -> None:
+    assert len(two_nodes) == 2
+    fleet = Fleet(ECHO, replicas=4, num_cpus=0.5, max_sessions=8)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 4, "4 healthy replicas")
+        assert {p["node"] for p in fleet.where()} == set(two_nodes)  # spread over both
+        fleet_health = httpx.get(f"{url}/health").json()
+        assert (fleet_health["max_sessions"], fleet_health["replicas"]) == (32, 4)
+
+        async def fill() -> dict[str, int]:
+            pool = ServerPool(url)
+            clients = [WebSocketEnvClient(pool) for _ in range(32)]  # the fleet's whole room
+            await asyncio.gather(*(c.reset() for c in clients))
+            placed = {c.url: 0 for c in clients}
+            for c in clients:
+                placed[c.url] += 1
+            await asyncio.gather(*(c.close() for c in clients))
+            return placed
+
+        placed = asyncio.run(fill())
+        assert sorted(placed.values()) == [8, 8, 8, 8]  # every replica full, none refused
+
+
+def test_a_killed_replica_is_restarted_and_listed_again(two_nodes: list[str]) -> None:
+    fleet = Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=4, interval=0.5)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+        places = fleet.where()
+        assert {p["node"] for p in places} == set(two_nodes)  # SPREAD: one per node
+        victim = places[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        until(
+            lambda: (
+                len(healthy(url)) == 2 and victim["pid"] not in {r["pid"] for r in healthy(url)}
+            ),
+            "the killed replica back, in a new process",
+        )
+
+
+async def chatty(session: EpisodeSession) -> int:
+    """Enough steps, spaced out, that a run is still going when a replica dies."""
+    await session.reset()
+    for n in range(5):
+        await session.step(EchoAction(message=f"{session.task.id}/{n}"))
+        await asyncio.sleep(0.01)
+    return 5
+
+
+def test_runners_on_ray_lose_nothing_when_a_replica_dies_mid_run(two_nodes: list[str]) -> None:
+    fleet = Fleet(ECHO, replicas=4, num_cpus=0.25, max_sessions=16, interval=0.5)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 4, "4 healthy replicas")
+        pool = ServerPool(url)
+        killed: list[int] = []
+
+        def kill_a_busy_replica() -> None:
+            until(lambda: any(r["active_sessions"] for r in healthy(url)), "a busy replica")
+            busy = next(r for r in healthy(url) if r["active_sessions"])
+            os.kill(busy["pid"], signal.SIGKILL)
+            killed.append(busy["pid"])
+
+        killer = threading.Thread(target=kill_a_busy_replica)
+        killer.start()
+        tasks = [Task(id=f"t{i:04}", env=pool, agent=chatty) for i in range(1000)]
+        config = RunConfig(engine_name="ray", worker_num=2, max_concurrency=16, retries=3)
+        results = Runners.sync_run_task(tasks, config)
+        killer.join()
+        assert len(killed) == 1
+        assert [r.task_id for r in results] == [t.id for t in tasks]  # one result each
+        assert [r.status.value for r in results] == ["ok"] * 1000, {
+            r.error.describe() for r in results if r.error
+        }
+        assert any(r.attempts > 1 for r in results)  # the dead replica's, played elsewhere
+        until(lambda: len(healthy(url)) == 4, "the replica back")
+
+
+def test_the_fleet_grows_under_load_and_shrinks_when_idle(two_nodes: list[str]) -> None:
+    fleet = Fleet(
+        ECHO,
+        replicas=1,
+        max_replicas=2,
+        num_cpus=0.5,
+        max_sessions=4,
+        interval=0.3,
+        idle_seconds=1.0,
+    )
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 1, "1 healthy replica")
+
+        async def load() -> None:
+            clients = [WebSocketEnvClient(ServerPool(url)) for _ in range(4)]
+            await asyncio.gather(*(c.reset() for c in clients))  # full: 4 of 4
+            try:
+                await asyncio.to_thread(until, lambda: len(healthy(url)) == 2, "a 2nd replica")
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(load())
+        until(lambda: len(healthy(url)) == 1, "back to 1 replica when idle")
+        assert len(fleet.where()) == 1  # the bound holds: never below min_replicas
+
+
+def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(two_nodes: list[str]) -> None:
+    with Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=2, interval=0.3) as url:
+        until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+
+        async def play() -> None:
+            clients = [WebSocketEnvClient(url) for _ in range(4)]  # a plain URL, no pool
+            try:
+                replies = await asyncio.gather(*(c.step(EchoAction(message="hi")) for c in clients))
+                extra = [r.observation.model_extra or {} for r in replies]
+                assert [e["echoed_message"] for e in extra] == ["hi"] * 4
+                # The directory spread the burst by room: both replicas full.
+                await asyncio.to_thread(until, lambda: both_full(url), "2 sessions on each")
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(play())
+
+
+def both_full(url: str) -> bool:
+    return sorted(r["active_sessions"] for r in healthy(url)) == [2, 2]
+
+
+def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    out = tmp_path / "serve.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [
+                *(OPENENV, "serve", str(ECHO), "--ray", "--replicas", "2"),
+                *("--num-cpus", "0.25", "--port", "0", "--max-sessions", "4"),
+            ],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_ADDRESS": address},
+            start_new_session=True,
+        )
+    try:
+        until(lambda: "clients: ServerPool(" in out.read_text(), "the banner", 120)
+        url = re.search(r"ServerPool\('(\S+)'\)", out.read_text()).group(1)  # type: ignore[union-attr]
+        until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
