@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -39,7 +39,7 @@ pytest: $(STAMP) chromium sandbox-python
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool bench-recording
+	bench-workers bench-pool bench-recording bench-fleet
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -81,6 +81,10 @@ bench-pool: $(STAMP)
 # What recording every session (create_app(record=...)) costs a run of short episodes.
 bench-recording: $(STAMP)
 	$(BIN)/python benchmarks/recording.py
+
+# A Ray fleet's cost per step against the same load straight at one server.
+bench-fleet: $(STAMP)
+	$(BIN)/python benchmarks/fleet.py
 
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
