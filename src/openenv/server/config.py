@@ -177,7 +177,18 @@ class ServerSettings(BaseModel):
     shutdown_timeout: float = Field(
         default=10.0,
         gt=0,
-        description="Seconds a graceful shutdown waits for environments to close.",
+        description=(
+            "Seconds a graceful shutdown waits for sessions to end and environments to "
+            "close; past it the remaining connections are aborted and the server exits."
+        ),
+    )
+    send_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a client may leave a reply unread (its socket not draining) before "
+            "its connection is aborted and its slot freed."
+        ),
     )
     mcp: bool = Field(
         default=False,
