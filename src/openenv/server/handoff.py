@@ -123,7 +123,7 @@ class _Home:
 
 
 class _Call:
-    __slots__ = ("args", "fn", "future", "home", "kwargs", "started", "ticket")
+    __slots__ = ("args", "dropped", "fn", "future", "home", "kwargs", "started", "ticket")
 
     def __init__(
         self,
@@ -141,6 +141,7 @@ class _Call:
         self.future = future
         self.home = home
         self.started = 0.0  # when a thread began it (monotonic); 0.0: not yet
+        self.dropped = False  # refused by drop_queued before any thread took it
 
 
 class SubmittedCall(asyncio.Future[Any]):
@@ -199,6 +200,7 @@ class Handoff:
         self._slow_workers: list[threading.Thread] = []
         self._slow_waiting = 0  # workers waiting on the queue, or about to
         self._slow_queued = 0  # calls in the queue that no worker has taken yet
+        self._slow_calls: set[_Call] = set()  # those calls, for drop_queued
         self._detached = 0  # fast threads moved out while blocked (count against the slow cap)
         self._fast_starved = False  # work waits and no fast thread can be woken or freed
 
@@ -292,11 +294,34 @@ class Handoff:
         for _ in range(slow):
             self._slow_queue.put(None)
 
+    def drop_queued(self, ticket: LaneTicket) -> None:
+        """Close ``ticket``: its calls that no thread has started never will, and
+        their receivers get ``NotStarted`` now (those submitted later, once taken)."""
+        ticket.closed = True
+        dropped = []
+        with self._lock:
+            # list() of a deque is one step under the GIL: the workers' poplefts
+            # cannot interleave with it.
+            waiting = [c for c in list(self._pending) if c.ticket is ticket]
+            waiting += [c for c in self._slow_calls if c.ticket is ticket]
+            for call in waiting:
+                # A worker that took a call of a closed ticket sets ``started``
+                # under this lock before running it: then it is not ours to drop.
+                if call.started == 0.0 and not call.dropped:
+                    call.dropped = True
+                    dropped.append(call)
+                    if call in self._slow_calls:
+                        self._slow_calls.discard(call)
+                        self._slow_queued -= 1
+        for call in dropped:
+            self._finish((call, False, NotStarted("the session ended before the call started")))
+
     # -- loop thread --------------------------------------------------------
 
     def _submit_slow(self, call: _Call) -> None:
         with self._lock:
             self._slow_queued += 1
+            self._slow_calls.add(call)
             start = (
                 self._slow_waiting < self._slow_queued
                 and len(self._slow_workers) + self._detached < self.max_threads
@@ -400,6 +425,11 @@ class Handoff:
                             return
                         self._idle.append(worker)
                     break
+                if call.ticket.closed:  # rare: its session is ending; settle who owns it
+                    with self._lock:
+                        if call.dropped:
+                            continue
+                        call.started = _monotonic()
                 worker.current = call
                 worker.started = call.started = started = _monotonic()
                 result = _run(call)
@@ -427,11 +457,18 @@ class Handoff:
                 continue
             with self._lock:
                 self._slow_waiting -= 1
-                if call is not None:
+                dropped = call is not None and call.dropped
+                if call is not None and not dropped:
                     self._slow_queued -= 1
+                    self._slow_calls.discard(call)
+                    call.started = _monotonic()
             if call is None:
                 return
-            call.started = started = _monotonic()
+            if dropped:  # its receiver already has NotStarted
+                with self._lock:
+                    self._slow_waiting += 1
+                continue
+            started = call.started
             result = _run(call)
             # Credits follow the call's own length, even if nobody awaits it.
             if _monotonic() - started > self.slow_after:

@@ -85,6 +85,8 @@ class Lane(Protocol):
         kwargs: dict[str, Any],
     ) -> asyncio.Future[Any]: ...
 
+    def drop_queued(self, ticket: LaneTicket) -> None: ...
+
     def dispatch(
         self,
         ticket: LaneTicket,
@@ -601,7 +603,7 @@ class Session:
     def cancel_queued(self) -> None:
         """Calls of this session that no thread has started yet will never start
         (their callers get ``NotStarted``); for a session that is ending."""
-        self._ticket.closed = True
+        self._service.handoff.drop_queued(self._ticket)
 
     async def aclose(self, reason: str) -> None:
         """Close the environment and free the slot, exactly once.

@@ -73,7 +73,7 @@ class LoopWatchdog:
         blocked_since = time.monotonic() - self._tick
         if blocked_since > self.threshold:  # blocked right now (a thread asks)
             return f"event loop blocked for {blocked_since:.1f}s ({last[2]})"
-        if time.monotonic() - last[0] > within:
+        if last[0] and time.monotonic() - last[0] > within:
             return None
         return f"event loop was blocked for {last[1]:.1f}s ({last[2]})"
 
