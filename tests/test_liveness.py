@@ -418,3 +418,25 @@ async def test_an_async_step_that_blocks_the_loop_is_logged_with_its_session(
             reply = await health(url)
             assert reply["status"] == "degraded"
             assert "event loop" in reply["reason"]
+
+
+async def test_queued_clients_that_left_get_no_environment() -> None:
+    app = create_app(Echo, Ping, Pong, ConcurrencyConfig(queue_timeout=30))
+    with run_server(app) as url:
+        holder = WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong)
+        await holder.reset()
+        queued = [await connect(ws_url(url)) for _ in range(3)]
+
+        async def all_queued() -> bool:
+            return (await health(url))["queued_sessions"] == 3
+
+        await until(all_queued, what="three clients in line")
+        for ws in queued:
+            ws.transport.abort()
+        await health(url)  # a round trip after the resets reached the server
+        await holder.close()
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            assert (await env.step(Ping(message="next"))).observation.message == "next"
+        # The holder's environment and this one: none for the clients that left.
+        assert len(TRACKER.created) == 2
+        await slots_free(url)

@@ -55,7 +55,9 @@ class SessionEndpoint:
         if channel is not None:
             channel.set_send_timeout(service.settings.send_timeout)
         try:
-            session = await service.open_session()
+            session = await service.open_session(
+                (lambda: channel.disconnected) if channel is not None else None
+            )
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return

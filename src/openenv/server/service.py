@@ -112,10 +112,12 @@ class EnvService:
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
         self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
 
-    async def open_session(self) -> Session:
+    async def open_session(self, gone: Callable[[], bool] | None = None) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
 
-        The one way in for every transport (``/ws``, ``/web/ws``, MCP).
+        The one way in for every transport (``/ws``, ``/web/ws``, MCP). ``gone``
+        tells whether the client has left: one that left while it waited in
+        line gets no environment, and its slot goes to the next in line.
 
         Raises:
             SessionRefused: shutting down, at capacity, or the factory failed;
@@ -135,6 +137,13 @@ class EnvService:
                 CloseCode.TRY_AGAIN_LATER,
                 active_sessions=self.registry.active,
                 max_sessions=self.registry.max_sessions,
+            )
+        elif gone is not None and gone():
+            self.registry.release()
+            raise SessionRefused(
+                ErrorCode.SESSION_ERROR,
+                "the client left while waiting for a slot",
+                CloseCode.GOING_AWAY,
             )
         else:
             try:

@@ -163,6 +163,8 @@ class _Flag:
 class DirectChannel(Protocol):
     """Frames in and out of one connection without the ASGI ``receive``/``send`` round."""
 
+    disconnected: bool  # the peer is gone
+
     def take_frames(self, handler: Callable[[str | bytes], bool] | None) -> None:
         """Offer every data frame to ``handler`` first, on the loop, in the protocol's
         callback, while the app's queue is empty and the socket writable; frames it
