@@ -80,7 +80,13 @@ async def schema(request: Request) -> SchemaResponse:
 
 def routes() -> list[BaseRoute]:
     return [
-        APIRoute("/health", health, methods=["GET"], response_model=HealthResponse),
+        APIRoute(
+            "/health",
+            health,
+            methods=["GET"],
+            response_model=HealthResponse,
+            response_model_exclude_none=True,  # "reason" only when degraded
+        ),
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
