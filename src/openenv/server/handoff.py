@@ -375,9 +375,11 @@ class Handoff:
                     # thread per tick while the quick calls queue behind them.
                     if len(self._workers) >= self.max_threads and not self._idle:
                         self._detach_blocked()
+                    # Still full: nothing to wake, and the waiting calls wait.
+                    full = len(self._workers) >= self.max_threads and not self._idle
+                    self._fast_starved = full
                     for _ in range(min(max(1, stuck), len(self._pending))):
                         self._wake_one()
-                    self._fast_starved = not self._idle and len(self._workers) >= (self.max_threads)
         assert self._home is not None
         self._home.loop.call_later(self.blocking_after, self._watch)
 
