@@ -230,12 +230,12 @@ class Connection:
         if self.session.state is not SessionState.OPEN:
             return
         self.session.state = SessionState.CLOSING
-        self.session.cancel_queued()  # a step still waiting for a thread never starts
         self._expired_for = reason
         if reason == "idle_timeout":
             message = "session closed after being idle too long"
         else:
             message = "server shutting down"
+        self.session.cancel_queued(message)  # a step still waiting for a thread never starts
         await self._close(ErrorCode.SESSION_ERROR, message, CloseCode.GOING_AWAY)
         if not self.session.busy:
             await self.session.aclose(reason)

@@ -291,8 +291,6 @@ class EnvService:
         connections = list(self.connections)
         if not connections:
             return
-        for connection in connections:
-            connection.session.cancel_queued()
         expiring = [asyncio.ensure_future(c.expire("shutdown")) for c in connections]
         closed = [c.closed for c in connections]
         timeout = self.settings.shutdown_timeout

@@ -559,13 +559,9 @@ class Session:
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
             )
-        if isinstance(exc, NotStarted):  # the session ended (a shutdown) while it queued
-            return EnvFailure(
-                ErrorCode.SESSION_ERROR,
-                f"{name} was not started: the session is closing",
-                request_id,
-                fatal=True,
-            )
+        if isinstance(exc, NotStarted):  # the session is ending (e.g. a shutdown) while it queued
+            # The session is closing already: say why, as its closing frame does.
+            return EnvFailure(ErrorCode.SESSION_ERROR, self._closing_because, request_id)
         if isinstance(exc, EnvProcessDied):  # isolation="process": nothing left to step
             self.log.error("%s: %s; ending the session", name, exc)
             return EnvFailure(
@@ -592,17 +588,21 @@ class Session:
             )
         return result
 
+    _closing_because = "the session is closing"
+
     def abandon(self) -> None:
         """Give up on this session's environment (a shutdown past its deadline):
         ``aclose`` frees the slot without waiting for a call still running on a
         thread, and without ``close()``, which must not run beside that call."""
-        self.cancel_queued()
+        self.cancel_queued(self._closing_because)
         # Only a call in flight now makes close() unsafe; an idle one still closes.
         self._abandoned = self.busy or self._stuck is not None or self._direct_step is not None
 
-    def cancel_queued(self) -> None:
-        """Calls of this session that no thread has started yet will never start
-        (their callers get ``NotStarted``); for a session that is ending."""
+    def cancel_queued(self, because: str) -> None:
+        """Calls of this session that no thread has started yet will never start;
+        their callers are answered ``SESSION_ERROR`` with ``because``. For a
+        session that is ending."""
+        self._closing_because = because
         self._service.handoff.drop_queued(self._ticket)
 
     async def aclose(self, reason: str) -> None:
