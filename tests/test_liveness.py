@@ -124,6 +124,18 @@ async def test_client_that_stops_reading_is_aborted_and_its_slot_freed() -> None
             stalled.close()
 
 
+async def test_under_uvicorns_own_protocol_the_slot_is_freed_too() -> None:
+    app = create_app(Echo, Ping, Pong, send_timeout=0.5)
+    with run_server(app, ws="websockets-sansio") as url:
+        stalled = await asyncio.to_thread(stalled_client, _port(url))
+        try:
+            await TRACKER.until_closed(1)
+            async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+                assert (await env.step(Ping(message="hi"))).observation.message == "hi"
+        finally:
+            stalled.close()
+
+
 async def test_idle_reaping_goes_on_while_a_client_does_not_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

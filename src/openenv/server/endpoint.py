@@ -18,10 +18,9 @@ loses its session and its slot.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
-from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -253,10 +252,10 @@ class Connection:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
-    def _deadline(self) -> contextlib.AbstractAsyncContextManager[None]:
+    def _deadline(self) -> _Bounded:
         """Bound one send: past ``send_timeout`` the connection is aborted and
         ``TimeoutError`` (one of ``_GONE``) raised."""
-        return _bounded(self, self._send_timeout)
+        return _Bounded(self, self._send_timeout)
 
     async def _close_socket(self, close_code: CloseCode) -> None:
         async with self._deadline():
@@ -273,18 +272,31 @@ class Connection:
             pass
 
 
-@contextlib.asynccontextmanager
-async def _bounded(connection: Connection, seconds: float) -> AsyncIterator[None]:
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        connection.session.log.warning(
-            "client did not read a reply within %gs; aborting its connection", seconds
-        )
-        if connection._inbox is not None:
-            connection._inbox.abort()
-        raise
+class _Bounded:
+    """``asyncio.timeout`` around one send, aborting the connection when it fires
+    (a class, not a generator: under plain uvicorn every reply passes here)."""
+
+    __slots__ = ("_connection", "_timeout")
+
+    def __init__(self, connection: Connection, seconds: float) -> None:
+        self._connection = connection
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._timeout.__aexit__(*exc_info)
+        except TimeoutError:
+            connection = self._connection
+            connection.session.log.warning(
+                "client did not read a reply within %gs; aborting its connection",
+                connection._send_timeout,
+            )
+            if connection._inbox is not None:
+                connection._inbox.abort()
+            raise
 
 
 async def _refuse(websocket: WebSocket, refused: SessionRefused, send_timeout: float) -> None:
