@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from openenv.server.handoff import Handoff, LaneTicket
+from openenv.server.handoff import Handoff, LaneTicket, NotStarted
 
 
 @pytest.fixture
@@ -242,3 +242,57 @@ def test_two_loops_sharing_a_handoff_each_get_their_own_results() -> None:
         handoff.shutdown()
     expected = [i for i in range(200) for _ in range(5)]
     assert outcomes == {"a": expected, "b": expected}
+
+
+async def test_blocked_threads_leave_the_fast_lane_until_both_lanes_are_full() -> None:
+    lane = Handoff(max_threads=2, blocking_after=0.002, stuck_after=0.05)
+    gate = threading.Event()
+    try:
+        blocked = [lane.submit(LaneTicket(), gate.wait, (30,), {}) for _ in range(2)]
+        # Both fast threads block; a quick call still runs, on a thread that replaces them.
+        assert await lane.call(LaneTicket(), abs, -7) == 7
+        assert lane.starved == 0
+        blocked += [lane.submit(LaneTicket(), gate.wait, (30,), {}) for _ in range(2)]
+        waiting = lane.submit(LaneTicket(), abs, (-1,), {})
+        for _ in range(2000):  # poll, with a deadline, until the watch gives up
+            if lane.starved:
+                break
+            await asyncio.sleep(0.005)
+        assert lane.starved == 1  # four blocked calls hold all 2 * max_threads threads
+        assert not waiting.done()
+        gate.set()
+        assert await waiting == 1
+        assert await asyncio.gather(*blocked) == [True] * 4
+        assert lane.starved == 0
+    finally:
+        gate.set()
+        lane.shutdown()
+
+
+async def test_dropped_calls_never_run_and_fail_at_once() -> None:
+    lane = Handoff(max_threads=1, blocking_after=0.002, stuck_after=60)
+    gate, ran = threading.Event(), []
+    try:
+        slow = LaneTicket()
+        slow.slow = 16  # its calls queue on the slow lane
+        running = lane.submit(slow, gate.wait, (30,), {})
+        for _ in range(2000):  # poll, with a deadline, until a slow thread runs it
+            if running.started() is not None:
+                break
+            await asyncio.sleep(0.005)
+        busy = lane.submit(LaneTicket(), gate.wait, (30,), {})
+        ending = LaneTicket()
+        queued = [lane.submit(ending, ran.append, ("fast",), {})]
+        queued.append(lane.submit(slow, ran.append, ("slow",), {}))
+        lane.drop_queued(ending)
+        lane.drop_queued(slow)
+        outcomes = await asyncio.gather(*queued, return_exceptions=True)
+        assert [type(o) for o in outcomes] == [NotStarted, NotStarted]
+        gate.set()
+        assert await busy is True
+        assert await running is True  # it had started: dropping left it alone
+        assert await lane.call(LaneTicket(), ran.append, "after") is None
+        assert ran == ["after"]
+    finally:
+        gate.set()
+        lane.shutdown()

@@ -3,6 +3,9 @@
 A deadline cancels an ``async def`` call. A thread cannot be killed, so a
 plain ``def`` that overruns is left running and handed back to the caller as
 ``DeadlineExceeded.stuck``: a future that completes when the thread returns.
+The deadline of a call on a worker thread counts from the moment a thread
+starts it (when its future can tell, as ``Handoff.submit``'s can): a call
+that waits for a free thread has not overrun anything yet.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -85,11 +89,27 @@ async def _settled_within(future: asyncio.Future[Any], timeout: float) -> bool:
             waiter.set_result(None)
 
     future.add_done_callback(wake)
-    timer = loop.call_later(timeout, wake)
+    started_at = getattr(future, "started", None)
     try:
-        await waiter
+        while True:
+            timer = loop.call_later(timeout, wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+            if future.done() or started_at is None:
+                break
+            # Count only the time since a thread took the call.
+            started = started_at()
+            if started is None:
+                remaining = timeout
+            else:
+                remaining = started + timeout - time.monotonic()
+                if remaining <= 0:
+                    break
+            waiter = loop.create_future()
+            timeout = remaining
     finally:
-        timer.cancel()
         future.remove_done_callback(wake)
     return future.done()
 

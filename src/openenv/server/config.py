@@ -9,12 +9,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ConcurrencyConfig", "ServerSettings"]
 
+# Idle seconds before a session is closed, unless the app says otherwise.
+DEFAULT_SESSION_TIMEOUT = 300.0
+
 
 class ConcurrencyConfig(BaseModel):
     """How many sessions a server holds at once, and how long an idle one lives.
 
-    >>> ConcurrencyConfig(max_concurrent_envs=64, session_timeout=300).max_concurrent_envs
+    >>> ConcurrencyConfig(max_concurrent_envs=64, session_timeout=600).max_concurrent_envs
     64
+    >>> ConcurrencyConfig().session_timeout  # idle sessions end after 5 minutes by default
+    300.0
     >>> ConcurrencyConfig(max_concurrent_envs=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -29,9 +34,12 @@ class ConcurrencyConfig(BaseModel):
         default=1, ge=1, description="Sessions (environment instances) alive at once."
     )
     session_timeout: float | None = Field(
-        default=None,
+        default=DEFAULT_SESSION_TIMEOUT,
         gt=0,
-        description="Seconds a session may stay idle before it is closed; None = never.",
+        description=(
+            "Seconds a session may stay idle before it is closed (default 5 minutes, so "
+            "clients that walk away cannot hold every slot); None = never."
+        ),
     )
     queue_timeout: float = Field(
         default=0,
@@ -44,7 +52,7 @@ class ConcurrencyConfig(BaseModel):
 
     @classmethod
     def from_env(
-        cls, max_concurrent_envs: int = 1, session_timeout: float | None = None
+        cls, max_concurrent_envs: int = 1, session_timeout: float | None = DEFAULT_SESSION_TIMEOUT
     ) -> ConcurrencyConfig:
         """Read ``OPENENV_MAX_CONCURRENT_ENVS``, ``_SESSION_TIMEOUT``, ``_QUEUE_TIMEOUT``.
 
@@ -177,7 +185,18 @@ class ServerSettings(BaseModel):
     shutdown_timeout: float = Field(
         default=10.0,
         gt=0,
-        description="Seconds a graceful shutdown waits for environments to close.",
+        description=(
+            "Seconds a graceful shutdown waits for sessions to end and environments to "
+            "close; past it the remaining connections are aborted and the server exits."
+        ),
+    )
+    send_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a client may leave a reply unread (its socket not draining) before "
+            "its connection is aborted and its slot freed."
+        ),
     )
     mcp: bool = Field(
         default=False,

@@ -7,6 +7,12 @@ the protocol offers the frame to ``Connection._take`` from its own callback
 reply is sent from the batch that brings its result back; an ``async def``
 step runs there and then, as a part of the session's task, and replies at
 once unless it suspends, in which case the task is woken to finish it.
+
+No send waits on the client for longer than ``send_timeout``: openenv's
+protocol aborts a connection whose peer leaves its write buffer full that
+long (``server/wsprotocol.py``), and every awaited send or close here has the
+same deadline, so under other ASGI servers too a client that stops reading
+loses its session and its slot.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -43,12 +50,16 @@ class SessionEndpoint:
         # Browsers insist the server picks one of the subprotocols they offer.
         offered = scope.get("subprotocols") or ()
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        try:
-            session = await service.open_session()
-        except SessionRefused as refused:
-            await _refuse(websocket, refused)
-            return
         channel = scope["extensions"].get(DIRECT) if "extensions" in scope else None
+        if channel is not None:
+            channel.set_send_timeout(service.settings.send_timeout)
+        try:
+            session = await service.open_session(
+                (lambda: channel.disconnected) if channel is not None else None
+            )
+        except SessionRefused as refused:
+            await _refuse(websocket, refused, service.settings.send_timeout)
+            return
         connection = Connection(websocket, session, service, receive, send, channel)
         service.connections.add(connection)
         try:
@@ -59,6 +70,11 @@ class SessionEndpoint:
             await asyncio.get_running_loop().create_task(
                 connection.run(), context=connection.context
             )
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # else: a shutdown past its deadline ended the session's task (abort()).
         finally:
             service.connections.discard(connection)
 
@@ -86,6 +102,7 @@ class Connection:
         # Event: one per connection, and an Event carries a 600-byte deque).
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._max_size = service.settings.max_message_size
+        self._send_timeout = service.settings.send_timeout
         self._expired_for: str | None = None
         # openenv's WebSocket protocol offers each data frame to _take first: a
         # plain step then runs and replies from callbacks, with no task to wake.
@@ -130,7 +147,7 @@ class Connection:
                     if kind == NOTIFY and self._expired_for is None:
                         # A step started by _take ended the session; its error is sent.
                         reason = "internal_error"
-                        await self.websocket.close(session.close_code)
+                        await self._close_socket(session.close_code)
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 if kind == NOTIFY:
                     if session.suspended:
@@ -146,7 +163,7 @@ class Connection:
                         "frame of %d exceeds %d; closing", len(frame), self._max_size
                     )
                     reason = "message_too_big"
-                    await self.websocket.close(CloseCode.MESSAGE_TOO_BIG)
+                    await self._close_socket(CloseCode.MESSAGE_TOO_BIG)
                     break
                 if session.busy:
                     await session.settled()  # a frame sent while _take's step ran
@@ -158,13 +175,14 @@ class Connection:
                     # client whose close() returned can reconnect at once.
                     reason = "client_close"
                     await session.aclose(reason)
-                    await self.websocket.close(CloseCode.NORMAL)
+                    await self._close_socket(CloseCode.NORMAL)
                     break
                 if inbox is None or not inbox.send_text(reply):
-                    await send({"type": "websocket.send", "text": reply})
+                    async with self._deadline():
+                        await send({"type": "websocket.send", "text": reply})
                 if session.state is not SessionState.OPEN:
                     reason = "error"
-                    await self.websocket.close(session.close_code)
+                    await self._close_socket(session.close_code)
                     break
         except _GONE:
             pass  # the peer vanished mid-exchange; the slot is freed below
@@ -216,27 +234,77 @@ class Connection:
             message = "session closed after being idle too long"
         else:
             message = "server shutting down"
+        self.session.cancel_queued(message)  # a step still waiting for a thread never starts
         await self._close(ErrorCode.SESSION_ERROR, message, CloseCode.GOING_AWAY)
         if not self.session.busy:
             await self.session.aclose(reason)
         # else: a call is in flight; ``run`` frees the slot once it returns, so
         # ``close()`` never overlaps another call of the same environment.
 
+    def abort(self) -> None:
+        """Drop the connection now (unsent replies and all) and end its task.
+
+        For a shutdown past its deadline: the task's ``finally`` frees the slot.
+        """
+        self.session.abandon()
+        if self._inbox is not None:
+            self._inbox.abort()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _deadline(self) -> _Bounded:
+        """Bound one send: past ``send_timeout`` the connection is aborted and
+        ``TimeoutError`` (one of ``_GONE``) raised."""
+        return _Bounded(self, self._send_timeout)
+
+    async def _close_socket(self, close_code: CloseCode) -> None:
+        async with self._deadline():
+            await self.websocket.close(close_code)
+
     async def _close(self, code: ErrorCode, message: str, close_code: CloseCode) -> None:
         if self.websocket.application_state is WebSocketState.DISCONNECTED:
             return
         try:
-            await self.websocket.send_text(protocol.error_frame(code, message))
-            await self.websocket.close(close_code)
+            async with self._deadline():
+                await self.websocket.send_text(protocol.error_frame(code, message))
+                await self.websocket.close(close_code)
         except _GONE:
             pass
 
 
-async def _refuse(websocket: WebSocket, refused: SessionRefused) -> None:
+class _Bounded:
+    """``asyncio.timeout`` around one send, aborting the connection when it fires
+    (a class, not a generator: under plain uvicorn every reply passes here)."""
+
+    __slots__ = ("_connection", "_timeout")
+
+    def __init__(self, connection: Connection, seconds: float) -> None:
+        self._connection = connection
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._timeout.__aexit__(*exc_info)
+        except TimeoutError:
+            connection = self._connection
+            connection.session.log.warning(
+                "client did not read a reply within %gs; aborting its connection",
+                connection._send_timeout,
+            )
+            if connection._inbox is not None:
+                connection._inbox.abort()
+            raise
+
+
+async def _refuse(websocket: WebSocket, refused: SessionRefused, send_timeout: float) -> None:
     try:
-        await websocket.send_text(
-            protocol.error_frame(refused.code, refused.message, **refused.details)
-        )
-        await websocket.close(refused.close_code)
+        async with asyncio.timeout(send_timeout):
+            await websocket.send_text(
+                protocol.error_frame(refused.code, refused.message, **refused.details)
+            )
+            await websocket.close(refused.close_code)
     except _GONE:
         pass

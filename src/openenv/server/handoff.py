@@ -24,6 +24,16 @@ future, a condition and a loop wake-up per call. Threads of either lane that
 find no work for ``idle_exit`` seconds end, so a burst leaves none behind.
 User code never runs on the event loop thread.
 
+Blocking calls never take the fast lane for good: when every fast thread is
+inside a call older than ``stuck_after`` and the lane is at ``max_threads``
+with work waiting, those threads leave the fast lane (they end once their
+call returns, and count against the slow lane's cap) and their sessions move
+to the slow lane, so resets, new environments and quick sessions keep
+getting threads. At most ``2 * max_threads`` threads run at once; when both
+lanes are full of blocked calls, ``starved`` says so (``/health`` reports
+"degraded"). A call whose ticket is ``closed`` before a thread takes it never
+runs: its receiver gets ``NotStarted``.
+
 >>> import asyncio
 >>> async def main() -> int:
 ...     handoff = Handoff(max_threads=2)
@@ -46,7 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Handoff", "LaneTicket", "Receiver"]
+__all__ = ["Handoff", "LaneTicket", "NotStarted", "Receiver", "SubmittedCall"]
 
 _monotonic = time.monotonic
 
@@ -54,13 +64,18 @@ _monotonic = time.monotonic
 _SLOW_CREDITS = 16
 
 
+class NotStarted(Exception):
+    """The call's ticket was closed before a thread took the call; it never ran."""
+
+
 class LaneTicket:
     """Which lane one caller (a session) uses; calls of one ticket never overlap."""
 
-    __slots__ = ("slow",)
+    __slots__ = ("closed", "slow")
 
     def __init__(self) -> None:
         self.slow = 0  # > 0: quick calls still needed before returning to the fast lane
+        self.closed = False  # True: calls not yet taken by a thread fail with NotStarted
 
 
 class Receiver(Protocol):
@@ -108,7 +123,7 @@ class _Home:
 
 
 class _Call:
-    __slots__ = ("args", "fn", "future", "home", "kwargs", "ticket")
+    __slots__ = ("args", "dropped", "fn", "future", "home", "kwargs", "started", "ticket")
 
     def __init__(
         self,
@@ -125,16 +140,30 @@ class _Call:
         self.kwargs = kwargs
         self.future = future
         self.home = home
+        self.started = 0.0  # when a thread began it (monotonic); 0.0: not yet
+        self.dropped = False  # refused by drop_queued before any thread took it
+
+
+class SubmittedCall(asyncio.Future[Any]):
+    """``Handoff.submit``'s future: ``started()`` tells whether a thread runs it yet."""
+
+    _call: _Call | None = None
+
+    def started(self) -> float | None:
+        """When a thread began the call (``time.monotonic()``), or ``None`` if none has."""
+        call = self._call
+        return call.started or None if call is not None else None
 
 
 class _Worker:
-    __slots__ = ("current", "started", "thread", "wake")
+    __slots__ = ("current", "detached", "started", "thread", "wake")
 
     def __init__(self, handoff: Handoff) -> None:
         self.wake = threading.Lock()
         self.wake.acquire()  # held = asleep; released by the loop to wake the worker
         self.current: _Call | None = None
         self.started = 0.0
+        self.detached = False  # left the fast lane while blocked; ends after its call
         self.thread = threading.Thread(
             target=handoff._work, args=(self,), name="openenv-env-fast", daemon=True
         )
@@ -150,11 +179,13 @@ class Handoff:
         blocking_after: float = 0.01,
         slow_after: float = 0.02,
         idle_exit: float = 10.0,
+        stuck_after: float = 0.5,
     ) -> None:
         self.max_threads = max_threads
         self.idle_exit = idle_exit  # a worker without work for this long ends its thread
         self.blocking_after = blocking_after
         self.slow_after = slow_after
+        self.stuck_after = stuck_after
         self._pending: deque[_Call] = deque()
         self._home: _Home | None = None  # the last caller's loop
         self._lock = threading.Lock()
@@ -169,6 +200,16 @@ class Handoff:
         self._slow_workers: list[threading.Thread] = []
         self._slow_waiting = 0  # workers waiting on the queue, or about to
         self._slow_queued = 0  # calls in the queue that no worker has taken yet
+        self._slow_calls: set[_Call] = set()  # those calls, for drop_queued
+        self._detached = 0  # fast threads moved out while blocked (count against the slow cap)
+        self._fast_starved = False  # work waits and no fast thread can be woken or freed
+
+    @property
+    def starved(self) -> int:
+        """Calls waiting with no thread free to take them (both lanes full of blocked calls)."""
+        with self._lock:
+            fast = len(self._pending) if self._fast_starved else 0
+            return fast + max(0, self._slow_queued - self._slow_waiting)
 
     @property
     def threads(self) -> int:
@@ -198,8 +239,8 @@ class Handoff:
         Cancelling the future does not stop the call: a thread cannot be interrupted.
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._dispatch_on(loop, ticket, fn, args, kwargs, future)
+        future = SubmittedCall(loop=loop)
+        future._call = self._dispatch_on(loop, ticket, fn, args, kwargs, future)
         return future
 
     def dispatch(
@@ -222,14 +263,14 @@ class Handoff:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         receiver: Receiver,
-    ) -> None:
+    ) -> _Call:
         home = self._home
         if home is None or home.loop is not loop:
             home = self._home = _Home(loop)
         call = _Call(ticket, fn, args, kwargs, receiver, home)
         if ticket.slow:
             self._submit_slow(call)
-            return
+            return call
         self._pending.append(call)
         if not self._kicking:
             # Wake a worker once the loop has queued this round's calls, not
@@ -240,6 +281,7 @@ class Handoff:
         if not self._watching:
             self._watching = True
             loop.call_later(self.blocking_after, self._watch)
+        return call
 
     def shutdown(self) -> None:
         """Let idle workers exit; busy ones exit after their call. Idempotent."""
@@ -252,14 +294,37 @@ class Handoff:
         for _ in range(slow):
             self._slow_queue.put(None)
 
+    def drop_queued(self, ticket: LaneTicket) -> None:
+        """Close ``ticket``: its calls that no thread has started never will, and
+        their receivers get ``NotStarted`` now (those submitted later, once taken)."""
+        ticket.closed = True
+        dropped = []
+        with self._lock:
+            # list() of a deque is one step under the GIL: the workers' poplefts
+            # cannot interleave with it.
+            waiting = [c for c in list(self._pending) if c.ticket is ticket]
+            waiting += [c for c in self._slow_calls if c.ticket is ticket]
+            for call in waiting:
+                # A worker that took a call of a closed ticket sets ``started``
+                # under this lock before running it: then it is not ours to drop.
+                if call.started == 0.0 and not call.dropped:
+                    call.dropped = True
+                    dropped.append(call)
+                    if call in self._slow_calls:
+                        self._slow_calls.discard(call)
+                        self._slow_queued -= 1
+        for call in dropped:
+            self._finish((call, False, NotStarted("the session ended before the call started")))
+
     # -- loop thread --------------------------------------------------------
 
     def _submit_slow(self, call: _Call) -> None:
         with self._lock:
             self._slow_queued += 1
+            self._slow_calls.add(call)
             start = (
                 self._slow_waiting < self._slow_queued
-                and len(self._slow_workers) < self.max_threads
+                and len(self._slow_workers) + self._detached < self.max_threads
                 and not self._stopped
             )
             if start:
@@ -293,6 +358,7 @@ class Handoff:
     def _watch(self) -> None:
         """While work waits, make sure some awake worker is not stuck in a long call."""
         with self._lock:
+            self._fast_starved = False
             if not self._pending and not self._active:
                 self._watching = False
                 return
@@ -307,10 +373,33 @@ class Handoff:
                     # One helper per stuck worker: when many sessions arrive at once
                     # whose first calls block, the lane widens by doubling, not by one
                     # thread per tick while the quick calls queue behind them.
+                    if len(self._workers) >= self.max_threads and not self._idle:
+                        self._detach_blocked()
+                    # Still full: nothing to wake, and the waiting calls wait.
+                    full = len(self._workers) >= self.max_threads and not self._idle
+                    self._fast_starved = full
                     for _ in range(min(max(1, stuck), len(self._pending))):
                         self._wake_one()
         assert self._home is not None
         self._home.loop.call_later(self.blocking_after, self._watch)
+
+    def _detach_blocked(self) -> None:
+        """Move fast threads blocked past ``stuck_after`` out of the fast lane (caller
+        holds the lock), as far as the slow lane's cap allows; their sessions go slow."""
+        blocked_before = _monotonic() - self.stuck_after
+        room = self.max_threads - len(self._slow_workers) - self._detached
+        for worker in list(self._active):
+            if room <= 0:
+                return
+            call = worker.current
+            if call is None or not 0.0 < worker.started < blocked_before:
+                continue
+            worker.detached = True
+            call.ticket.slow = _SLOW_CREDITS
+            self._active.remove(worker)
+            self._workers.remove(worker)
+            self._detached += 1
+            room -= 1
 
     # -- worker threads -----------------------------------------------------
 
@@ -338,14 +427,23 @@ class Handoff:
                             return
                         self._idle.append(worker)
                     break
+                if call.ticket.closed:  # rare: its session is ending; settle who owns it
+                    with self._lock:
+                        if call.dropped:
+                            continue
+                        call.started = _monotonic()
                 worker.current = call
-                worker.started = started = _monotonic()
+                worker.started = call.started = started = _monotonic()
                 result = _run(call)
                 worker.started = 0.0
                 worker.current = None
                 if _monotonic() - started > self.slow_after:
                     call.ticket.slow = _SLOW_CREDITS
                 self._finish(result)
+                if worker.detached:  # replaced in the fast lane while it was blocked
+                    with self._lock:
+                        self._detached -= 1
+                    return
 
     def _work_slow(self) -> None:
         get = self._slow_queue.get
@@ -361,11 +459,18 @@ class Handoff:
                 continue
             with self._lock:
                 self._slow_waiting -= 1
-                if call is not None:
+                dropped = call is not None and call.dropped
+                if call is not None and not dropped:
                     self._slow_queued -= 1
+                    self._slow_calls.discard(call)
+                    call.started = _monotonic()
             if call is None:
                 return
-            started = _monotonic()
+            if dropped:  # its receiver already has NotStarted
+                with self._lock:
+                    self._slow_waiting += 1
+                continue
+            started = call.started
             result = _run(call)
             # Credits follow the call's own length, even if nobody awaits it.
             if _monotonic() - started > self.slow_after:
@@ -388,6 +493,8 @@ class Handoff:
 
 
 def _run(call: _Call) -> tuple[_Call, bool, Any]:
+    if call.ticket.closed:
+        return (call, False, NotStarted("the session ended before the call started"))
     try:
         return (call, True, call.fn(*call.args, **call.kwargs))
     except StopIteration as exc:  # a future cannot carry it, as in run_in_executor

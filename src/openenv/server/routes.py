@@ -27,6 +27,7 @@ class HealthResponse(BaseModel):
     queued_sessions: int
     protocol_version: int
     workers: int = 1
+    reason: str | None = None  # why the status is "degraded"
 
 
 class SchemaResponse(BaseModel):
@@ -44,8 +45,11 @@ async def health(request: Request) -> HealthResponse:
     """Liveness, and how many session slots are taken (in the whole server)."""
     service = _service(request)
     active, queued = service.registry.totals()
+    problems = service.health_problems()
+    status = "draining" if service.draining else "degraded" if problems else "healthy"
     return HealthResponse(
-        status="draining" if service.draining else "healthy",
+        status=status,
+        reason="; ".join(problems) or None,
         active_sessions=active,
         max_sessions=service.registry.max_sessions,
         queued_sessions=queued,
@@ -76,7 +80,13 @@ async def schema(request: Request) -> SchemaResponse:
 
 def routes() -> list[BaseRoute]:
     return [
-        APIRoute("/health", health, methods=["GET"], response_model=HealthResponse),
+        APIRoute(
+            "/health",
+            health,
+            methods=["GET"],
+            response_model=HealthResponse,
+            response_model_exclude_none=True,  # "reason" only when degraded
+        ),
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),

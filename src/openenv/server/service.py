@@ -9,7 +9,7 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from openenv.server.recording import Recorder
 from openenv.server.redact import failure_text
 from openenv.server.sessions import Session, SessionState
 from openenv.server.slots import SessionRegistry, SlotBoard
+from openenv.server.watchdog import LoopWatchdog
 from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
@@ -37,6 +38,11 @@ logger = logging.getLogger("openenv.server")
 
 # How stale another worker's counters may be in a /metrics scrape under --workers.
 METRICS_PUBLISH_SECONDS = 1.0
+# After a shutdown's deadline aborts the sessions left, how long their tasks
+# get to unwind (free slots, close idle environments) before the next try.
+_ABORT_GRACE = 1.0
+# A loop blocked this long is logged; /health says "degraded" for a while after.
+LOOP_BLOCK_WARNING = 1.0
 
 
 # The services running in this process, for a graceful shutdown to drain.
@@ -102,13 +108,16 @@ class EnvService:
         self._factory_ticket = LaneTicket()
         self._handoff_stopped = False
         self.started_at = time.time()
+        self.watchdog = LoopWatchdog(LOOP_BLOCK_WARNING, describe=self._describe_task)
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
         self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
 
-    async def open_session(self) -> Session:
+    async def open_session(self, gone: Callable[[], bool] | None = None) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
 
-        The one way in for every transport (``/ws``, ``/web/ws``, MCP).
+        The one way in for every transport (``/ws``, ``/web/ws``, MCP). ``gone``
+        tells whether the client has left: one that left while it waited in
+        line gets no environment, and its slot goes to the next in line.
 
         Raises:
             SessionRefused: shutting down, at capacity, or the factory failed;
@@ -128,6 +137,13 @@ class EnvService:
                 CloseCode.TRY_AGAIN_LATER,
                 active_sessions=self.registry.active,
                 max_sessions=self.registry.max_sessions,
+            )
+        elif gone is not None and gone():
+            self.registry.release()
+            raise SessionRefused(
+                ErrorCode.SESSION_ERROR,
+                "the client left while waiting for a slot",
+                CloseCode.GOING_AWAY,
             )
         else:
             try:
@@ -212,6 +228,7 @@ class EnvService:
             publisher = asyncio.create_task(self._publish_metrics(board))
         LIVE_SERVICES.add(self)
         restore_gc = _tune_gc(self.settings.gc_threshold)
+        self.watchdog.start(asyncio.get_running_loop())
         reaper = None
         if self.concurrency.session_timeout is not None:
             reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
@@ -227,6 +244,7 @@ class EnvService:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self.drain()
+            self.watchdog.stop()
             if board is not None:
                 board.publish(self.metrics.numbers())  # the last steps count too
             self.registry.detach()
@@ -238,28 +256,59 @@ class EnvService:
             self._handoff_stopped = True
             restore_gc()
 
-    async def drain(self) -> None:
-        """Refuse new sessions, end every open one (close code 1001), close their environments.
+    def health_problems(self) -> list[str]:
+        """Why ``/health`` should say "degraded" (empty: it should not).
 
-        Bounded by ``shutdown_timeout``: an environment stuck in a blocking call
-        is left behind (and logged) rather than holding the shutdown forever.
+        Work waiting for a thread while both lanes are full of blocked calls,
+        or an event loop blocked (by an ``async def`` step that blocks) lately.
+        """
+        problems = []
+        if starved := self.handoff.starved:
+            problems.append(
+                f"{starved} environment call(s) wait for a worker thread: blocking calls "
+                f"hold all {2 * self.settings.max_threads}"
+            )
+        if blocked := self.watchdog.recent_block():
+            problems.append(blocked)
+        return problems
+
+    def _describe_task(self, task: asyncio.Task[Any] | None) -> str:
+        for connection in list(self.connections):
+            if task is not None and connection._task is task:
+                return f"session {connection.session.id}"
+        return "a callback outside any session" if task is None else f"task {task.get_name()}"
+
+    async def drain(self) -> None:
+        """Refuse new sessions and steps, end every open one (close code 1001), close
+        their environments.
+
+        Bounded by ``shutdown_timeout``: steps that have not started never do;
+        past the deadline every connection left is aborted and its slot freed, and
+        an environment stuck in a blocking call is left behind (and logged)
+        without ``close()`` rather than holding the shutdown.
         """
         self.draining = True
-        ending: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(c.expire("shutdown")) for c in list(self.connections)
-        ]
-        ending += [c.closed for c in list(self.connections)]
-        if not ending:
+        connections = list(self.connections)
+        if not connections:
             return
-        _, pending = await asyncio.wait(ending, timeout=self.settings.shutdown_timeout)
-        for task in pending:
+        expiring = [asyncio.ensure_future(c.expire("shutdown")) for c in connections]
+        closed = [c.closed for c in connections]
+        timeout = self.settings.shutdown_timeout
+        _, pending = await asyncio.wait([*expiring, *closed], timeout=timeout)
+        for task in expiring:
             task.cancel()
-        if pending:
-            logger.error(
-                "%d session(s) still busy after %ss; shutting down without them",
-                len(self.connections),
-                self.settings.shutdown_timeout,
-            )
+        if not pending:
+            return
+        left = [c for c in connections if not c.closed.done()]
+        logger.error("%d session(s) still open after %ss; aborting them", len(left), timeout)
+        for _ in range(3):  # a task may await again as it unwinds: cancel it again
+            for connection in left:
+                connection.abort()
+            await asyncio.wait([c.closed for c in left], timeout=_ABORT_GRACE)
+            left = [c for c in left if not c.closed.done()]
+            if not left:
+                return
+        logger.error("%d session(s) would not end; shutting down without them", len(left))
 
     async def _publish_metrics(self, board: SlotBoard) -> None:
         while True:
@@ -280,14 +329,23 @@ class EnvService:
             ]
             for connection in idle:
                 logger.info("session %s idle over %ss; closing", connection.session.id, idle_limit)
-            await _gather_logged(connection.expire("idle_timeout") for connection in idle)
+                # Each on its own: a client that does not read its close frame
+                # (bounded by send_timeout) must not hold up the next sweep.
+                self._spawn(connection.expire("idle_timeout"))
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(_discard_logged(self._background))
 
 
-async def _gather_logged(awaitables: Iterable[Awaitable[None]]) -> None:
-    results = await asyncio.gather(*awaitables, return_exceptions=True)
-    for result in results:
-        if isinstance(result, Exception):
-            logger.error("closing a session failed", exc_info=result)
+def _discard_logged(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("closing a session failed", exc_info=exc)
+
+    return done
 
 
 def _tune_gc(threshold: int | None) -> Callable[[], None]:

@@ -27,7 +27,7 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
-from openenv.server.handoff import LaneTicket, Receiver
+from openenv.server.handoff import LaneTicket, NotStarted, Receiver
 from openenv.server.isolation import EnvProcessDied
 from openenv.server.redact import failure_text
 from openenv.tasks import TaskSpec, task_class
@@ -85,6 +85,8 @@ class Lane(Protocol):
         kwargs: dict[str, Any],
     ) -> asyncio.Future[Any]: ...
 
+    def drop_queued(self, ticket: LaneTicket) -> None: ...
+
     def dispatch(
         self,
         ticket: LaneTicket,
@@ -131,6 +133,7 @@ class Session:
         self._validate_action = service.action_cls.model_validate
         self._bad_frames = 0
         self._stuck: asyncio.Future[Any] | None = None
+        self._abandoned = False
         # This session's lane in the thread hand-over (see server/handoff.py).
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
@@ -556,6 +559,9 @@ class Session:
                 f"{name} did not return within {exc.seconds:g}s and was cancelled",
                 request_id,
             )
+        if isinstance(exc, NotStarted):  # the session is ending (e.g. a shutdown) while it queued
+            # The session is closing already: say why, as its closing frame does.
+            return EnvFailure(ErrorCode.SESSION_ERROR, self._closing_because, request_id)
         if isinstance(exc, EnvProcessDied):  # isolation="process": nothing left to step
             self.log.error("%s: %s; ending the session", name, exc)
             return EnvFailure(
@@ -582,6 +588,23 @@ class Session:
             )
         return result
 
+    _closing_because = "the session is closing"
+
+    def abandon(self) -> None:
+        """Give up on this session's environment (a shutdown past its deadline):
+        ``aclose`` frees the slot without waiting for a call still running on a
+        thread, and without ``close()``, which must not run beside that call."""
+        self.cancel_queued(self._closing_because)
+        # Only a call in flight now makes close() unsafe; an idle one still closes.
+        self._abandoned = self.busy or self._stuck is not None or self._direct_step is not None
+
+    def cancel_queued(self, because: str) -> None:
+        """Calls of this session that no thread has started yet will never start;
+        their callers are answered ``SESSION_ERROR`` with ``because``. For a
+        session that is ending."""
+        self._closing_because = because
+        self._service.handoff.drop_queued(self._ticket)
+
     async def aclose(self, reason: str) -> None:
         """Close the environment and free the slot, exactly once.
 
@@ -592,6 +615,9 @@ class Session:
             return
         self.state = SessionState.CLOSED
         try:
+            if self._abandoned:
+                self.log.error("a call still runs on a thread; abandoning it without close()")
+                return
             if self._direct_step is not None:
                 await self.settled()
             if self._stuck is not None:
@@ -600,7 +626,12 @@ class Session:
             close = self.env.close
             # Environment's own close() does nothing: no thread hop for it.
             if getattr(close, "__func__", None) is not _NOTHING_TO_CLOSE:
-                await calls.call(close, submit=self._submit, timeout=self._settings.close_timeout)
+                submit = self._submit
+                if self._ticket.closed:  # queued calls are refused, but close() must run
+                    ticket = LaneTicket()
+                    ticket.slow = self._ticket.slow
+                    submit = functools.partial(self._service.handoff.submit, ticket)
+                await calls.call(close, submit=submit, timeout=self._settings.close_timeout)
         except calls.DeadlineExceeded as exc:
             self.log.error("close() %s; the slot is freed anyway", exc)
         except Exception:

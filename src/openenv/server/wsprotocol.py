@@ -24,6 +24,12 @@ limits, errors) and only takes over the common case:
   messages wait for the app, not after each one;
 - memory: websockets' frame parser, idle between the frames it is handed,
   is dropped and made anew when the next one comes (about 3 KiB a session);
+- send deadline: a peer that stops reading, so that the transport's buffer
+  stays over its high-water mark for ``send_timeout`` seconds (30 unless
+  the app sets it on the channel), is aborted: ``transport.abort()`` drops
+  the buffer at once, where uvicorn's ``close()`` (its ping timeout, its
+  shutdown) would wait for a drain that never comes; the app hears a
+  disconnect and frees the session's slot;
 - a direct channel (the ``openenv.direct`` ASGI extension): an app that
   takes it may handle a data frame in the protocol's own callback and send
   its reply without a task, which is how a session serves a plain ``def``
@@ -74,6 +80,10 @@ _ONCE = frozenset(
 _SWITCHING = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
 _FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1
 _FIN_BINARY = 0x82
+# Seconds a peer may leave the write buffer full before it is aborted.
+DEFAULT_SEND_TIMEOUT = 30.0
+
+logger = logging.getLogger("openenv.server")
 
 
 class _Inbox:
@@ -153,6 +163,8 @@ class _Flag:
 class DirectChannel(Protocol):
     """Frames in and out of one connection without the ASGI ``receive``/``send`` round."""
 
+    disconnected: bool  # the peer is gone
+
     def take_frames(self, handler: Callable[[str | bytes], bool] | None) -> None:
         """Offer every data frame to ``handler`` first, on the loop, in the protocol's
         callback, while the app's queue is empty and the socket writable; frames it
@@ -175,6 +187,13 @@ class DirectChannel(Protocol):
     def notify(self) -> None:
         """Hand the app's ``receive`` a ``{"type": NOTIFY}`` message."""
 
+    def set_send_timeout(self, seconds: float | None) -> None:
+        """Abort the connection once its peer has not drained the write buffer for
+        ``seconds`` (``None``: never)."""
+
+    def abort(self) -> None:
+        """Drop the connection at once, unsent bytes and all (no close handshake)."""
+
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
@@ -196,6 +215,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         # Set while a handshake accepted here waits for the app's accept.
         self._accept_key: bytes | None = None
         self._early = b""  # bytes that came after that request, before the accept
+        self._send_timeout: float | None = DEFAULT_SEND_TIMEOUT
+        self._stall_timer: asyncio.TimerHandle | None = None
 
     # -- the direct channel -------------------------------------------------
 
@@ -235,6 +256,46 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     def notify(self) -> None:
         inbox: _Inbox = self.queue  # type: ignore[assignment]
         inbox.put_nowait({"type": NOTIFY})
+
+    # -- the send deadline --------------------------------------------------
+
+    def set_send_timeout(self, seconds: float | None) -> None:
+        self._send_timeout = seconds
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if not self.writable.is_set():
+            self._arm_stall_timer()
+
+    def abort(self) -> None:
+        if not self.disconnected:
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_stall_timer()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _arm_stall_timer(self) -> None:
+        if self._send_timeout is not None and self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self._send_timeout, self._stalled)
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if self.disconnected or self.writable.is_set():
+            return
+        logger.warning(
+            "client %s read nothing for %gs with %d bytes unsent; aborting its connection",
+            get_client_addr(self.scope) if getattr(self, "scope", None) else "?",
+            self._send_timeout,
+            self.transport.get_write_buffer_size(),
+        )
+        self.transport.abort()
 
     # -- incoming -----------------------------------------------------------
 
@@ -483,6 +544,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         super().connection_lost(exc)
         # Two more references back to this protocol, from the app's handler
         # and from the scope it keeps: cycles, like the parser's below.
