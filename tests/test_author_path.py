@@ -101,8 +101,10 @@ def test_the_wheel_carries_the_template(image: Image, tmp_path: Path) -> None:
 def test_init_install_validate_serve_play_and_test(image: Image, tmp_path: Path) -> None:
     created = run(image, "openenv", "init", "my_env", cwd=tmp_path)
     assert created.returncode == 0, created.stderr
-    assert created.stdout.splitlines()[-3:] == [
-        "  pip install -e my_env",
+    assert created.stdout.splitlines()[-5:] == [
+        "  pip install -e 'my_env[test]'",
+        "  openenv validate my_env",
+        "  pytest my_env",
         "  openenv serve my_env",
         "  openenv validate --url http://127.0.0.1:8000",
     ]

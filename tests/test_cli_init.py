@@ -46,8 +46,10 @@ def test_init_creates_the_environment_and_prints_the_next_commands(tmp_path: Pat
         "server/environment.py",
         "tests/test_grid_world.py",
     }
-    assert result.stdout.splitlines()[-3:] == [
-        f"  pip install -e {folder}",
+    assert result.stdout.splitlines()[-5:] == [
+        f"  pip install -e '{folder}[test]'",
+        f"  openenv validate {folder}",
+        f"  pytest {folder}",
         f"  openenv serve {folder}",
         "  openenv validate --url http://127.0.0.1:8000",
     ]

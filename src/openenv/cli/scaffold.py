@@ -159,14 +159,17 @@ def render_template(name: str, target: Path) -> None:
 
 
 def next_steps(folder: Path) -> list[str]:
-    """The three commands that take a new environment to a validated server.
+    """The commands that take a new environment to a tested, validated server (as the README).
 
-    >>> next_steps(Path("envs/my_env"))
-    ['pip install -e envs/my_env', 'openenv serve envs/my_env', \
-'openenv validate --url http://127.0.0.1:8000']
+    >>> next_steps(Path("envs/my_env"))  # doctest: +NORMALIZE_WHITESPACE
+    ["pip install -e 'envs/my_env[test]'", 'openenv validate envs/my_env',
+     'pytest envs/my_env', 'openenv serve envs/my_env',
+     'openenv validate --url http://127.0.0.1:8000']
     """
     return [
-        f"pip install -e {folder}",
+        f"pip install -e '{folder}[test]'",
+        f"openenv validate {folder}",
+        f"pytest {folder}",
         f"openenv serve {folder}",
         "openenv validate --url http://127.0.0.1:8000",
     ]
