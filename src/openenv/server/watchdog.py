@@ -98,13 +98,23 @@ class LoopWatchdog:
             task = asyncio.current_task(loop) if loop is not None else None
             who = self._describe(task)
             self._last = (0.0, time.monotonic() - tick, who)
-            logger.warning(
-                "the event loop has been blocked for over %gs by %s: every session waits. "
-                "An async def environment method must not call blocking functions "
-                "(time.sleep, requests, ...); make it a plain def, or await instead",
-                self.threshold,
-                who,
-            )
+            if who.startswith("session "):
+                logger.warning(
+                    "the event loop has been blocked for over %gs by %s: every session "
+                    "waits. An async def environment method must not call blocking "
+                    "functions (time.sleep, requests, ...); make it a plain def, or await "
+                    "instead",
+                    self.threshold,
+                    who,
+                )
+            else:  # not environment code: the server's own work, e.g. a burst of handshakes
+                logger.warning(
+                    "the event loop has been busy for over %gs in %s (no session's code): "
+                    "every session waits. A burst of new connections does this; so does "
+                    "blocking code outside the environment",
+                    self.threshold,
+                    who,
+                )
 
 
 def _task_name(task: asyncio.Task[object] | None) -> str:
