@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
+.PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
 	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -21,10 +21,31 @@ $(STAMP): pyproject.toml envs/*/pyproject.toml
 		-e envs/wordle_env
 	@touch $@
 
+# The floors pyproject.toml declares, really installed and tested: a second venv
+# with every runtime dependency and user extra pinned to its floor (the dev tools
+# are ours and stay current). .ci/min_constraints.py derives the pins.
+VENV_MIN := .venv-min
+MIN_STAMP := $(VENV_MIN)/.installed
+MIN_EXTRAS := ray spark mcp bench gymnasium report parquet
+
+$(MIN_STAMP): pyproject.toml envs/*/pyproject.toml .ci/min_constraints.py
+	rm -rf $(VENV_MIN)
+	$(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/pip install --quiet --upgrade pip
+	$(PYTHON) .ci/min_constraints.py $(MIN_EXTRAS) > $(VENV_MIN)/constraints.txt
+	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt \
+		-e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
+		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
+		-e envs/wordle_env
+	@touch $@
+
+test-min: $(MIN_STAMP) chromium sandbox-python
+	$(VENV_MIN)/bin/pytest -q -p no:cacheprovider --doctest-modules src tests envs
+
 demo: $(STAMP)
 	$(BIN)/openenv demo --app-dir envs/echo_env --app server.app:app --sessions 256 --steps 50
 
-test: lint typecheck pytest
+test: lint typecheck pytest test-min
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -90,4 +111,4 @@ bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .mypy_cache .ruff_cache

@@ -33,25 +33,37 @@ def reference() -> str:
         command = group.get_command(root, name)
         assert command is not None
         ctx = typer.Context(command, info_name=name, parent=root)
-        lines += [f"## `openenv {name}`", "", "```", command.get_usage(ctx), "```", ""]
+        params = command.get_params(ctx)
+        arguments = [p for p in params if p.param_type_name == "argument"]
+        options = [p for p in params if p.param_type_name == "option"]
+        # Built from the parameters, not typer's own rendering, which changes
+        # between typer releases.
+        usage = f"openenv {name} [OPTIONS]" + "".join(f" {_argument(a)}" for a in arguments)
+        lines += [f"## `openenv {name}`", "", "```", usage, "```", ""]
         if command.help:
             lines += [command.help.strip(), ""]
-        params = command.get_params(ctx)
-        options = [p for p in params if p.param_type_name == "option"]
-        rows = [record for param in options if (record := param.get_help_record(ctx)) is not None]
-        arguments = [p for p in params if p.param_type_name == "argument"]
-        if arguments:
-            lines += ["| argument | |", "|---|---|"]
-            lines += [
-                f"| `{str(a.name).upper()}` | {_cell(getattr(a, 'help', '') or '')} |"
-                for a in arguments
-            ]
-            lines.append("")
-        if rows:
+        if options:
             lines += ["| option | |", "|---|---|"]
-            lines += [f"| `{flags}` | {_cell(text)} |" for flags, text in rows]
+            lines += [f"| `{_flags(o)}` | {_cell(_option_help(o))} |" for o in options]
             lines.append("")
     return "\n".join(lines)
+
+
+def _argument(param: Any) -> str:
+    name = str(param.name).upper()
+    return name if param.required else f"[{name}]"
+
+
+def _flags(param: Any) -> str:
+    return ", ".join([*param.opts, *param.secondary_opts])
+
+
+def _option_help(param: Any) -> str:
+    text = str(param.help or "")
+    default = param.default
+    if default not in (None, False, ()) and not callable(default) and not param.is_flag:
+        text += f" (default: {default})"
+    return text
 
 
 def _cell(text: str) -> str:
