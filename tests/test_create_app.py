@@ -172,3 +172,15 @@ def test_a_middleware_the_user_adds_sees_the_session_sockets(path: str) -> None:
         with client.sync() as env:
             assert env.step(EchoAction(message="hi")).observation.echoed_message == "hi"
     assert ("websocket", path) in seen
+
+
+class Undocumented(EchoEnvironment):
+    pass
+
+
+def test_metadata_never_shows_the_base_classs_docstring() -> None:
+    app = create_app(Undocumented, EchoAction, EchoObservation)
+    with run_server(app) as url:
+        metadata = httpx.get(f"{url}/metadata").json()
+    assert metadata["name"] == "Undocumented"
+    assert metadata["description"] == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import httpx
 import orjson
@@ -59,6 +60,19 @@ async def test_websocket_without_or_with_wrong_key_creates_nothing(
     async with client(url, api_key=KEY) as env:
         assert (await env.reset()).observation.message == "reset:None"
     assert len(tracker.created) == 1
+
+
+async def test_a_refused_handshake_logs_no_error(
+    keyed_url: tuple[str, Tracker], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _ = keyed_url
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+        with pytest.raises(AuthenticationError):
+            await client(url).reset()
+        async with client(url, api_key=KEY) as env:  # the server goes on serving
+            await env.reset()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []  # a correct 401 is not "returned without completing handshake"
 
 
 async def test_key_from_the_environment_variable(

@@ -234,7 +234,7 @@ def serve_command(
         return
 
     def ready(info: ServeInfo) -> None:
-        typer.echo(f"{info.describe()}; Ctrl+C to stop")
+        typer.echo(f"{info.describe()}; play it at {info.url}/web; Ctrl+C to stop")
 
     try:
         serve(

@@ -13,6 +13,7 @@ uvicorn's loggers that blanks it out.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 
@@ -64,9 +65,29 @@ def _redacted(value: object) -> object:
     return value
 
 
+# Set in the task that answered a WebSocket upgrade with a 401/403 denial response.
+DENIED: contextvars.ContextVar[bool] = contextvars.ContextVar("openenv_denied", default=False)
+
+
+class DeniedHandshakeFilter(logging.Filter):
+    """Drops uvicorn's "returned without completing handshake" for a refusal we sent.
+
+    uvicorn logs that error after any WebSocket app that answers the upgrade
+    with an HTTP response (a documented ASGI extension) rather than accepting:
+    for a correct 401/403 it is noise. The record is logged in the task that
+    ran the app, so the flag set there tells the two apart.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (DENIED.get() and "without completing handshake" in str(record.msg))
+
+
 def redact_api_keys() -> None:
-    """Install ``ApiKeyFilter`` on uvicorn's loggers, once per process."""
+    """Install ``ApiKeyFilter`` (and ``DeniedHandshakeFilter``) on uvicorn's loggers, once."""
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, ApiKeyFilter) for f in logger.filters):
             logger.addFilter(ApiKeyFilter())
+    error_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, DeniedHandshakeFilter) for f in error_log.filters):
+        error_log.addFilter(DeniedHandshakeFilter())

@@ -28,7 +28,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from openenv.server.redact import redact_api_keys
+from openenv.server.redact import DENIED, redact_api_keys
 
 __all__ = [
     "KEY_SUBPROTOCOL_PREFIX",
@@ -198,6 +198,8 @@ async def _deny(scope: Scope, receive: Receive, send: Send, status: int, message
     )
     if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
         # Starlette turns the response into the WebSocket denial response itself.
+        if scope["type"] == "websocket":
+            DENIED.set(True)  # uvicorn would call this refusal an unfinished handshake
         await response(scope, receive, send)
     else:
         await send({"type": "websocket.close", "code": 1008, "reason": message})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
 import logging
@@ -376,7 +377,11 @@ def _default_metadata(
 ) -> EnvironmentMetadata:
     source: Any = env_cls or factory
     name = getattr(source, "__name__", type(source).__name__)
-    doc = inspect.getdoc(source) or ""
+    # Its own docstring only: inspect.getdoc would fall back to Environment's.
+    while isinstance(source, functools.partial):
+        source = source.func
+    own = source.__dict__.get("__doc__") if isinstance(source, type) else source.__doc__
+    doc = inspect.cleandoc(own) if isinstance(own, str) else ""
     return EnvironmentMetadata(
         name=name,
         description=doc.split("\n\n", 1)[0].replace("\n", " "),
