@@ -17,9 +17,9 @@ more replica when sessions queue anywhere or the fleet's slots are more than
 --replicas N`` (``RAY_ADDRESS`` joins an existing cluster; otherwise a local
 one starts).
 
-Why plain actors and not Ray Serve: a replica's clients hold WebSockets to it
-for a whole episode, and the pool already places them by free room, so a
-request router in front would only add a hop to every step.
+Why plain actors and not Ray Serve, measured (``benchmarks/fleet_vs_serve.py``):
+behind Serve's proxy one replica made 1,931 steps/s at a 32 ms median, against
+58,773 at 1.0 ms when clients reach the replica's socket, as here.
 """
 
 from __future__ import annotations
