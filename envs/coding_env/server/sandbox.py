@@ -197,6 +197,11 @@ class Sandbox:
         if workdir is not None:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
         if lease is not None and self.uids is not None:
+            # Every run's uid is swept before reuse, however the run ended: the
+            # program runs under that uid as its launcher does, so it may have
+            # killed the launcher and left setsid() children to PID 1. A uid is
+            # the one thing it cannot shed.
+            lease.suspect = True
             await asyncio.to_thread(self.uids.release, lease)
 
     async def _execute(self, workdir: str, script: str, lease: Lease | None) -> ExecutionResult:

@@ -417,6 +417,42 @@ def test_failure_modes_end_with_exact_results(monkeypatch: pytest.MonkeyPatch) -
     assert results["stderr flood"].stdout_truncated is False
 
 
+ESCAPE = """\
+import os, signal, time
+child = os.fork()
+if child == 0:
+    os.setsid()  # out of the run's process group, adopted by PID 1 once the launcher dies
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+os.kill(os.getppid(), signal.SIGKILL)  # the launcher runs under this uid too
+time.sleep(120)
+"""
+
+
+def test_a_program_that_kills_its_launcher_leaves_nothing_running(roomy_url: str) -> None:
+    with CodingEnv(roomy_url).sync() as env:
+        env.reset(seed=0)
+        execution = env.step(CodeAction(code=ESCAPE)).observation.execution
+        assert execution is not None
+        escaped = int(execution.stdout.split()[0])
+        # By the time the step answered, the run's uid was swept: the orphan is gone.
+        assert not alive(escaped)
+        wait_until_no_sandbox_processes()
+        still = env.step(CodeAction(code="print('next')")).observation.execution
+        assert still is not None
+        assert still.stdout == "next\n"
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie left to a PID 1 that does not reap is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_cpu_limit() -> None:
     with run_server(make_app(SandboxLimits(timeout=120, cpu_seconds=1))) as url:
         client = CodingEnv(url, message_timeout=180).sync()
