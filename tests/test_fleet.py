@@ -164,6 +164,29 @@ def test_the_fleet_grows_under_load_and_shrinks_when_idle(two_nodes: list[str]) 
         assert len(fleet.where()) == 1  # the bound holds: never below min_replicas
 
 
+def test_the_fleet_adds_one_replica_and_waits_for_it_before_adding_another(
+    two_nodes: list[str],
+) -> None:
+    # One replica full (4 of 4) needs one more, not all four: a replica that is
+    # still starting counts as room on the way, so the loop does not add another
+    # every interval until the first has come up.
+    fleet = Fleet(ECHO, replicas=1, max_replicas=4, num_cpus=0.25, max_sessions=4, interval=0.1)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 1, "1 healthy replica")
+
+        async def load() -> None:
+            clients = [WebSocketEnvClient(ServerPool(url)) for _ in range(4)]
+            await asyncio.gather(*(c.reset() for c in clients))
+            try:
+                await asyncio.to_thread(until, lambda: len(healthy(url)) == 2, "a 2nd replica")
+                # 4 of 8 slots taken is under scale_up_at: two replicas are enough.
+                assert len(await asyncio.to_thread(fleet.where)) == 2
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(load())
+
+
 def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(two_nodes: list[str]) -> None:
     with Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=2, interval=0.3) as url:
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")

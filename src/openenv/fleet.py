@@ -12,7 +12,7 @@ redirected (307) to the replica with the most room as it connects.
 
 The fleet scales itself between ``min_replicas`` and ``max_replicas``: one
 more replica when sessions queue anywhere or the fleet's slots are more than
-``scale_up_at`` full; one fewer when it has held no session for
+``scale_up_at`` full (once no replica is still starting); one fewer when it has held no session for
 ``idle_seconds``. From the command line: ``openenv serve PATH --ray
 --replicas N`` (``RAY_ADDRESS`` joins an existing cluster; otherwise a local
 one starts).
@@ -159,6 +159,9 @@ class Fleet:
         self.url = ""
         self._actors: list[Any] = []
         self._views: dict[int, ReplicaView] = {}  # by id() of the actor handle
+        # A replica starting (or restarting) is a where() call not yet answered:
+        # it counts as room on its way, so scaling waits for it.
+        self._pending: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
@@ -255,6 +258,7 @@ class Fleet:
                 return
             actor = self._actors.pop()
             self._views.pop(id(actor), None)
+            self._pending.pop(id(actor), None)
         with contextlib.suppress(Exception):
             ray.get(actor.stop.remote(), timeout=60)
         ray.kill(actor, no_restart=True)
@@ -266,11 +270,16 @@ class Fleet:
 
     def _scale(self) -> None:
         views = [v for v in self.views() if v.status == "healthy"]
-        count = len(self._actors)
+        with self._lock:
+            count, coming = len(self._actors), len(self._actors) - len(views)
         slots = sum(v.max_sessions for v in views)
         active = sum(v.active_sessions for v in views)
         queued = sum(v.queued_sessions for v in views)
-        if count < self.max_replicas and (queued or (slots and active >= self.scale_up_at * slots)):
+        crowded = queued or (slots and active >= self.scale_up_at * slots)
+        # Not while a replica is on its way (starting, restarting, unreachable):
+        # its room is not counted yet, and adding one per interval until it shows
+        # up would overshoot to max_replicas on every burst.
+        if crowded and not coming and count < self.max_replicas:
             self._idle_since = None
             self._add()
             return
@@ -289,17 +298,37 @@ class Fleet:
 
         with self._lock:
             actors = list(self._actors)
+            for actor in actors:  # a restarted replica listens on a new port: ask again
+                view = self._views.get(id(actor))
+                if (view is None or view.status == "down") and id(actor) not in self._pending:
+                    self._pending[id(actor)] = actor.where.remote()
+            asked = {id(a): self._pending[id(a)] for a in actors if id(a) in self._pending}
+        # One bounded wait for all of them, so a slow start never holds up the others.
+        answered: set[str] = set()
+        if asked:
+            refs = list(asked.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.interval)
+            answered = {ref.hex() for ref in ready}
         with httpx.Client(timeout=max(self.interval, 2.0)) as http:
             for actor in actors:
                 view = self._views.get(id(actor))
-                if view is None or view.status in ("down", "starting"):
-                    try:  # a restarted replica listens on a new port
-                        found = ray.get(actor.where.remote(), timeout=self.interval)
-                    except Exception:
+                ref = asked.get(id(actor))
+                if ref is not None:
+                    if ref.hex() not in answered:
+                        if view is not None:
+                            view.status = "down"
+                        continue
+                    with self._lock:
+                        self._pending.pop(id(actor), None)
+                    try:
+                        found = ray.get(ref)
+                    except Exception:  # gone for good (killed, or its node left)
                         if view is not None:
                             view.status = "down"
                         continue
                     view = ReplicaView(found["url"], node=found["node"], pid=found["pid"])
+                elif view is None:
+                    continue
                 try:
                     health = http.get(f"{view.url}/health").json()
                 except (httpx.HTTPError, ValueError):
