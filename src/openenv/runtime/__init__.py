@@ -18,7 +18,7 @@ from openenv.runtime.base import BatchSettings, RuntimeEngine
 from openenv.runtime.config import EngineName, RunConfig
 from openenv.runtime.local import LocalRuntime
 from openenv.runtime.random_agent import RandomAgent
-from openenv.runtime.runners import Runners, exec_tasks
+from openenv.runtime.runners import Runners, exec_tasks, sync_exec_tasks
 from openenv.runtime.session import EpisodeSession
 from openenv.runtime.task import EnvFactory, Task, TaskError, TaskResult, TaskStatus
 
@@ -40,4 +40,5 @@ __all__ = [
     "TaskResult",
     "TaskStatus",
     "exec_tasks",
+    "sync_exec_tasks",
 ]

@@ -8,8 +8,11 @@ Two shapes are accepted, and the runtime tells them apart by ``act``:
   runtime runs the loop: ``reset``, then ``act`` and ``step`` until ``done`` or
   the task's ``max_steps``. Its value is the final observation, as a dict.
 
-A sync ``act`` runs on the event loop, between the steps of every other
-episode of its worker: keep it quick, or make it ``async def``.
+A sync ``act`` runs in a thread, so that one that blocks (a model call, a
+``time.sleep``) neither stalls the other episodes of its worker nor outlives
+its task's timeout (its thread is left to finish on its own). An agent whose
+sync ``act`` is quick and never blocks may set ``quick_act = True`` to run on
+the event loop instead, saving the thread hop (``RandomAgent`` does).
 
 An ``act`` agent may also define ``for_episode(session)`` returning the agent
 to use for that episode, for per-episode state (``RandomAgent`` uses it to
@@ -70,9 +73,17 @@ async def _act_loop(agent: Any, session: EpisodeSession) -> Any:
     result = await session.reset()
     limit = session.max_steps
     while not result.done and (limit is None or session.steps < limit):
-        action = await _maybe_await(agent.act(result.observation))
+        action = await _call_act(agent, result.observation, session)
         result = await session.step(action)
     return result.observation.model_dump(mode="json")
+
+
+async def _call_act(agent: Any, observation: Any, session: EpisodeSession) -> Any:
+    act = agent.act
+    if inspect.iscoroutinefunction(act) or getattr(agent, "quick_act", False):
+        return await _maybe_await(act(observation))
+    loop = asyncio.get_running_loop()
+    return await _maybe_await(await loop.run_in_executor(session.threads, act, observation))
 
 
 class ParallelizableAgent:

@@ -30,6 +30,16 @@ class ClientPool:
         self.max_idle = max_idle
         self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
         self._executor: ThreadPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
+
+    @property
+    def threads(self) -> ThreadPoolExecutor:
+        """Threads for agents' sync ``act()``: one per episode in flight, made on first use."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                max_workers=self.max_idle, thread_name_prefix="openenv-agent"
+            )
+        return self._threads
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
         """A connected session for ``task``, and whether it was used before."""
@@ -63,6 +73,9 @@ class ClientPool:
             # thread; the run does not wait for it.
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        if self._threads is not None:  # likewise a blocking act() past its timeout
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
 
     def _new(self, task: Task) -> SessionClient:
         if isinstance(task.env, str | ServerPool):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
@@ -55,10 +56,17 @@ class EpisodeSession:
     (1, 0.3, 1)
     """
 
-    def __init__(self, task: Task, client: SessionClient, previous: TaskResult | None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        client: SessionClient,
+        previous: TaskResult | None,
+        threads: Executor | None = None,
+    ) -> None:
         self.task = task
         self.client = client
         self.previous = previous
+        self.threads = threads  # where a sync act() runs (None: the loop's default executor)
         self.steps = 0
         self.reward = 0.0
         self.requests = 0  # answered requests; 0 means the session was never used
