@@ -150,7 +150,7 @@ async def _attempt(
 ) -> Any:
     client, reused = await pool.acquire(task)
     while True:
-        session = attempts.session = EpisodeSession(task, client, previous, pool.threads)
+        session = attempts.session = EpisodeSession(task, client, previous, pool)
         finished = False
         try:
             value = await drive(task.agent, session)

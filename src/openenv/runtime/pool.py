@@ -12,11 +12,13 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn
 
 from openenv.client import ServerPool, WebSocketEnvClient
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
+from openenv.types import Action
 
 __all__ = ["ClientPool"]
 
@@ -78,6 +80,8 @@ class ClientPool:
             self._threads = None
 
     def _new(self, task: Task) -> SessionClient:
+        if task.env is None:
+            return NoEnvironment()
         if isinstance(task.env, str | ServerPool):
             return (task.client_cls or WebSocketEnvClient)(task.env)
         if self._executor is None:
@@ -85,6 +89,34 @@ class ClientPool:
                 max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
             )
         return InProcessClient(task.env, self._executor)
+
+
+class NoEnvironment:
+    """The session of a task with no ``env``: any use of it says so."""
+
+    url = "none"
+    action_cls = Action
+
+    async def connect(self) -> NoEnvironment:
+        return self
+
+    async def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse()
+
+    async def step(self, action: Any) -> Any:
+        self._refuse()
+
+    async def state(self) -> Any:
+        self._refuse()
+
+    async def close(self) -> None:
+        pass
+
+    def _refuse(self) -> NoReturn:
+        raise TypeError(
+            "this task has no environment: give it one (Task(env=url or factory)), "
+            "or let its agent use only session.input"
+        )
 
 
 def _key(task: Task) -> Hashable:
