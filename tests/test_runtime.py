@@ -353,39 +353,48 @@ def test_closures_and_lambdas_travel_to_worker_processes() -> None:
     assert [r.value for r in results] == ["t0!", "t1!", "t2!", "t3!"]
 
 
-def test_a_dead_worker_loses_only_its_own_unfinished_tasks() -> None:
-    # Dealt round-robin: t0 and t2 go to one worker, which dies on t0.
+def test_a_task_that_kills_every_worker_fails_alone_after_its_retries() -> None:
+    # t0 kills the process playing it, each time: it is handed out 1 + retries
+    # times, then reported; the other tasks go to the surviving and new workers.
     agents = [exiting_agent, echo_agent, echo_agent, echo_agent]
     tasks = [factory_task(f"t{i}", agent) for i, agent in enumerate(agents)]
     results = Runners.sync_run_task(tasks, PROCESSES)
-    assert [r.status.value for r in results] == ["error", "ok", "error", "ok"]
-    for result in results[0], results[2]:
-        assert result.error is not None
-        assert result.error.type == "WorkerError"
-        assert "exited with code 3" in result.error.message
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
+    assert results[0].error is not None
+    assert results[0].error.type == "WorkerError"
+    assert "exited with code 3" in results[0].error.message
+    assert "lost its worker 3 times (retries=2)" in results[0].error.message
+    assert results[0].attempts == 3
+    assert [r.attempts for r in results[1:]] == [1, 1, 1]
 
 
-def test_what_cannot_be_pickled_fails_alone() -> None:
+def test_an_agent_that_cannot_be_pickled_fails_before_the_run(tmp_path: Path) -> None:
     lock = threading.Lock()
+    played = tmp_path / "played"
 
     async def holds_a_lock(session: EpisodeSession) -> bool:
         return lock.locked()
 
+    async def marks(session: EpisodeSession) -> None:
+        played.touch()
+
+    tasks = [factory_task("t0", marks), factory_task("t1", holds_a_lock)]
+    with pytest.raises(TypeError, match=r"task 't1' cannot be pickled .*holds_a_lock.*lock"):
+        Runners.sync_run_task(tasks, PROCESSES)
+    assert not played.exists()  # nothing ran
+    # In process, nothing needs pickling: the same tasks run.
+    assert all(r.ok for r in Runners.sync_run_task(tasks, QUICK))
+
+
+def test_a_result_that_cannot_be_pickled_fails_alone() -> None:
     async def returns_a_lock(session: EpisodeSession) -> threading.Lock:
         return threading.Lock()
 
-    tasks = [
-        factory_task("t0", holds_a_lock),
-        factory_task("t1", echo_agent),
-        factory_task("t2", returns_a_lock),
-        factory_task("t3", echo_agent),
-    ]
+    tasks = [factory_task("t0", echo_agent), factory_task("t1", returns_a_lock)]
     results = Runners.sync_run_task(tasks, PROCESSES)
-    assert [r.status.value for r in results] == ["error", "ok", "error", "ok"]
-    assert results[0].error is not None
-    assert "cannot be pickled to send it to a worker" in results[0].error.message
-    assert results[2].error is not None
-    assert "returned a lock that cannot be pickled" in results[2].error.message
+    assert [r.status.value for r in results] == ["ok", "error"]
+    assert results[1].error is not None
+    assert "returned a lock that cannot be pickled" in results[1].error.message
 
 
 def test_a_result_the_driver_cannot_unpickle_fails_alone(tmp_path: Path) -> None:

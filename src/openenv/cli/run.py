@@ -83,8 +83,18 @@ def run(
         bool, typer.Option(help="Run Ray or Spark as a local cluster on this machine.")
     ] = False,
     out: Annotated[
-        Path | None, typer.Option(help="Write every result to this file, as JSON Lines.")
+        Path | None,
+        typer.Option(
+            help="Write every result to this file, as JSON Lines, each the moment it is in."
+        ),
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the results already in --out and play only the tasks missing there "
+            "(run again with the same --tasks and --seed after an interrupted run)."
+        ),
+    ] = False,
     progress: Annotated[
         bool | None, typer.Option(help="Show progress (default: on a terminal).")
     ] = None,
@@ -107,14 +117,23 @@ def run(
             in_local=in_local,
             progress=progress,
         )
+        if resume and out is None:
+            raise ValueError("--resume needs --out, the file of the results to keep")
+        kept = _resume(out) if resume and out is not None else {}
+        todo = [task for task in batch if task.id not in kept]
+        if kept:
+            console.print(f"resuming: {len(batch) - len(todo)} of {len(batch)} tasks done in {out}")
         started = time.perf_counter()
-        results = Runners.sync_run_task(batch, config)
+        fresh = _play(todo, config, out, append=resume)
         elapsed = time.perf_counter() - started
     except (ValueError, TypeError, EngineError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    if out is not None:
-        write_results(results, out)
+    results = [fresh[t.id] if t.id in fresh else kept[t.id] for t in batch]
+    if out is not None:  # complete: the same lines, now in task order
+        staged = out.with_name(f".{out.name}.partial")
+        write_results(results, staged)
+        os.replace(staged, out)
     render_summary(results, elapsed, console)
     if out is not None:
         _report(out, console)
@@ -135,7 +154,43 @@ def write_results(results: list[TaskResult], path: Path) -> None:
     """One JSON object per line; values JSON cannot hold are written as their repr."""
     with path.open("wb") as file:
         for result in results:
-            file.write(orjson.dumps(result.to_dict(), default=repr) + b"\n")
+            file.write(_line(result))
+
+
+def _line(result: TaskResult) -> bytes:
+    return orjson.dumps(result.to_dict(), default=repr) + b"\n"
+
+
+def _play(
+    tasks: list[Task], config: RunConfig, out: Path | None, *, append: bool
+) -> dict[str, TaskResult]:
+    """Run the tasks; with ``out``, write each result there the moment it is in."""
+    if out is None:
+        return {r.task_id: r for r in Runners.sync_run_task(tasks, config)}
+    results: dict[str, TaskResult] = {}
+    with out.open("ab" if append else "wb") as file:
+        for result in Runners.sync_stream(tasks, config):
+            file.write(_line(result))
+            file.flush()  # a run killed now keeps every result it had
+            results[result.task_id] = result
+    return results
+
+
+def _resume(path: Path) -> dict[str, TaskResult]:
+    """The results already in ``path``; a line cut short by a kill is dropped from the file."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with path.open("r+b") as file:
+            file.truncate(len(complete))
+    kept: dict[str, TaskResult] = {}
+    for line in complete.splitlines():
+        if line.strip():
+            result = TaskResult.from_dict(orjson.loads(line))
+            kept[result.task_id] = result
+    return kept
 
 
 def render_summary(results: list[TaskResult], elapsed: float, console: Console) -> None:

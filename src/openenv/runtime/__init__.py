@@ -13,12 +13,13 @@ Switch engines with ``RunConfig(engine_name="ray", worker_num=8)`` or
 imported only when their engine is chosen.
 """
 
-from openenv.runtime.agents import Agent, AgentFunction, ParallelizableAgent
+from openenv.runtime.agents import Agent, AgentFunction
 from openenv.runtime.base import BatchSettings, RuntimeEngine
 from openenv.runtime.config import EngineName, RunConfig
 from openenv.runtime.local import LocalRuntime
+from openenv.runtime.parallel import ParallelizableAgent
 from openenv.runtime.random_agent import RandomAgent
-from openenv.runtime.runners import Runners, exec_tasks
+from openenv.runtime.runners import Runners, exec_tasks, sync_exec_tasks
 from openenv.runtime.session import EpisodeSession
 from openenv.runtime.task import EnvFactory, Task, TaskError, TaskResult, TaskStatus
 
@@ -40,4 +41,5 @@ __all__ = [
     "TaskResult",
     "TaskStatus",
     "exec_tasks",
+    "sync_exec_tasks",
 ]

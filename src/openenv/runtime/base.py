@@ -30,7 +30,6 @@ __all__ = [
     "engine_class",
     "failed_result",
     "finish",
-    "split",
 ]
 
 ResultCallback = Callable[[int, TaskResult], None]
@@ -113,16 +112,6 @@ def engine_class(config: RunConfig) -> type[RuntimeEngine]:
         raise
     engine: type[RuntimeEngine] = getattr(module, attr)
     return engine
-
-
-def split(items: Sequence[tuple[int, Task]], parts: int) -> list[list[tuple[int, Task]]]:
-    """Deal items round-robin into at most ``parts`` non-empty shares.
-
-    >>> split([(0, "a"), (1, "b"), (2, "c")], 2)
-    [[(0, 'a'), (2, 'c')], [(1, 'b')]]
-    """
-    shares = [list(items[i::parts]) for i in range(parts)]
-    return [share for share in shares if share]
 
 
 def failed_result(task_id: str, exc_type: str, message: str, started_at: float) -> TaskResult:

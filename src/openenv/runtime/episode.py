@@ -22,7 +22,7 @@ from openenv.runtime.pool import ClientPool
 from openenv.runtime.session import EpisodeSession
 from openenv.runtime.task import Task, TaskError, TaskResult, TaskStatus
 
-__all__ = ["RETRYABLE", "run_batch", "run_coroutine", "run_one"]
+__all__ = ["RETRYABLE", "run_batch", "run_coroutine", "run_one", "time_limit", "timeout_error"]
 
 _T = TypeVar("_T")
 
@@ -60,9 +60,9 @@ async def run_batch(
 class _Attempts:
     """What the task did so far, across its attempts."""
 
-    def __init__(self) -> None:
+    def __init__(self, before: int = 0) -> None:
         self.started_at = time.time()
-        self.count = 0
+        self.count = before
         self.session: EpisodeSession | None = None
 
     def result(
@@ -86,27 +86,45 @@ class _Attempts:
         )
 
 
+def time_limit(task: Task, settings: BatchSettings) -> float | None:
+    """The seconds ``task`` may take in all: its own ``timeout``, else the run's."""
+    return task.timeout if task.timeout is not None else settings.timeout
+
+
 async def run_one(
     task: Task,
     settings: BatchSettings,
     pool: ClientPool,
     previous: TaskResult | None = None,
+    *,
+    attempts_before: int = 0,
+    time_left: float | None = None,
 ) -> TaskResult:
-    """Play one task to exactly one result; never raises for the task's own failures."""
-    attempts = _Attempts()
-    limit = task.timeout if task.timeout is not None else settings.timeout
-    deadline = asyncio.timeout(limit)
+    """Play one task to exactly one result; never raises for the task's own failures.
+
+    A task re-dispatched after its worker was lost passes the attempts it
+    already used (they count against ``retries``) and the time left of its
+    timeout (``None``: all of it).
+    """
+    attempts = _Attempts(attempts_before)
+    limit = time_limit(task, settings)
+    deadline = asyncio.timeout(time_left if time_left is not None else limit)
     try:
         async with deadline:
             value = await _with_retries(task, settings, pool, previous, attempts)
     except TimeoutError as exc:
         if not deadline.expired():  # the agent's own TimeoutError, not the deadline
             return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
-        message = f"task {task.id!r} did not finish within its {limit:g} s timeout"
-        return attempts.result(task, TaskStatus.TIMEOUT, error=TaskError("TimeoutError", message))
+        return attempts.result(task, TaskStatus.TIMEOUT, error=timeout_error(task, limit))
     except Exception as exc:
         return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
     return attempts.result(task, TaskStatus.OK, value=value)
+
+
+def timeout_error(task: Task, limit: float | None) -> TaskError:
+    """The error of a task that ran out of time."""
+    message = f"task {task.id!r} did not finish within its {limit or 0:g} s timeout"
+    return TaskError("TimeoutError", message)
 
 
 async def _with_retries(
@@ -132,7 +150,7 @@ async def _attempt(
 ) -> Any:
     client, reused = await pool.acquire(task)
     while True:
-        session = attempts.session = EpisodeSession(task, client, previous)
+        session = attempts.session = EpisodeSession(task, client, previous, pool)
         finished = False
         try:
             value = await drive(task.agent, session)

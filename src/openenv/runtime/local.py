@@ -7,55 +7,90 @@ import contextlib
 import os
 import pickle
 import sys
-import time
-from collections.abc import Sequence
+import threading
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
-from openenv.runtime.base import (
-    BatchSettings,
-    ResultCallback,
-    RuntimeEngine,
-    collect,
-    failed_result,
-    finish,
-    split,
-)
+import cloudpickle
+
+from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
+from openenv.runtime.dispatch import Dispatcher, WorkerLost, serve
 from openenv.runtime.episode import run_batch
-from openenv.runtime.shipping import FRAME_HEADER, decode_results, pack
+from openenv.runtime.shipping import FRAME_HEADER, Parcel, pack_tasks
 from openenv.runtime.task import Task, TaskResult
 
-__all__ = ["LocalRuntime"]
+__all__ = ["LocalRuntime", "in_background"]
+
+_T = TypeVar("_T")
 
 
 class LocalRuntime(RuntimeEngine):
     """Runs tasks on this machine.
 
-    With ``worker_num == 1`` (or ``sequence_dependent``) every episode runs on
-    the calling event loop, up to ``max_concurrency`` at once. Otherwise the
-    tasks are dealt among ``worker_num`` fresh Python processes
-    (``python -m openenv.runtime.worker``), each running its share on its own
-    loop with ``max_concurrency`` in flight, streaming results back as they
-    finish. A worker that dies leaves ``error`` results for the tasks it had
-    not finished; it never takes the others down with it.
+    With ``worker_num == 1`` every episode runs on the calling event loop, up
+    to ``max_concurrency`` at once. Otherwise ``worker_num`` Python processes
+    (``python -m openenv.runtime.worker``) play them, each with up to
+    ``max_concurrency`` episodes in flight: a process is handed the next task
+    whenever one of its episodes ends, and each result comes back as soon as
+    it is in. A process that dies is replaced; the episodes it was playing go
+    to another one (finished ones are never played again). The processes
+    stay up for the next run in this program, so only the first run pays
+    for their start.
     """
 
     async def run(self, tasks: Sequence[Task], on_result: ResultCallback) -> list[TaskResult]:
         settings = BatchSettings.from_config(self.config)
         results, record = collect(tasks, on_result)
-        items = list(enumerate(tasks))
-        if self.config.worker_num == 1 or settings.sequence_dependent or len(items) == 1:
-            await run_batch(items, settings, record)
-        else:
-            shares = split(items, self.config.worker_num)
-            await asyncio.gather(*(self._run_process(s, settings, record) for s in shares))
+        if self.config.worker_num == 1 or len(tasks) == 1:
+            await run_batch(list(enumerate(tasks)), settings, record)
+            return finish(results, tasks)
+        blobs = pack_tasks(tasks)  # an agent that cannot travel fails here, before any runs
+        caller = asyncio.get_running_loop()
+
+        def forward(index: int, result: TaskResult) -> None:
+            caller.call_soon_threadsafe(record, index, result)
+
+        workers = 1 if settings.sequence_dependent else min(self.config.worker_num, len(tasks))
+        dispatcher_run = _run_on_processes(tasks, blobs, settings, forward, workers)
+        await in_background(dispatcher_run)
         return finish(results, tasks)
 
-    async def _run_process(
-        self, items: list[tuple[int, Task]], settings: BatchSettings, record: ResultCallback
-    ) -> None:
-        started = time.time()
-        batch, unsendable = pack(items, settings)
-        for index, result in unsendable:
-            record(index, result)
+
+async def _run_on_processes(
+    tasks: Sequence[Task],
+    blobs: list[bytes],
+    settings: BatchSettings,
+    on_result: ResultCallback,
+    workers: int,
+) -> None:
+    dispatcher = Dispatcher(tasks, blobs, settings, on_result)
+    sys_path = list(sys.path)
+
+    async def start() -> _Process:
+        process = _idle.pop() if _idle else await _Process.spawn()
+        process.begin(settings, sys_path)
+        return process
+
+    await serve(dispatcher, start, workers, settings.max_concurrency)
+
+
+# Worker processes between runs, kept warm; they live on the background loop.
+_idle: list[_Process] = []
+
+
+class _Process:
+    """A worker process: parcels down its stdin, results up its stdout, one frame each."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.died = asyncio.Event()
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._ended: asyncio.Future[None] | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def spawn(cls) -> _Process:
         # The worker imports what this process can: openenv itself may come from
         # a path added at run time rather than from an installed package.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -67,36 +102,113 @@ class LocalRuntime(RuntimeEngine):
             stdout=asyncio.subprocess.PIPE,
             env=env,
         )
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        seen: set[int] = set()
+        return cls(proc)
+
+    def begin(self, settings: BatchSettings, sys_path: list[str]) -> None:
+        self._send(("begin", settings, sys_path))
+
+    async def play(self, parcel: Parcel) -> bytes:
+        if self.died.is_set():
+            raise WorkerLost("the worker process is gone", sent=False)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[parcel.index] = future
         try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(pickle.dumps(batch))
-                await proc.stdin.drain()
-                proc.stdin.close()
-            await _read_frames(proc.stdout, record, seen)
-            code = await proc.wait()
+            self._send(("play", parcel))
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+            self._pending.pop(parcel.index, None)
+            raise WorkerLost(f"the worker process is gone: {exc}", sent=False) from exc
+        try:
+            return await future
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        message = f"the worker process exited with code {code} before finishing this task"
-        for index, task_id in zip(batch.indices, batch.ids, strict=True):
-            if index not in seen:
-                record(index, failed_result(task_id, "WorkerError", message, started))
+            self._pending.pop(parcel.index, None)
 
-
-async def _read_frames(
-    stream: asyncio.StreamReader, record: ResultCallback, seen: set[int]
-) -> None:
-    while True:
+    async def finish(self) -> None:
+        self._ended = asyncio.get_running_loop().create_future()
         try:
-            header = await stream.readexactly(FRAME_HEADER.size)
-            (size,) = FRAME_HEADER.unpack(header)
-            data = await stream.readexactly(size)
-        except asyncio.IncompleteReadError:
-            return  # the worker is gone; its unfinished tasks are reported by the caller
-        for index, result in decode_results(data):
-            seen.add(index)
-            record(index, result)
+            self._send(("end",))
+            await asyncio.wait_for(asyncio.shield(self._ended), 30)
+        except Exception:  # it could not close its sessions: let it go
+            self.abort()
+            return
+        _idle.append(self)
+
+    def rest(self) -> None:
+        with contextlib.suppress(Exception):
+            self._send(("rest",))
+
+    def abort(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        assert self.proc.stdin is not None
+        if self.proc.stdin.is_closing():
+            raise BrokenPipeError("the worker's stdin is closed")
+        data = cloudpickle.dumps(message)
+        self.proc.stdin.write(FRAME_HEADER.pack(len(data)) + data)
+
+    async def _read(self) -> None:
+        stream = self.proc.stdout
+        assert stream is not None
+        try:
+            while True:
+                header = await stream.readexactly(FRAME_HEADER.size)
+                (size,) = FRAME_HEADER.unpack(header)
+                message = pickle.loads(await stream.readexactly(size))
+                if message[0] == "result":
+                    future = self._pending.get(message[1])
+                    if future is not None and not future.done():
+                        future.set_result(message[2])
+                elif message[0] == "ended" and self._ended is not None and not self._ended.done():
+                    self._ended.set_result(None)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the process is gone
+        finally:
+            # Not kill() at once: on a process that already exited, it reaps it
+            # (Popen.poll) before asyncio's child watcher can read its exit code.
+            try:
+                code = await asyncio.wait_for(asyncio.shield(self.proc.wait()), 5)
+            except TimeoutError:
+                self.abort()
+                code = await self.proc.wait()
+            self.died.set()
+            with contextlib.suppress(ValueError):
+                _idle.remove(self)
+            lost = WorkerLost(f"the worker process exited with code {code}", sent=True)
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(lost)
+            if self._ended is not None and not self._ended.done():
+                self._ended.set_exception(lost)
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="openenv-processes", daemon=True
+            )
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+async def in_background(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` on this program's one background loop, which owns the worker processes.
+
+    Processes (their pipes) belong to the loop that started them; every run
+    has a loop of its own (``sync_run_task`` makes one each time), so the
+    warm processes live on a loop that outlives the runs.
+    """
+    future: Future[_T] = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        future.cancel()
+        raise

@@ -12,11 +12,13 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn
 
 from openenv.client import ServerPool, WebSocketEnvClient
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
+from openenv.types import Action
 
 __all__ = ["ClientPool"]
 
@@ -30,6 +32,16 @@ class ClientPool:
         self.max_idle = max_idle
         self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
         self._executor: ThreadPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
+
+    @property
+    def threads(self) -> ThreadPoolExecutor:
+        """Threads for agents' sync ``act()``: one per episode in flight, made on first use."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                max_workers=self.max_idle, thread_name_prefix="openenv-agent"
+            )
+        return self._threads
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
         """A connected session for ``task``, and whether it was used before."""
@@ -63,8 +75,13 @@ class ClientPool:
             # thread; the run does not wait for it.
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        if self._threads is not None:  # likewise a blocking act() past its timeout
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
 
     def _new(self, task: Task) -> SessionClient:
+        if task.env is None:
+            return NoEnvironment()
         if isinstance(task.env, str | ServerPool):
             return (task.client_cls or WebSocketEnvClient)(task.env)
         if self._executor is None:
@@ -72,6 +89,34 @@ class ClientPool:
                 max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
             )
         return InProcessClient(task.env, self._executor)
+
+
+class NoEnvironment:
+    """The session of a task with no ``env``: any use of it says so."""
+
+    url = "none"
+    action_cls = Action
+
+    async def connect(self) -> NoEnvironment:
+        return self
+
+    async def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse()
+
+    async def step(self, action: Any) -> Any:
+        self._refuse()
+
+    async def state(self) -> Any:
+        self._refuse()
+
+    async def close(self) -> None:
+        pass
+
+    def _refuse(self) -> NoReturn:
+        raise TypeError(
+            "this task has no environment: give it one (Task(env=url or factory)), "
+            "or let its agent use only session.input"
+        )
 
 
 def _key(task: Task) -> Hashable:

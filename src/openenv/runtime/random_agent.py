@@ -43,6 +43,8 @@ class RandomAgent:
         seed: Seeds every episode's generator together with the task's.
     """
 
+    quick_act = True  # sampling never blocks: act() runs on the event loop, no thread hop
+
     def __init__(
         self,
         action: type[Action] | dict[str, Any] | None = None,

@@ -1,36 +1,44 @@
-"""``Runners`` and ``exec_tasks``: run tasks on the engine a ``RunConfig`` names."""
+"""``Runners`` and ``exec_tasks``: run tasks on the engine a ``RunConfig`` names.
+
+Results come back all at once (``run_task``, ``sync_run_task``,
+``exec_tasks``) or one by one as they finish (``stream``, ``sync_stream``).
+The names and keywords are AWorld's too: ``Runners.sync_run_task(task=...,
+run_conf=...)`` and ``exec_tasks(tasks=..., run_conf=...)`` work as written
+there, from plain code as from ``async`` code.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import threading
 from collections import Counter
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from openenv.errors import EngineError
-from openenv.runtime.base import engine_class
+from openenv.runtime.base import ResultCallback, engine_class
 from openenv.runtime.config import RunConfig
 from openenv.runtime.episode import run_coroutine
 from openenv.runtime.progress import ProgressDisplay
 from openenv.runtime.task import Task, TaskResult
 
-__all__ = ["Runners", "exec_tasks"]
+__all__ = ["Runners", "exec_tasks", "sync_exec_tasks"]
+
+_T = TypeVar("_T")
 
 
-async def exec_tasks(tasks: Iterable[Task], run_conf: RunConfig | None = None) -> list[TaskResult]:
-    """Run tasks on the configured engine; one ``TaskResult`` per task, in input order.
+def _task_list(tasks: Task | Iterable[Task] | None) -> list[Task]:
+    if tasks is None:
+        raise TypeError("no tasks given: pass task=... (a Task or a list of them)")
+    return [tasks] if isinstance(tasks, Task) else list(tasks)
 
-    A task's failure (the agent raising, its timeout, a connection failing
-    after every retry) is that task's ``error`` or ``timeout`` result; it
-    never aborts the run or hides another task's result.
 
-    Raises:
-        ValueError: Two tasks share an ``id``.
-        EngineError: The engine's extra is not installed, or the engine broke
-            its contract (a custom ``cls`` returning the wrong results).
-    """
-    config = run_conf or RunConfig()
-    tasks = list(tasks)
+async def _execute(
+    tasks: list[Task], config: RunConfig, on_result: ResultCallback | None = None
+) -> list[TaskResult]:
     duplicates = sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)
     if duplicates:
         raise ValueError(f"task ids must be unique; repeated: {', '.join(duplicates[:5])}")
@@ -41,16 +49,73 @@ async def exec_tasks(tasks: Iterable[Task], run_conf: RunConfig | None = None) -
     reported = [False] * len(tasks)
     with ProgressDisplay(len(tasks), config.progress) as progress:
 
-        def on_result(index: int, result: TaskResult) -> None:
+        def report(index: int, result: TaskResult) -> None:
             if not reported[index]:
                 reported[index] = True
                 progress.update(result)
+                if on_result is not None:
+                    on_result(index, result)
 
-        results = await engine.run(tasks, on_result)
+        results = await engine.run(tasks, report)
         _check(cls, tasks, results)
         for index, result in enumerate(results):
-            on_result(index, result)
+            report(index, result)
     return list(results)
+
+
+async def _exec_tasks(tasks: list[Task], config: RunConfig) -> list[TaskResult]:
+    return await _execute(tasks, config)
+
+
+def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) -> Any:
+    """Run tasks on the configured engine; one ``TaskResult`` per task, in input order.
+
+    In ``async`` code, await it: ``results = await exec_tasks(tasks, conf)``.
+    Called from plain code (no event loop running), it runs the tasks and
+    returns the results directly, as AWorld's ``exec_tasks(tasks=...,
+    run_conf=...)`` is often written; ``sync_exec_tasks`` always does.
+
+    A task's failure (the agent raising, its timeout, a connection failing
+    after every retry, its worker lost too often) is that task's ``error``
+    or ``timeout`` result; it never aborts the run or hides another task's
+    result.
+
+    Raises:
+        ValueError: Two tasks share an ``id``.
+        TypeError: A task cannot be pickled for a process, Ray or Spark engine.
+        EngineError: The engine's extra is not installed, or the engine broke
+            its contract (a custom ``cls`` returning the wrong results).
+
+    >>> from openenv.runtime import Task
+    >>> from echo_env.server.environment import EchoEnvironment
+    >>> async def hi(session):
+    ...     await session.reset()
+    ...     return (await session.step({"message": "hi"})).observation.echoed_message
+    >>> [r.value for r in exec_tasks(tasks=[Task(id="t0", env=EchoEnvironment, agent=hi)])]
+    ['hi']
+    """
+    coro = _exec_tasks(_task_list(tasks), run_conf or RunConfig())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run_coroutine(coro)
+    return coro
+
+
+def sync_exec_tasks(
+    tasks: Task | Iterable[Task], run_conf: RunConfig | None = None
+) -> list[TaskResult]:
+    """``exec_tasks``, blocking until every task is done; see ``Runners.sync_run_task``."""
+    return _blocking(_exec_tasks(_task_list(tasks), run_conf or RunConfig()))
+
+
+def _blocking(coro: Coroutine[Any, Any, _T]) -> _T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run_coroutine(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="openenv-runner") as pool:
+        return pool.submit(run_coroutine, coro).result()
 
 
 def _check(cls: type, tasks: list[Task], results: object) -> None:
@@ -80,28 +145,126 @@ class Runners:
     ...     result = await session.step({"message": "hi"})
     ...     return result.observation.echoed_message
     >>> tasks = [Task(id=f"t{i}", env=EchoEnvironment, agent=say_hi) for i in range(3)]
-    >>> results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=2))
+    >>> results = Runners.sync_run_task(task=tasks, run_conf=RunConfig(max_concurrency=2))
     >>> [(r.task_id, r.status.value, r.value, r.steps) for r in results]
     [('t0', 'ok', 'hi', 1), ('t1', 'ok', 'hi', 1), ('t2', 'ok', 'hi', 1)]
+    >>> sorted(r.task_id for r in Runners.sync_stream(tasks))  # as they finish
+    ['t0', 't1', 't2']
     """
 
     @staticmethod
     async def run_task(
-        tasks: Iterable[Task], run_conf: RunConfig | None = None
+        task: Task | Iterable[Task] | None = None,
+        run_conf: RunConfig | None = None,
+        *,
+        tasks: Task | Iterable[Task] | None = None,
     ) -> list[TaskResult]:
-        """Run tasks; see ``exec_tasks``."""
-        return await exec_tasks(tasks, run_conf)
+        """Run a task or a list of them; see ``exec_tasks``. ``tasks=`` is accepted too."""
+        return await _exec_tasks(_task_list(task if task is not None else tasks), _conf(run_conf))
 
     @staticmethod
-    def sync_run_task(tasks: Iterable[Task], run_conf: RunConfig | None = None) -> list[TaskResult]:
+    def sync_run_task(
+        task: Task | Iterable[Task] | None = None,
+        run_conf: RunConfig | None = None,
+        *,
+        tasks: Task | Iterable[Task] | None = None,
+    ) -> list[TaskResult]:
         """Run tasks and block until all are done; works inside a running event loop too.
 
         Inside a running loop (a notebook, an async test) the run gets its own
         loop on a helper thread; the calling loop is blocked until it finishes.
         """
+        batch = _task_list(task if task is not None else tasks)
+        return _blocking(_exec_tasks(batch, _conf(run_conf)))
+
+    @staticmethod
+    async def stream(
+        tasks: Task | Iterable[Task], run_conf: RunConfig | None = None
+    ) -> AsyncIterator[TaskResult]:
+        """Each task's result as soon as it is in, in the order they finish.
+
+        Every task yields exactly one result. Leaving the loop early (``break``)
+        cancels the tasks still running.
+
+        >>> import asyncio
+        >>> from openenv.runtime import Task
+        >>> from echo_env.server.environment import EchoEnvironment
+        >>> async def hi(session):
+        ...     await session.reset()
+        ...     return (await session.step({"message": "hi"})).observation.echoed_message
+        >>> async def main():
+        ...     tasks = [Task(id=f"t{i}", env=EchoEnvironment, agent=hi) for i in range(2)]
+        ...     return sorted([r.task_id async for r in Runners.stream(tasks)])
+        >>> asyncio.run(main())
+        ['t0', 't1']
+        """
+        batch = _task_list(tasks)
+        arrived: asyncio.Queue[TaskResult] = asyncio.Queue()
+        run = asyncio.create_task(
+            _execute(batch, _conf(run_conf), lambda _, result: arrived.put_nowait(result))
+        )
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return run_coroutine(exec_tasks(tasks, run_conf))
-        with ThreadPoolExecutor(1, thread_name_prefix="openenv-runner") as pool:
-            return pool.submit(run_coroutine, exec_tasks(tasks, run_conf)).result()
+            for _ in batch:
+                getter = asyncio.ensure_future(arrived.get())
+                await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    await run  # the run failed before this result: raise its error
+                    getter = asyncio.ensure_future(arrived.get())
+                yield await getter
+            await run  # an engine broken after its results: raise its error
+        finally:
+            if not run.done():
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+
+    @staticmethod
+    def sync_stream(
+        tasks: Task | Iterable[Task], run_conf: RunConfig | None = None
+    ) -> Iterator[TaskResult]:
+        """``stream`` for plain code: a blocking iterator of results as they finish.
+
+        The run goes on a helper thread with its own event loop; leaving the
+        loop early cancels the tasks still running.
+        """
+        batch = _task_list(tasks)
+        out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        handle: Future[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = Future()
+
+        async def pump() -> None:
+            current = asyncio.current_task()
+            assert current is not None
+            handle.set_result((asyncio.get_running_loop(), current))
+            try:
+                async for result in Runners.stream(batch, run_conf):
+                    out.put(("result", result))
+            except asyncio.CancelledError:
+                pass
+            except BaseException as exc:
+                out.put(("error", exc))
+                return
+            out.put(("end", None))
+
+        thread = threading.Thread(
+            target=run_coroutine, args=(pump(),), name="openenv-stream", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                kind, value = out.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            loop, task = handle.result()
+            if thread.is_alive():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(task.cancel)
+            thread.join()
+
+
+def _conf(run_conf: RunConfig | None) -> RunConfig:
+    return run_conf or RunConfig()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
 from openenv.types import Action, State, StepResult
 
 if TYPE_CHECKING:
+    from openenv.runtime.pool import ClientPool
     from openenv.runtime.task import Task, TaskResult
 
 __all__ = ["EpisodeSession", "SessionClient", "fetch_schema"]
@@ -55,10 +59,17 @@ class EpisodeSession:
     (1, 0.3, 1)
     """
 
-    def __init__(self, task: Task, client: SessionClient, previous: TaskResult | None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        client: SessionClient,
+        previous: TaskResult | None,
+        pool: ClientPool | None = None,
+    ) -> None:
         self.task = task
         self.client = client
         self.previous = previous
+        self._pool = pool
         self.steps = 0
         self.reward = 0.0
         self.requests = 0  # answered requests; 0 means the session was never used
@@ -67,6 +78,37 @@ class EpisodeSession:
     def max_steps(self) -> int | None:
         return self.task.max_steps
 
+    @property
+    def threads(self) -> Executor | None:
+        """Where a sync ``act()`` runs (``None``: the loop's default executor)."""
+        return self._pool.threads if self._pool is not None else None
+
+    @contextlib.asynccontextmanager
+    async def fork(self) -> AsyncIterator[EpisodeSession]:
+        """Another session of the same task's environment, for another episode at once.
+
+        Its steps and reward count in this task's result; it is closed (or
+        kept for reuse, if it ended cleanly) when the block ends.
+        """
+        if self._pool is None:
+            raise RuntimeError("this session was not opened by the runtime; it cannot fork")
+        client, _ = await self._pool.acquire(self.task, fresh=True)
+        own = EpisodeSession(self.task, client, self.previous, self._pool)
+        clean = False
+        try:
+            yield own
+            clean = True
+        finally:
+            self.steps += own.steps
+            self.reward += own.reward
+            self.requests += own.requests
+            await self._pool.release(self.task, client, reusable=clean)
+
+    @property
+    def input(self) -> Any:
+        """The task's ``input`` (AWorld's ``Task(input=...)``), or ``None``."""
+        return self.task.input
+
     async def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[Any]:
@@ -74,7 +116,7 @@ class EpisodeSession:
         result = await self.client.reset(
             seed=self.task.seed if seed is None else seed,
             episode_id=self.task.episode_id if episode_id is None else episode_id,
-            **{**self.task.reset_kwargs, **kwargs},
+            **{**_input_kwargs(self.task.input), **self.task.reset_kwargs, **kwargs},
         )
         self.requests += 1
         return result
@@ -99,6 +141,10 @@ class EpisodeSession:
         if self.client.action_cls is not Action:
             return self.client.action_cls.model_json_schema()
         return await fetch_schema(self.client.url)
+
+
+def _input_kwargs(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 _schemas: dict[str, dict[str, Any]] = {}

@@ -1,9 +1,14 @@
-"""Send tasks to another process and results back, losing none on the way.
+"""Send tasks to another process one at a time, and results back, losing none on the way.
 
-Tasks travel cloudpickled (closures and lambdas included). A task that cannot
-be pickled, a batch that cannot be unpickled on the worker (say, the agent's
-module is not importable there), and a result whose value cannot be pickled
-each become that task's ``error`` result instead of sinking the whole batch.
+Tasks travel cloudpickled (closures and lambdas included), each in its own
+``Parcel``. Every task is pickled before the run starts, so an agent that
+cannot travel fails the run at once, naming the task and the reason. A
+parcel that cannot be unpickled on the worker (say, the agent's module is
+not importable there) and a result whose value cannot be pickled each
+become that task's ``error`` result.
+
+``EpisodeWorker`` is what runs on the far side, in a local worker process,
+a Ray actor or a Spark task alike.
 """
 
 from __future__ import annotations
@@ -11,100 +16,134 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import cloudpickle
 
 from openenv.runtime.base import BatchSettings, failed_result
-from openenv.runtime.episode import run_batch, run_coroutine
+from openenv.runtime.episode import run_one
+from openenv.runtime.pool import ClientPool
 from openenv.runtime.task import Task, TaskError, TaskResult, TaskStatus
 
-__all__ = ["FRAME_HEADER", "Batch", "decode_results", "encode_results", "pack", "run_packed"]
+__all__ = [
+    "FRAME_HEADER",
+    "EpisodeWorker",
+    "Parcel",
+    "decode_result",
+    "encode_result",
+    "pack_tasks",
+]
 
-Pairs = list[tuple[int, TaskResult]]
-
-# Frames on a worker's result stream: this header (the length), then the bytes.
+# Frames on a worker process's pipes: this header (the length), then the bytes.
 FRAME_HEADER = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
-class Batch:
-    """A worker's share of tasks, ready to travel."""
+class Parcel:
+    """One task on its way to a worker, with what the driver knows of its past."""
 
-    indices: list[int]
-    ids: list[str]
-    blob: bytes  # cloudpickle of the tasks
-    settings: BatchSettings
-    # The driver's import path: on the same machine, modules the driver can
-    # import (a notebook's folder, a test directory) are importable by workers.
-    sys_path: list[str]
-
-
-def pack(items: Sequence[tuple[int, Task]], settings: BatchSettings) -> tuple[Batch, Pairs]:
-    """Pickle a share; tasks that cannot be pickled come back as ``error`` results."""
-    failed: Pairs = []
-    try:
-        blob = cloudpickle.dumps([task for _, task in items])
-    except Exception:
-        sendable = []
-        for index, task in items:
-            try:
-                cloudpickle.dumps(task)
-            except Exception as exc:
-                failed.append((index, _unsendable(task, exc)))
-            else:
-                sendable.append((index, task))
-        items = sendable
-        blob = cloudpickle.dumps([task for _, task in items])
-    batch = Batch(
-        indices=[index for index, _ in items],
-        ids=[task.id for _, task in items],
-        blob=blob,
-        settings=settings,
-        sys_path=list(sys.path),
-    )
-    return batch, failed
+    index: int
+    task_id: str
+    blob: bytes  # cloudpickle of the Task
+    attempts_before: int = 0  # attempts used by earlier dispatches (lost workers)
+    time_left: float | None = None  # of the task's timeout; None: all of it
+    previous: TaskResult | None = None  # sequence-dependent runs
 
 
-def _unsendable(task: Task, exc: Exception) -> TaskResult:
-    message = f"the task cannot be pickled to send it to a worker: {exc}"
-    return failed_result(task.id, type(exc).__name__, message, time.time())
+def pack_tasks(tasks: Sequence[Task]) -> list[bytes]:
+    """Pickle every task, or fail before anything runs.
 
-
-def run_packed(batch: Batch, emit: Callable[[bytes], None]) -> None:
-    """Run a batch in this (worker) process; ``emit`` each encoded result as it finishes."""
-    for path in batch.sys_path:
-        if path not in sys.path:
-            sys.path.append(path)
-    try:
-        tasks: list[Task] = cloudpickle.loads(batch.blob)
-    except Exception as exc:
-        message = f"the worker could not unpickle its tasks: {type(exc).__name__}: {exc}"
-        now = time.time()
-        failed = [
-            (index, failed_result(task_id, "WorkerError", message, now))
-            for index, task_id in zip(batch.indices, batch.ids, strict=True)
-        ]
-        emit(encode_results(failed))
-        return
-
-    def on_result(index: int, result: TaskResult) -> None:
-        emit(encode_results([(index, result)]))
-
-    items = list(zip(batch.indices, tasks, strict=True))
-    run_coroutine(run_batch(items, batch.settings, on_result))
-
-
-def encode_results(pairs: Pairs) -> bytes:
-    """Pickle results, each on its own, beside its index and task id.
-
-    A value that cannot be pickled turns its result into an error here; one
-    that cannot be unpickled on the other side does so in ``decode_results``.
+    Raises:
+        TypeError: A task cannot be pickled; the message names it and says why.
     """
-    return bytes(
-        cloudpickle.dumps([(index, result.task_id, _dumps(result)) for index, result in pairs])
-    )
+    blobs = []
+    for task in tasks:
+        try:
+            blobs.append(bytes(cloudpickle.dumps(task)))
+        except Exception as exc:
+            raise TypeError(
+                f"task {task.id!r} cannot be pickled to send it to a worker "
+                f"(its agent {_name(task.agent)}, or its env, holds something that "
+                f"cannot travel to another process): {type(exc).__name__}: {exc}; run "
+                f"it in process (engine_name='local', worker_num=1) or make it picklable"
+            ) from exc
+    return blobs
+
+
+def _name(obj: object) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__qualname__
+
+
+class EpisodeWorker:
+    """The far side: plays parcels on one event loop, sharing a client pool per run."""
+
+    def __init__(self) -> None:
+        self.settings = BatchSettings()
+        self._pool: ClientPool | None = None
+        self._playing = 0
+
+    def begin(self, settings: BatchSettings, sys_path: Sequence[str]) -> None:
+        """Start a run: its settings, and the driver's import path.
+
+        On the same machine, modules the driver can import (a notebook's
+        folder, a test directory) become importable here too.
+        """
+        self.settings = settings
+        for path in sys_path:
+            if path not in sys.path:
+                sys.path.append(path)
+
+    @property
+    def pool(self) -> ClientPool:
+        if self._pool is None:
+            self._pool = ClientPool(self.settings.max_concurrency)
+        return self._pool
+
+    @property
+    def busy(self) -> bool:
+        """Some parcel is being played."""
+        return self._playing > 0
+
+    async def play(self, parcel: Parcel, extra_attempts: int = 0) -> bytes:
+        """Play one parcel; its result, encoded."""
+        self._playing += 1
+        try:
+            return await self._play(parcel, extra_attempts)
+        finally:
+            self._playing -= 1
+
+    async def _play(self, parcel: Parcel, extra_attempts: int) -> bytes:
+        try:
+            task: Task = cloudpickle.loads(parcel.blob)
+        except Exception as exc:
+            message = f"the worker could not unpickle the task: {type(exc).__name__}: {exc}"
+            result = failed_result(parcel.task_id, "WorkerError", message, time.time())
+            return encode_result(parcel.index, result)
+        result = await run_one(
+            task,
+            self.settings,
+            self.pool,
+            parcel.previous,
+            attempts_before=parcel.attempts_before + extra_attempts,
+            time_left=parcel.time_left,
+        )
+        return encode_result(parcel.index, result)
+
+    async def end(self) -> None:
+        """End a run: close the sessions kept for reuse, so none outlives it."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
+
+
+def encode_result(index: int, result: TaskResult) -> bytes:
+    """Pickle a result beside its index and task id.
+
+    A value that cannot be pickled turns the result into an error here; one
+    that cannot be unpickled on the other side does so in ``decode_result``.
+    """
+    return bytes(cloudpickle.dumps((index, result.task_id, _dumps(result))))
 
 
 def _dumps(result: TaskResult) -> bytes:
@@ -121,16 +160,14 @@ def _dumps(result: TaskResult) -> bytes:
         )
 
 
-def decode_results(data: bytes) -> Pairs:
-    pairs: Pairs = []
-    for index, task_id, blob in cloudpickle.loads(data):
-        try:
-            result: TaskResult = cloudpickle.loads(blob)
-        except Exception as exc:
-            message = (
-                f"the worker's result could not be unpickled here "
-                f"(is the agent's return type importable?): {type(exc).__name__}: {exc}"
-            )
-            result = failed_result(task_id, "ResultUnpicklingError", message, time.time())
-        pairs.append((index, result))
-    return pairs
+def decode_result(data: bytes) -> tuple[int, TaskResult]:
+    index, task_id, blob = cloudpickle.loads(data)
+    try:
+        result: TaskResult = cloudpickle.loads(blob)
+    except Exception as exc:
+        message = (
+            f"the worker's result could not be unpickled here "
+            f"(is the agent's return type importable?): {type(exc).__name__}: {exc}"
+        )
+        result = failed_result(task_id, "ResultUnpicklingError", message, time.time())
+    return index, result

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import traceback
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,13 +30,20 @@ __all__ = ["EnvFactory", "Task", "TaskError", "TaskResult", "TaskStatus"]
 
 EnvFactory = Callable[[], Environment[Any, Any, Any]]
 
+# The default id, told apart by identity: a random one is drawn in its place.
+_AUTO_ID = "".join(["<auto", ">"])  # built at run time: a distinct object, never interned
+
 
 @dataclass(frozen=True)
 class Task:
     """One episode: where the environment is, how to reset it, and who plays.
 
+    AWorld's spelling works too: ``Task(input="what is 2+2?", agent=solve,
+    id="q1")``, with no ``env`` for an agent that needs none.
+
     Args:
-        id: Names the task in its result; unique within a run.
+        id: Names the task in its result; unique within a run. Default: a
+            random ``task-...`` id.
         env: A server URL (``http://host:port`` or ``ws://host:port/ws``), a
             ``ServerPool`` of several servers or a fleet (sessions go where
             there is room; URLs joined by commas work too), or
@@ -52,22 +60,30 @@ class Task:
             ``RunConfig.timeout``.
         client_cls: An ``EnvClient`` subclass to parse a URL environment's
             replies into typed models (default: ``WebSocketEnvClient``).
+        input: The episode's input, as AWorld's ``Task(input=...)``: the agent
+            reads it as ``session.input``; a mapping is also passed to
+            ``reset`` as keyword arguments (``reset_kwargs`` win on a clash).
     """
 
-    id: str
-    env: str | ServerPool | EnvFactory
-    agent: Any
+    id: str = _AUTO_ID
+    env: str | ServerPool | EnvFactory | None = None
+    agent: Any = None
     seed: int | None = None
     episode_id: str | None = None
     reset_kwargs: Mapping[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
     timeout: float | None = None
     client_cls: type[EnvClient[Any, Any, Any]] | None = None
+    input: Any = None
 
     def __post_init__(self) -> None:
+        if self.id is _AUTO_ID:
+            object.__setattr__(self, "id", f"task-{uuid.uuid4().hex[:12]}")
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Task id must be a non-empty string, got {self.id!r}")
-        if isinstance(self.env, str):
+        if self.env is None:
+            pass  # the agent needs no environment (session.input is all it plays with)
+        elif isinstance(self.env, str):
             for url in filter(None, map(str.strip, self.env.split(","))):
                 ws_url(url)  # a malformed URL fails here, naming the accepted forms
         elif isinstance(self.env, ServerPool):
@@ -84,6 +100,8 @@ class Task:
                 f"Task {self.id!r}: env must be a URL or an environment factory, "
                 f"got {type(self.env).__name__}"
             )
+        if self.agent is None:
+            raise TypeError(f"Task {self.id!r} needs an agent: Task(..., agent=...)")
         if not callable(getattr(self.agent, "act", None)) and not callable(self.agent):
             raise TypeError(
                 f"Task {self.id!r}: agent must be an `async def agent(session)` or an "
@@ -163,6 +181,28 @@ class TaskResult:
     def duration(self) -> float:
         """Seconds from start to end."""
         return self.ended_at - self.started_at
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
+        """A result back from ``to_dict`` (a line of ``openenv run --out``).
+
+        >>> result = TaskResult(task_id="t0", status=TaskStatus.TIMEOUT, attempts=2,
+        ...                     error=TaskError("TimeoutError", "too slow"))
+        >>> TaskResult.from_dict(result.to_dict()) == result
+        True
+        """
+        error = data.get("error")
+        return cls(
+            task_id=data["task_id"],
+            status=TaskStatus(data["status"]),
+            value=data.get("value"),
+            reward=data.get("reward", 0.0),
+            steps=data.get("steps", 0),
+            error=TaskError(error["type"], error["message"]) if error else None,
+            started_at=data.get("started_at", 0.0),
+            ended_at=data.get("ended_at", 0.0),
+            attempts=data.get("attempts", 1),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (a pydantic ``value`` is dumped; other values are kept as they are)."""

@@ -1,0 +1,308 @@
+"""Hand tasks to workers as they free up, and keep exactly one result per task.
+
+The driver side of every remote engine (local processes, Ray, Spark). A
+``Dispatcher`` holds the tasks not yet handed out; each worker runs a few
+slots, and each slot takes the next task when its previous one is done, so a
+slow task or a slow worker holds up only itself. A result is kept only if
+it is the task's first: a task whose result is in is never handed out again.
+A task whose worker is lost while playing it goes back in the queue, for a
+healthy worker, and that attempt counts against the run's ``retries``.
+
+``serve`` runs the workers: it starts them, feeds their slots, replaces a
+worker that dies while work remains, and gives up on workers that keep dying
+without finishing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from openenv.runtime.base import BatchSettings, ResultCallback, failed_result
+from openenv.runtime.episode import time_limit, timeout_error
+from openenv.runtime.shipping import Parcel, decode_result
+from openenv.runtime.task import Task, TaskResult, TaskStatus
+
+__all__ = ["Dispatcher", "RemoteWorker", "WorkerLost", "serve"]
+
+# How long past a task's timeout the driver waits for its worker to say so,
+# before it reports the timeout itself (the worker's loop may be stalled).
+OVERDUE_GRACE = 0.5
+
+# Workers started in a row that died without a single result: then give up.
+_MAX_FRUITLESS_STARTS = 3
+
+
+class WorkerLost(Exception):
+    """A worker died, or could not be reached, holding a parcel.
+
+    ``sent``: the parcel reached the worker (its episode may have started).
+    """
+
+    def __init__(self, reason: str, *, sent: bool) -> None:
+        super().__init__(reason)
+        self.sent = sent
+
+
+class RemoteWorker(Protocol):
+    """One worker, as ``serve`` drives it."""
+
+    died: asyncio.Event
+
+    async def play(self, parcel: Parcel) -> bytes:
+        """Play a parcel; its encoded result. Raises ``WorkerLost``."""
+        ...
+
+    async def finish(self) -> None:
+        """The run is over: release what it held (never raises)."""
+        ...
+
+    def abort(self) -> None:
+        """Stop the worker now: a task on it is overdue, so its loop is stalled."""
+        ...
+
+    def rest(self) -> None:
+        """Nothing is left for the worker for now: close its idle sessions (never raises).
+
+        They hold server slots that another worker's episodes may be waiting for.
+        """
+        ...
+
+
+class Dispatcher:
+    """The queue of tasks, and their results, for one run."""
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        blobs: Sequence[bytes],
+        settings: BatchSettings,
+        on_result: ResultCallback,
+    ) -> None:
+        self.tasks = tasks
+        self.settings = settings
+        self.results: list[TaskResult | None] = [None] * len(tasks)
+        self.finished = 0
+        self.on_overdue: Callable[[int], None] | None = None
+        self._blobs = blobs
+        self._on_result = on_result
+        self._lost = [0] * len(tasks)  # attempts spent on workers that were lost
+        self._first: list[tuple[float, float] | None] = [None] * len(tasks)  # monotonic, wall
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        sequence = settings.sequence_dependent
+        self._ready: deque[int] = deque([0] if sequence else range(len(tasks)))
+        self._wake = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return self.finished == len(self.tasks)
+
+    @property
+    def starved(self) -> bool:
+        """No task is waiting to be handed out."""
+        return not self._ready
+
+    def poke(self) -> None:
+        """Wake every slot waiting in ``take`` to look again."""
+        self._wake.set()
+
+    async def take(self, until: asyncio.Event | None = None) -> Parcel | None:
+        """The next task to play; ``None`` when all are done, or ``until`` is set."""
+        while True:
+            if until is not None and until.is_set():
+                return None
+            while self._ready:
+                parcel = self._parcel(self._ready.popleft())
+                if parcel is not None:
+                    return parcel
+            if self.complete:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _parcel(self, index: int) -> Parcel | None:
+        if self.results[index] is not None:
+            return None
+        task = self.tasks[index]
+        now = time.monotonic()
+        if self._first[index] is None:
+            self._first[index] = (now, time.time())
+        limit = time_limit(task, self.settings)
+        time_left = None
+        if limit is not None:
+            time_left = limit - (now - self._first[index][0])  # type: ignore[index]
+            if time_left <= 0:
+                self._record(index, self._timeout(index))
+                return None
+            loop = asyncio.get_running_loop()
+            handle = loop.call_later(time_left + OVERDUE_GRACE, self._overdue, index)
+            self._timers[index] = handle
+        previous = None
+        if self.settings.sequence_dependent and index > 0:
+            previous = self.results[index - 1]
+        return Parcel(
+            index=index,
+            task_id=task.id,
+            blob=self._blobs[index],
+            attempts_before=self._lost[index],
+            time_left=time_left,
+            previous=previous,
+        )
+
+    def finish(self, data: bytes) -> None:
+        """A worker's encoded result; kept unless the task has one already."""
+        index, result = decode_result(data)
+        self._record(index, result)
+
+    def put_back(self, parcel: Parcel) -> None:
+        """A parcel that never reached its worker: hand it out again, at no cost."""
+        self._cancel_timer(parcel.index)
+        self._ready.appendleft(parcel.index)
+        self._wake.set()
+
+    def lost(self, parcel: Parcel, reason: str) -> None:
+        """The worker playing ``parcel`` is gone: hand it out again, or give up on it."""
+        index = parcel.index
+        self._cancel_timer(index)
+        if self.results[index] is not None:
+            return
+        self._lost[index] = parcel.attempts_before + 1
+        if self._lost[index] > self.settings.retries:
+            message = (
+                f"{reason}; the task lost its worker {self._lost[index]} times "
+                f"(retries={self.settings.retries})"
+            )
+            self._record(index, self._failed(index, message))
+            return
+        self._ready.appendleft(index)
+        self._wake.set()
+
+    def abandon(self, reason: str) -> None:
+        """No worker is left: every task without a result fails with ``reason``."""
+        for index, result in enumerate(self.results):
+            if result is None:
+                self._record(index, self._failed(index, reason))
+
+    def _record(self, index: int, result: TaskResult) -> None:
+        self._cancel_timer(index)
+        if self.results[index] is not None:
+            return  # exactly one result per task: the first
+        self.results[index] = result
+        self.finished += 1
+        self._on_result(index, result)
+        if self.settings.sequence_dependent and index + 1 < len(self.tasks):
+            self._ready.append(index + 1)
+        self._wake.set()
+
+    def _failed(self, index: int, message: str) -> TaskResult:
+        first = self._first[index]
+        started = first[1] if first else time.time()
+        result = failed_result(self.tasks[index].id, "WorkerError", message, started)
+        return replace(result, attempts=max(self._lost[index], 1))
+
+    def _timeout(self, index: int) -> TaskResult:
+        first = self._first[index]
+        task = self.tasks[index]
+        return TaskResult(
+            task_id=task.id,
+            status=TaskStatus.TIMEOUT,
+            error=timeout_error(task, time_limit(task, self.settings)),
+            started_at=first[1] if first else time.time(),
+            ended_at=time.time(),
+            attempts=self._lost[index] + 1,
+        )
+
+    def _overdue(self, index: int) -> None:
+        self._timers.pop(index, None)
+        if self.results[index] is None:
+            self._record(index, self._timeout(index))
+            if self.on_overdue is not None:
+                self.on_overdue(index)
+
+    def _cancel_timer(self, index: int) -> None:
+        handle = self._timers.pop(index, None)
+        if handle is not None:
+            handle.cancel()
+
+
+async def serve(
+    dispatcher: Dispatcher,
+    start: Callable[[], Awaitable[RemoteWorker]],
+    workers: int,
+    slots: int,
+) -> None:
+    """Run ``workers`` workers of ``slots`` slots each until every task has its result."""
+    reasons: list[str] = []
+    holders: dict[int, RemoteWorker] = {}
+
+    def overdue(index: int) -> None:
+        # The worker did not report its own timeout: something blocks its loop
+        # (an agent calling time.sleep in `async def`), and every other episode
+        # on it waits too. Stop it; those episodes go to healthy workers.
+        worker = holders.get(index)
+        if worker is not None:
+            worker.abort()
+
+    dispatcher.on_overdue = overdue
+
+    async def supervise() -> None:
+        fruitless = 0
+        while not dispatcher.complete:
+            before = dispatcher.finished
+            try:
+                worker = await start()
+            except Exception as exc:
+                reasons.append(f"a worker could not be started: {type(exc).__name__}: {exc}")
+                fruitless += 1
+            else:
+                watch = asyncio.create_task(_poke_on_death(worker, dispatcher))
+                try:
+                    await asyncio.gather(
+                        *(_slot(worker, dispatcher, holders) for _ in range(slots))
+                    )
+                except asyncio.CancelledError:
+                    worker.abort()  # the run was cancelled: stop its episodes too
+                    raise
+                finally:
+                    watch.cancel()
+                if not worker.died.is_set():
+                    await worker.finish()
+                    return
+                fruitless = fruitless + 1 if dispatcher.finished == before else 0
+                reasons.append("the worker died")
+            if fruitless >= _MAX_FRUITLESS_STARTS:
+                return
+
+    await asyncio.gather(*(supervise() for _ in range(workers)))
+    if not dispatcher.complete:
+        dispatcher.abandon(reasons[-1] if reasons else "no worker was left to run it")
+
+
+async def _poke_on_death(worker: RemoteWorker, dispatcher: Dispatcher) -> None:
+    await worker.died.wait()
+    dispatcher.poke()
+
+
+async def _slot(
+    worker: RemoteWorker, dispatcher: Dispatcher, holders: dict[int, RemoteWorker]
+) -> None:
+    while (parcel := await dispatcher.take(until=worker.died)) is not None:
+        holders[parcel.index] = worker
+        try:
+            data = await worker.play(parcel)
+        except WorkerLost as exc:
+            worker.died.set()
+            if exc.sent:
+                dispatcher.lost(parcel, str(exc))
+            else:
+                dispatcher.put_back(parcel)
+            return
+        finally:
+            holders.pop(parcel.index, None)
+        dispatcher.finish(data)
+        if dispatcher.starved and worker not in holders.values():
+            worker.rest()
