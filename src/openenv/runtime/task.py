@@ -30,8 +30,9 @@ __all__ = ["EnvFactory", "Task", "TaskError", "TaskResult", "TaskStatus"]
 
 EnvFactory = Callable[[], Environment[Any, Any, Any]]
 
-# The default id, told apart by identity: a random one is drawn in its place.
-_AUTO_ID = "".join(["<auto", ">"])  # built at run time: a distinct object, never interned
+
+def _new_id() -> str:
+    return f"task-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Task:
             ``reset`` as keyword arguments (``reset_kwargs`` win on a clash).
     """
 
-    id: str = _AUTO_ID
+    id: str = field(default_factory=_new_id)
     env: str | ServerPool | EnvFactory | None = None
     agent: Any = None
     seed: int | None = None
@@ -77,8 +78,6 @@ class Task:
     input: Any = None
 
     def __post_init__(self) -> None:
-        if self.id is _AUTO_ID:
-            object.__setattr__(self, "id", f"task-{uuid.uuid4().hex[:12]}")
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Task id must be a non-empty string, got {self.id!r}")
         if self.env is None:
