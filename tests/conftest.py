@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,3 +30,38 @@ def echo_url() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _doctest_namespace(doctest_namespace: dict[str, object]) -> None:
     doctest_namespace["ECHO_URL"] = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the session, in its own temp dir, quiet."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    temp_dir = tempfile.mkdtemp(prefix="oe-ray-")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=128 * 2**20,
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def spark_context() -> Iterator[None]:
+    """One Spark local[2] context for the session (the runtime's own local setup)."""
+    from openenv.runtime.spark import local_context
+
+    sc = local_context(2)
+    try:
+        yield
+    finally:
+        sc.stop()

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from openenv.cli.run import load_agent
 from openenv.testing import run_server
 
 runner = CliRunner()
+OPENENV = str(Path(sys.executable).with_name("openenv"))
 
 
 def test_run_plays_random_episodes_and_writes_json_lines(echo_url: str, tmp_path: Path) -> None:
@@ -114,3 +120,39 @@ async def test_demo_drives_episodes_through_runners(echo_url: str) -> None:
     assert (report.sessions, report.failed_sessions, report.steps) == (8, 0, 40)
     assert len(report.latencies) == 40
     assert report.percentile(50) <= report.percentile(99)
+
+
+def test_a_run_killed_midway_resumes_without_replaying_what_it_kept(
+    echo_url: str, tmp_path: Path
+) -> None:
+    out, journal = tmp_path / "results.jsonl", tmp_path / "journal"
+    command = [
+        *(OPENENV, "run", "--env", echo_url, "--agent", "runtime_agents:held_echo"),
+        *("--tasks", "10", "--concurrency", "3", "--out", str(out), "--no-progress"),
+    ]
+    env = {**os.environ, "OPENENV_TEST_JOURNAL": str(journal)}
+    tests = Path(__file__).parent
+    first = subprocess.Popen(command, cwd=tests, env={**env, "OPENENV_TEST_HOLD": "5"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.read_bytes().count(b"\n") == 5):
+            assert first.poll() is None, "the run ended on its own"
+            assert time.monotonic() < deadline, "five results written within 60 s"
+            time.sleep(0.02)
+    finally:
+        first.kill()  # SIGKILL: no chance to tidy up
+        first.wait()
+    kept = [json.loads(line)["task_id"] for line in out.read_text().splitlines()]
+    assert sorted(kept) == [f"task-{i}" for i in range(5)]
+
+    second = subprocess.run([*command, "--resume"], cwd=tests, env=env, capture_output=True)
+    assert second.returncode == 0, second.stdout.decode() + second.stderr.decode()
+    assert "resuming: 5 of 10 tasks done" in second.stdout.decode()
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in results] == [f"task-{i}" for i in range(10)]
+    assert [r["value"] for r in results] == [f"task-{i}" for i in range(10)]
+    lines = [line.split() for line in journal.read_text().splitlines()]
+    starts = Counter(task_id for word, task_id, _ in lines if word == "start")
+    done = Counter(task_id for word, task_id, _ in lines if word == "done")
+    assert done == {f"task-{i}": 1 for i in range(10)}  # none played to the end twice
+    assert all(starts[f"task-{i}"] == 1 for i in range(5))  # what was kept was not replayed

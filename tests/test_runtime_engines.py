@@ -9,11 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import logging
-import os
 import pickle
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -56,41 +52,6 @@ ENGINES_UNDER_TEST = {
     "ray": {"engine_name": "ray", "worker_num": 2},
     "spark": {"engine_name": "spark", "worker_num": 2},
 }
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the session, in its own temp dir, quiet."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp_dir = tempfile.mkdtemp(prefix="oe-ray-")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=128 * 2**20,
-        _temp_dir=temp_dir,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def spark_context() -> Iterator[None]:
-    """One Spark local[2] context for the session (the runtime's own local setup)."""
-    from openenv.runtime.spark import local_context
-
-    sc = local_context(2)
-    try:
-        yield
-    finally:
-        sc.stop()
 
 
 @pytest.fixture(scope="module")

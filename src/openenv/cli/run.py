@@ -69,7 +69,7 @@ def run(
     tasks: Annotated[int, typer.Option(min=1, help="Episodes to play.")] = 10,
     engine: Annotated[EngineName, typer.Option(help="Where to run them.")] = EngineName.LOCAL,
     workers: Annotated[
-        int, typer.Option(min=1, help="Worker processes, Ray tasks or Spark partitions.")
+        int, typer.Option(min=1, help="Worker processes, Ray actors or Spark jobs.")
     ] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight per worker.")] = 64,
     max_steps: Annotated[

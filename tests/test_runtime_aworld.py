@@ -1,0 +1,134 @@
+"""AWorld's spellings of the runtime API, written exactly as its users write them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import pytest
+from runtime_agents import echo_agent, messages
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv.runtime import (
+    EpisodeSession,
+    ParallelizableAgent,
+    RunConfig,
+    Runners,
+    Task,
+    TaskResult,
+    exec_tasks,
+    sync_exec_tasks,
+)
+
+CONF = RunConfig(max_concurrency=4, progress=False)
+ENV = functools.partial(EchoEnvironment, max_steps=3)
+
+
+async def solve(session: EpisodeSession) -> str:
+    """An agent that needs no environment: it answers its input."""
+    question = session.input
+    left, _, right = question.removeprefix("what is ").removesuffix("?").partition("+")
+    return str(int(left) + int(right))
+
+
+def test_sync_run_task_takes_task_and_run_conf_keywords() -> None:
+    tasks = [Task(id=f"t{i}", env=ENV, agent=echo_agent) for i in range(3)]
+    results = Runners.sync_run_task(task=tasks, run_conf=CONF)
+    assert [(r.task_id, r.value) for r in results] == [(t.id, messages(t.id)) for t in tasks]
+    one = Runners.sync_run_task(task=tasks[0], run_conf=CONF)  # a single Task too
+    assert [r.task_id for r in one] == ["t0"]
+
+
+async def test_run_task_takes_the_same_keywords_when_awaited() -> None:
+    results = await Runners.run_task(task=Task(id="t0", env=ENV, agent=echo_agent), run_conf=CONF)
+    assert [r.value for r in results] == [messages("t0")]
+
+
+def test_a_task_with_an_input_and_no_environment() -> None:
+    task = Task(input="what is 2+2?", agent=solve, id="q1")
+    (result,) = Runners.sync_run_task(task=task, run_conf=CONF)
+    assert (result.task_id, result.status.value, result.value) == ("q1", "ok", "4")
+    assert Task(input="what is 1+1?", agent=solve).id.startswith("task-")  # ids by default
+
+
+def test_a_session_without_an_environment_says_so() -> None:
+    async def wants_env(session: EpisodeSession) -> None:
+        await session.reset()
+
+    (result,) = Runners.sync_run_task(task=Task(input="x", agent=wants_env), run_conf=CONF)
+    assert result.error is not None
+    assert "this task has no environment" in result.error.message
+
+
+def test_exec_tasks_from_plain_code_returns_the_results() -> None:
+    tasks = [Task(id="q1", input="what is 3+4?", agent=solve)]
+    assert [r.value for r in exec_tasks(tasks=tasks, run_conf=CONF)] == ["7"]
+    assert [r.value for r in sync_exec_tasks(tasks=tasks, run_conf=CONF)] == ["7"]
+
+
+async def test_exec_tasks_is_awaitable_in_async_code() -> None:
+    results: list[TaskResult] = await exec_tasks(
+        tasks=[Task(id="q1", input="what is 5+5?", agent=solve)], run_conf=CONF
+    )
+    assert [r.value for r in results] == ["10"]
+
+
+class Say:
+    def __init__(self, word: str, name: str) -> None:
+        self.word = word
+        self.name = name
+
+    def act(self, observation: EchoObservation) -> str:
+        return self.word
+
+
+def test_parallelizable_agent_as_aworld_writes_it() -> None:
+    seen: list[Any] = []
+
+    def aggregate_func(agent: ParallelizableAgent, results: dict[str, Any]) -> EchoAction:
+        seen.append(agent)
+        return EchoAction(message="+".join(results[name] for name in sorted(results)))
+
+    parallel = ParallelizableAgent(
+        name="parallel_search",
+        agents=[Say("hi", "search_a"), Say("ho", "search_b")],
+        aggregate_func=aggregate_func,
+    )
+    (result,) = Runners.sync_run_task(task=Task(id="t0", env=ENV, agent=parallel), run_conf=CONF)
+    assert result.ok, result.error
+    assert result.value["echoed_message"] == "hi+ho"
+    assert result.steps == 3  # max_steps=3 ends the episode
+    assert [agent.name for agent in seen] == ["parallel_search"] * 3  # once a step
+
+
+def test_a_wrong_aggregate_signature_fails_at_construction() -> None:
+    def three(agent: Any, results: Any, extra: Any) -> None: ...
+
+    with pytest.raises(TypeError, match=r"cannot be called as f\(agent, results\)"):
+        ParallelizableAgent(name="x", agents=[Say("a", "a")], aggregate_func=three)
+
+
+def test_session_agents_as_sub_agents_each_play_their_own_episode() -> None:
+    async def shout(session: EpisodeSession) -> str:
+        await session.reset()
+        result = await session.step({"message": "HEY"})
+        return str(result.observation.echoed_message)
+
+    async def whisper(session: EpisodeSession) -> str:
+        await session.reset()
+        await session.step({"message": "psst"})
+        result = await session.step({"message": "hush"})
+        return str(result.observation.echoed_message)
+
+    async def best(agent: ParallelizableAgent, results: dict[str, str]) -> str:
+        await asyncio.sleep(0)  # an async aggregate, e.g. a judge call
+        return max(results.values(), key=len)
+
+    parallel = ParallelizableAgent(
+        name="best_of_two", agents={"shout": shout, "whisper": whisper}, aggregate_func=best
+    )
+    (result,) = Runners.sync_run_task(task=Task(id="t0", env=ENV, agent=parallel), run_conf=CONF)
+    assert (result.status.value, result.value) == ("ok", "hush")
+    assert result.steps == 3  # the two sub-episodes' steps add up

@@ -1,0 +1,183 @@
+"""Runners under loss and delay, on real engines: exactly one result per task.
+
+Every agent here writes each of its invocations to a journal file (any
+process can append to it), so the tests count what really ran: a worker
+killed mid-run must cost no result and replay no finished episode; a slow
+task must hold up only its own slot; results must reach the caller while
+the run goes on; a blocking agent must time out on time without stalling
+the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runtime_agents import BlockingActor, Journal, blocking_async_agent, echo_agent, journal_lines
+
+from echo_env.models import EchoAction
+from echo_env.server.environment import EchoEnvironment
+from openenv.runtime import RunConfig, Runners, Task, TaskResult
+
+REMOTE = {
+    "processes": {"engine_name": "local", "worker_num": 2},
+    "ray": {"engine_name": "ray", "worker_num": 2},
+    "spark": {"engine_name": "spark", "worker_num": 2},
+}
+EVERY = {"local": {"engine_name": "local", "worker_num": 1}, **REMOTE}
+
+
+def engine_config(request: pytest.FixtureRequest, name: str, **options: Any) -> RunConfig:
+    if name == "ray":
+        request.getfixturevalue("ray_cluster")
+    elif name == "spark":
+        request.getfixturevalue("spark_context")
+    base = {**EVERY[name], "retry_backoff": 0.01, "progress": False}
+    return RunConfig(**{**base, **options})
+
+
+def echo_tasks(n: int, agent: Any, **options: Any) -> list[Task]:
+    env = functools.partial(EchoEnvironment, max_steps=5)
+    return [Task(id=f"t{i}", env=env, agent=agent, **options) for i in range(n)]
+
+
+def until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.02)
+
+
+def done_count(journal: str) -> int:
+    return sum(words[0] == "done" for words in journal_lines(journal))
+
+
+@pytest.mark.parametrize("name", list(REMOTE))
+def test_a_worker_killed_mid_run_loses_no_result_and_replays_no_finished_episode(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    journal = str(tmp_path / "journal")
+    tasks = echo_tasks(16, Journal(journal, hold="t5"))
+    config = engine_config(request, name, max_concurrency=2)
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(Runners.sync_run_task, tasks, config)
+        held = Path(journal + ".held")
+        until(held.exists, "held episode")
+        # Other episodes finish meanwhile, on both workers; then t5's worker
+        # (a process, an actor, Spark's Python worker) is killed mid-episode.
+        until(lambda: done_count(journal) >= 8, "finished episodes")
+        os.kill(int(held.read_text()), signal.SIGKILL)
+        results = run.result(timeout=300)
+
+    lines = journal_lines(journal)
+    assert [r.task_id for r in results] == [t.id for t in tasks]
+    assert [r.status.value for r in results] == ["ok"] * 16, [r.error for r in results]
+    done = Counter(task_id for word, task_id, _ in lines if word == "done")
+    assert done == {t.id: 1 for t in tasks}  # none lost, none finished twice
+    finished: set[str] = set()
+    for word, task_id, _ in lines:
+        assert not (word == "start" and task_id in finished), f"{task_id} replayed after done"
+        if word == "done":
+            finished.add(task_id)
+    starts = Counter(task_id for word, task_id, _ in lines if word == "start")
+    assert starts["t5"] == 2
+    assert results[5].attempts == 2  # the lost attempt is counted and shown
+    assert all(r.attempts >= starts[r.task_id] for r in results)
+
+
+@pytest.mark.parametrize("name", list(REMOTE))
+def test_workers_pull_work_as_they_free_up(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    # One slot per worker. t0 holds its slot until every other task is done:
+    # they can only get done if the other worker takes them all, one after
+    # another. Tasks split up front would leave half of them behind t0.
+    journal = str(tmp_path / "journal")
+    tasks = echo_tasks(12, Journal(journal, straggler="t0", others=11))
+    results = Runners.sync_run_task(tasks, engine_config(request, name, max_concurrency=1))
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert results[0].value is True
+    done = Counter(task_id for word, task_id, _ in journal_lines(journal) if word == "done")
+    assert done == {t.id: 1 for t in tasks}
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+def test_results_reach_the_caller_while_the_run_goes_on(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    # t3 finishes only once the caller has received some other result: with
+    # results handed over only at the end, it would wait out its 60 s.
+    journal, gate = str(tmp_path / "journal"), tmp_path / "first-result-seen"
+    tasks = echo_tasks(4, Journal(journal, gate=("t3", str(gate))))
+    arrived: list[TaskResult] = []
+    for result in Runners.sync_stream(tasks, engine_config(request, name, max_concurrency=4)):
+        gate.touch()
+        arrived.append(result)
+    assert sorted(r.task_id for r in arrived) == ["t0", "t1", "t2", "t3"]
+    assert next(r for r in arrived if r.task_id == "t3").value is True
+    assert all(r.ok for r in arrived)
+
+
+async def test_leaving_the_stream_early_cancels_what_is_still_running(tmp_path: Path) -> None:
+    journal = str(tmp_path / "journal")
+    never = str(tmp_path / "never")
+    tasks = echo_tasks(3, Journal(journal, gate=("t2", never)))
+    config = RunConfig(max_concurrency=3, progress=False)
+    async with contextlib.aclosing(Runners.stream(tasks, config)) as results:
+        first = await anext(results)
+    assert first.task_id in {"t0", "t1"}
+    words = journal_lines(journal)
+    assert ["start", "t2"] in [w[:2] for w in words]
+    assert ["done", "t2"] not in [w[:2] for w in words]  # cancelled, not waited for
+
+
+class HeldActor:
+    """A sync ``act()`` that blocks its thread until released."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def act(self, observation: Any) -> EchoAction:
+        self.release.wait(120)
+        return EchoAction(message="late")
+
+
+def test_a_blocking_sync_agent_times_out_on_time_in_process() -> None:
+    release = threading.Event()
+    try:
+        tasks = [
+            Task(id="blocker", env=EchoEnvironment, agent=HeldActor(release), timeout=0.5),
+            *echo_tasks(3, echo_agent),
+        ]
+        results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=4, progress=False))
+    finally:
+        release.set()
+    assert [r.status.value for r in results] == ["timeout", "ok", "ok", "ok"]
+
+
+@pytest.mark.parametrize("name", list(REMOTE))
+@pytest.mark.parametrize("agent", [BlockingActor(), blocking_async_agent], ids=["act", "async"])
+def test_an_agent_that_blocks_for_a_minute_times_out_and_stalls_no_other_task(
+    request: pytest.FixtureRequest, name: str, agent: Any
+) -> None:
+    # The sync act() runs in a thread, so its worker goes on; the async agent
+    # blocks its worker's loop, so the driver reports the timeout itself and
+    # replaces the worker, whose other episodes go to a healthy one.
+    tasks = [
+        Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=1),
+        *echo_tasks(6, echo_agent),
+    ]
+    results = Runners.sync_run_task(tasks, engine_config(request, name, max_concurrency=2))
+    assert [r.status.value for r in results] == ["timeout"] + ["ok"] * 6, [r.error for r in results]
+    assert results[0].error is not None
+    assert "did not finish within its 1 s timeout" in results[0].error.message
