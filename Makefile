@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler clean chromium sandbox-python
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -60,7 +60,7 @@ pytest: $(STAMP) chromium sandbox-python
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool bench-recording bench-fleet
+	bench-workers bench-pool bench-recording bench-fleet bench-straggler
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -87,6 +87,10 @@ bench-servers: $(STAMP)
 # Runners on every engine against a hand-written asyncio.gather floor.
 bench-runtime: $(STAMP)
 	$(BIN)/python benchmarks/runtime_bench.py
+
+# Dynamic dispatch: 64 tasks, 8 ten times slower, on 4 workers; against ideal and a fixed split.
+bench-straggler: $(STAMP)
+	$(BIN)/python benchmarks/straggler.py
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2

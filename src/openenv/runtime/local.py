@@ -5,19 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import pickle
 import sys
 import threading
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-import cloudpickle
-
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.dispatch import Dispatcher, WorkerLost, serve
+from openenv.runtime.channel import ChannelWorker
+from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_batch
-from openenv.runtime.shipping import FRAME_HEADER, Parcel, pack_tasks
+from openenv.runtime.shipping import pack_tasks
 from openenv.runtime.task import Task, TaskResult
 
 __all__ = ["LocalRuntime", "in_background"]
@@ -79,15 +77,15 @@ async def _run_on_processes(
 _idle: list[_Process] = []
 
 
-class _Process:
-    """A worker process: parcels down its stdin, results up its stdout, one frame each."""
+class _Process(ChannelWorker):
+    """A worker process: parcels down its stdin, results up its stdout."""
+
+    what = "the worker process"
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
         self.proc = proc
-        self.died = asyncio.Event()
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
-        self._ended: asyncio.Future[None] | None = None
-        self._reader = asyncio.create_task(self._read())
+        super().__init__(proc.stdout)
 
     @classmethod
     async def spawn(cls) -> _Process:
@@ -104,82 +102,31 @@ class _Process:
         )
         return cls(proc)
 
-    def begin(self, settings: BatchSettings, sys_path: list[str]) -> None:
-        self._send(("begin", settings, sys_path))
+    def _write(self, data: bytes) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        if stdin.is_closing():
+            raise BrokenPipeError("the worker's stdin is closed")
+        stdin.write(data)
 
-    async def play(self, parcel: Parcel) -> bytes:
-        if self.died.is_set():
-            raise WorkerLost("the worker process is gone", sent=False)
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._pending[parcel.index] = future
-        try:
-            self._send(("play", parcel))
-        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
-            self._pending.pop(parcel.index, None)
-            raise WorkerLost(f"the worker process is gone: {exc}", sent=False) from exc
-        try:
-            return await future
-        finally:
-            self._pending.pop(parcel.index, None)
-
-    async def finish(self) -> None:
-        self._ended = asyncio.get_running_loop().create_future()
-        try:
-            self._send(("end",))
-            await asyncio.wait_for(asyncio.shield(self._ended), 30)
-        except Exception:  # it could not close its sessions: let it go
-            self.abort()
-            return
+    def _kept(self) -> None:
         _idle.append(self)
-
-    def rest(self) -> None:
-        with contextlib.suppress(Exception):
-            self._send(("rest",))
 
     def abort(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
 
-    def _send(self, message: tuple[Any, ...]) -> None:
-        assert self.proc.stdin is not None
-        if self.proc.stdin.is_closing():
-            raise BrokenPipeError("the worker's stdin is closed")
-        data = cloudpickle.dumps(message)
-        self.proc.stdin.write(FRAME_HEADER.pack(len(data)) + data)
-
-    async def _read(self) -> None:
-        stream = self.proc.stdout
-        assert stream is not None
+    async def _gone(self) -> str:
+        # Not kill() at once: on a process that already exited, it reaps it
+        # (Popen.poll) before asyncio's child watcher can read its exit code.
         try:
-            while True:
-                header = await stream.readexactly(FRAME_HEADER.size)
-                (size,) = FRAME_HEADER.unpack(header)
-                message = pickle.loads(await stream.readexactly(size))
-                if message[0] == "result":
-                    future = self._pending.get(message[1])
-                    if future is not None and not future.done():
-                        future.set_result(message[2])
-                elif message[0] == "ended" and self._ended is not None and not self._ended.done():
-                    self._ended.set_result(None)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the process is gone
-        finally:
-            # Not kill() at once: on a process that already exited, it reaps it
-            # (Popen.poll) before asyncio's child watcher can read its exit code.
-            try:
-                code = await asyncio.wait_for(asyncio.shield(self.proc.wait()), 5)
-            except TimeoutError:
-                self.abort()
-                code = await self.proc.wait()
-            self.died.set()
-            with contextlib.suppress(ValueError):
-                _idle.remove(self)
-            lost = WorkerLost(f"the worker process exited with code {code}", sent=True)
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(lost)
-            if self._ended is not None and not self._ended.done():
-                self._ended.set_exception(lost)
+            code = await asyncio.wait_for(asyncio.shield(self.proc.wait()), 5)
+        except TimeoutError:
+            self.abort()
+            code = await self.proc.wait()
+        with contextlib.suppress(ValueError):
+            _idle.remove(self)
+        return f"the worker process exited with code {code}"
 
 
 _loop: asyncio.AbstractEventLoop | None = None

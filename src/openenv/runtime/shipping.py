@@ -13,7 +13,6 @@ a Ray actor or a Spark task alike.
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -27,16 +26,12 @@ from openenv.runtime.pool import ClientPool
 from openenv.runtime.task import Task, TaskError, TaskResult, TaskStatus
 
 __all__ = [
-    "FRAME_HEADER",
     "EpisodeWorker",
     "Parcel",
     "decode_result",
     "encode_result",
     "pack_tasks",
 ]
-
-# Frames on a worker process's pipes: this header (the length), then the bytes.
-FRAME_HEADER = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -105,15 +100,15 @@ class EpisodeWorker:
         """Some parcel is being played."""
         return self._playing > 0
 
-    async def play(self, parcel: Parcel, extra_attempts: int = 0) -> bytes:
+    async def play(self, parcel: Parcel) -> bytes:
         """Play one parcel; its result, encoded."""
         self._playing += 1
         try:
-            return await self._play(parcel, extra_attempts)
+            return await self._play(parcel)
         finally:
             self._playing -= 1
 
-    async def _play(self, parcel: Parcel, extra_attempts: int) -> bytes:
+    async def _play(self, parcel: Parcel) -> bytes:
         try:
             task: Task = cloudpickle.loads(parcel.blob)
         except Exception as exc:
@@ -125,7 +120,7 @@ class EpisodeWorker:
             self.settings,
             self.pool,
             parcel.previous,
-            attempts_before=parcel.attempts_before + extra_attempts,
+            attempts_before=parcel.attempts_before,
             time_left=parcel.time_left,
         )
         return encode_result(parcel.index, result)

@@ -1,14 +1,17 @@
-"""``SparkRuntime``: one Spark job per episode, submitted as Spark's slots free up."""
+"""``SparkRuntime``: Spark tasks that call back to the driver, fed one episode at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import itertools
 import os
+import secrets
 import sys
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,29 +19,32 @@ from pyspark import SparkConf, SparkContext
 
 from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
+from openenv.runtime.channel import ChannelWorker, work
 from openenv.runtime.config import RunConfig
-from openenv.runtime.dispatch import Dispatcher, WorkerLost, serve
+from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_coroutine
-from openenv.runtime.shipping import EpisodeWorker, Parcel, pack_tasks
+from openenv.runtime.shipping import pack_tasks
 from openenv.runtime.task import Task, TaskResult
 
 __all__ = ["SparkRuntime", "context", "local_context"]
 
 _LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")
+_TOKEN_BYTES = 16
 
 
 class SparkRuntime(RuntimeEngine):
-    """Runs each task as its own Spark job of one partition, as Spark's slots free up.
+    """Runs tasks on ``worker_num`` Spark tasks, each with ``max_concurrency`` episodes in flight.
 
-    One episode per Spark task is what makes Spark exactly-once and
-    streaming: a result reaches the driver the moment its job ends, and a
-    crashed Python worker (or a lost executor) costs only the episode it was
-    playing, which goes to another job (Spark's own retry of a task also
-    only replays an unfinished episode). The cost: episodes in flight are
-    Spark's task slots (cores), not ``max_concurrency`` per partition, and
-    each episode pays a job's overhead (a few ms locally). Up to
-    ``worker_num * max_concurrency`` jobs are submitted at once, capped at
-    twice Spark's default parallelism (more would only queue in Spark).
+    Each worker is a Spark job of one partition whose Python worker calls
+    back to the driver (a TCP connection to the address executors reach the
+    driver at, opened with a random token of the run) and plays the tasks
+    the driver hands it, the next one whenever one of its episodes ends;
+    each result comes back the moment it is in. A lost worker (its Python
+    worker crashed, its executor gone) is replaced by a new job, and the
+    episodes it was playing go to another worker; finished ones are never
+    played again. Spark's own retry of such a partition plays nothing: the
+    driver has already handed its episodes on. Spark reuses its Python
+    workers between jobs, so later runs in this program start at once.
 
     The context is the active one, else ``local[worker_num]`` when
     ``in_local``, else the master that Spark is configured with
@@ -51,62 +57,144 @@ class SparkRuntime(RuntimeEngine):
         settings = BatchSettings.from_config(self.config)
         results, record = collect(tasks, on_result)
         dispatcher = Dispatcher(tasks, blobs, settings, record)
-        config = self.config
-        jobs = min(
-            len(tasks), config.worker_num * config.max_concurrency, 2 * sc.defaultParallelism
-        )
-        jobs = 1 if settings.sequence_dependent else max(jobs, 1)
-        header = (settings, list(sys.path))
+        workers = 1 if settings.sequence_dependent else min(self.config.worker_num, len(tasks))
+        sys_path = list(sys.path)
         run_id = uuid.uuid4().hex[:12]
-        with ThreadPoolExecutor(jobs, thread_name_prefix="openenv-spark") as threads:
-            counter = iter(range(1 << 62))
+        numbers = itertools.count()
+        async with _Switchboard(_driver_host(sc)) as board:
 
-            async def start() -> _JobSlot:
-                return _JobSlot(sc, threads, header, f"openenv-{run_id}-{next(counter)}")
+            async def start() -> _SparkWorker:
+                number = next(numbers)
+                accepted = board.expect(number)
+                job = _Job(sc, f"openenv-{run_id}-{number}", (*board.address, board.token, number))
+                waits: set[asyncio.Future[Any]] = {accepted, job.outcome}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if not accepted.done():
+                    accepted.cancel()
+                    raise RuntimeError(job.outcome.result())
+                reader, writer = accepted.result()
+                worker = _SparkWorker(reader, writer, job)
+                worker.begin(settings, sys_path)
+                return worker
 
-            await serve(dispatcher, start, jobs, 1)
+            await serve(dispatcher, start, workers, settings.max_concurrency)
         return finish(results, tasks)
 
 
-class _JobSlot:
-    """Plays one parcel at a time, each as a Spark job of one partition."""
+def _driver_host(sc: SparkContext) -> str:
+    master = sc.master or ""
+    if master.startswith("local"):
+        return "127.0.0.1"
+    return sc.getConf().get("spark.driver.host") or "127.0.0.1"
+
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Switchboard:
+    """The driver's listening socket for one run, where its Spark workers call in."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.token = secrets.token_bytes(_TOKEN_BYTES)
+        self.address: tuple[str, int] = (host, 0)
+        self._expected: dict[int, asyncio.Future[Streams]] = {}
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _Switchboard:
+        self._server = await asyncio.start_server(self._answer, self.host, 0)
+        self.address = (self.host, self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for future in self._expected.values():
+            future.cancel()
+
+    def expect(self, number: int) -> asyncio.Future[Streams]:
+        """The connection of worker ``number``, when it calls in."""
+        future: asyncio.Future[Streams] = asyncio.get_running_loop().create_future()
+        self._expected[number] = future
+        return future
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(reader.readexactly(_TOKEN_BYTES + 8), 30)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        # Nothing from the connection is unpickled before its token is checked.
+        token, number = hello[:_TOKEN_BYTES], int.from_bytes(hello[_TOKEN_BYTES:], "big")
+        future = (
+            self._expected.pop(number, None) if hmac.compare_digest(token, self.token) else None
+        )
+        if future is None or future.done():
+            writer.close()
+            return
+        future.set_result((reader, writer))
+
+
+class _Job:
+    """One worker's Spark job, running on a thread of its own until its partition returns."""
+
+    def __init__(self, sc: SparkContext, group: str, payload: tuple[Any, ...]) -> None:
+        self.sc = sc
+        self.group = group
+        loop = asyncio.get_running_loop()
+        self.outcome: asyncio.Future[str] = loop.create_future()
+
+        def submit() -> None:
+            try:
+                sc.setJobGroup(group, "openenv worker", interruptOnCancel=True)
+                sc.runJob(sc.parallelize([payload], 1), _work_partition, [0])
+                reason = "the Spark job ended"
+            except Exception as exc:  # a crashed Python worker, a lost executor, a cancel
+                reason = f"the Spark job failed: {_reason(exc)}"
+            with contextlib.suppress(RuntimeError):  # the run's loop closed meanwhile
+                loop.call_soon_threadsafe(_settle, self.outcome, reason)
+
+        threading.Thread(target=submit, name=f"openenv-{group}", daemon=True).start()
+
+    def cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            self.sc.cancelJobGroup(self.group)
+
+
+def _settle(future: asyncio.Future[str], reason: str) -> None:
+    if not future.done():
+        future.set_result(reason)
+
+
+class _SparkWorker(ChannelWorker):
+    """A Spark worker's connection back to the driver."""
+
+    what = "the Spark worker"
 
     def __init__(
-        self, sc: SparkContext, threads: ThreadPoolExecutor, header: tuple[Any, ...], group: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, job: _Job
     ) -> None:
-        self.sc = sc
-        self.died = asyncio.Event()
-        self._threads = threads
-        self._header = header
-        self._group = group
+        self.writer = writer
+        self.job = job
+        super().__init__(reader)
 
-    async def play(self, parcel: Parcel) -> bytes:
-        def submit() -> bytes:
-            self.sc.setJobGroup(self._group, "openenv episode", interruptOnCancel=True)
-            rdd = self.sc.parallelize([(*self._header, parcel)], 1)
-            data: list[bytes] = self.sc.runJob(rdd, _play_partition, [0])
-            return data[0]
-
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._threads, submit)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            self.abort()
-            raise
-        except Exception as exc:  # the job failed: a crashed Python worker, a lost executor
-            raise WorkerLost(f"the Spark job failed: {_reason(exc)}", sent=True) from exc
-
-    async def finish(self) -> None:
-        pass
-
-    def rest(self) -> None:
-        pass  # each job closes its sessions when it ends
+    def _write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise ConnectionResetError("the connection to the Spark worker is closed")
+        self.writer.write(data)
 
     def abort(self) -> None:
-        self.died.set()
-        with contextlib.suppress(Exception):
-            self.sc.cancelJobGroup(self._group)
+        self.job.cancel()
+        self.writer.close()
+
+    async def _gone(self) -> str:
+        self.writer.close()
+        try:
+            # The job fails a moment after its Python worker dies; wait for Spark's reason.
+            return await asyncio.wait_for(asyncio.shield(self.job.outcome), 30)
+        except TimeoutError:
+            self.job.cancel()
+            return "the connection to the Spark worker was lost"
 
 
 def _reason(exc: Exception) -> str:
@@ -119,25 +207,27 @@ def _reason(exc: Exception) -> str:
     return lines[0][:300] if lines else type(exc).__name__
 
 
-def _play_partition(items: Iterable[tuple[Any, ...]]) -> Iterator[bytes]:
-    """The partition function: play the one parcel; its encoded result."""
+def _work_partition(items: Iterable[tuple[Any, ...]]) -> Iterator[None]:
+    """The partition function: call the driver back, and play what it hands over."""
     from pyspark import TaskContext
 
-    context = TaskContext.get()
-    retried = context.attemptNumber() if context is not None else 0  # Spark's own retries
-    out: list[bytes] = []
-    for settings, sys_path, parcel in items:
-        worker = EpisodeWorker()
-        worker.begin(settings, sys_path)
-        out.append(run_coroutine(_play_one(worker, parcel, retried)))
-    return iter(out)
+    spark_task = TaskContext.get()
+    if spark_task is not None and spark_task.attemptNumber() > 0:
+        return iter(())  # Spark's own retry: the driver already gave this worker's work on
+    for host, port, token, number in items:
+        run_coroutine(_call_back(host, port, token, number))
+    return iter(())
 
 
-async def _play_one(worker: EpisodeWorker, parcel: Parcel, retried: int) -> bytes:
+async def _call_back(host: str, port: int, token: bytes, number: int) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(token + number.to_bytes(8, "big"))
     try:
-        return await worker.play(parcel, extra_attempts=retried)
+        await work(reader, writer.write, once=True)
     finally:
-        await worker.end()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
 
 def context(config: RunConfig) -> SparkContext:
