@@ -2,8 +2,9 @@
 
 `make bench-recording`: two `openenv.serve` processes of echo_env, one with
 `OPENENV_RECORD` set, and `Runners` (local engine, C=64) playing N short
-episodes (reset + 5 steps) against each in turn, A/B/A/B, for `--rounds`
-rounds. Reports the median wall time of each side and the overhead.
+episodes (reset + 5 steps) against each in turn, then once more against the
+plain server with `RunConfig(record=...)` (the runtime recording), A/B/C, for
+`--rounds` rounds. Reports the median wall time of each side and the overheads.
 
 Run from the repository root with the project's venv:
 `.venv/bin/python benchmarks/recording.py [--episodes 10000] [--rounds 3]`.
@@ -36,10 +37,10 @@ async def five_steps(session: EpisodeSession) -> None:
         await session.step(EchoAction(message="hi"))
 
 
-def run(url: str, episodes: int) -> float:
+def run(url: str, episodes: int, record: str | None = None) -> float:
     tasks = [Task(id=f"t{i}", env=url, agent=five_steps) for i in range(episodes)]
     started = time.perf_counter()
-    results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=64))
+    results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=64, record=record))
     elapsed = time.perf_counter() - started
     if not all(r.ok for r in results):
         raise RuntimeError("episodes failed")
@@ -68,7 +69,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="oe-record-")
-    plain, recorded = [], []
+    runner_folder = tempfile.mkdtemp(prefix="oe-record-runner-")
+    plain, recorded, by_runner = [], [], []
     try:
         # Each server reads OPENENV_RECORD as it starts: one without, one with.
         with (
@@ -80,15 +82,21 @@ def main() -> None:
             for _ in range(args.rounds):
                 plain.append(run(off, args.episodes))
                 recorded.append(run(on, args.episodes))
+                by_runner.append(run(off, args.episodes, runner_folder))
         lines = sum(1 for f in Path(folder).glob("*.jsonl") for _ in f.open("rb"))
+        runner_lines = sum(1 for f in Path(runner_folder).glob("*.jsonl") for _ in f.open("rb"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(runner_folder, ignore_errors=True)
     a, b = statistics.median(plain), statistics.median(recorded)
+    c = statistics.median(by_runner)
     print(
         f"**Recording overhead** (echo_env, `openenv.serve`, Runners C=64, {args.episodes:,} "
         f"episodes of reset + 5 steps, medians of {args.rounds} alternating rounds): "
         f"not recording {a:.2f} s, recording {b:.2f} s ({100 * (b - a) / a:+.1f}%); "
-        f"{lines:,} lines recorded."
+        f"{lines:,} lines recorded; recording in Runners instead (`RunConfig(record=...)`, "
+        f"the same server not recording) {c:.2f} s ({100 * (c - a) / a:+.1f}%), "
+        f"{runner_lines:,} lines."
     )
 
 

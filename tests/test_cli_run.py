@@ -156,3 +156,17 @@ def test_a_run_killed_midway_resumes_without_replaying_what_it_kept(
     done = Counter(task_id for word, task_id, _ in lines if word == "done")
     assert done == {f"task-{i}": 1 for i in range(10)}  # none played to the end twice
     assert all(starts[f"task-{i}"] == 1 for i in range(5))  # what was kept was not replayed
+
+
+def test_run_records_every_episode_when_asked(echo_url: str, tmp_path: Path) -> None:
+    from openenv.trajectories import load
+
+    folder = tmp_path / "rec"
+    outcome = runner.invoke(
+        app,
+        [*("run", "--env", echo_url, "--tasks", "3", "--max-steps", "2"), "--record", str(folder)],
+    )
+    assert outcome.exit_code == 0, outcome.output
+    episodes = load(folder)
+    assert sorted(e.session for e in episodes) == ["task-0", "task-1", "task-2"]
+    assert all([s.kind for s in e.steps] == ["reset", "step", "step"] for e in episodes)

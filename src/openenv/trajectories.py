@@ -18,7 +18,8 @@ deterministic (same seed, same actions, same observations).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,13 +75,23 @@ class Episode:
 
 
 def load(path: str | Path) -> list[Episode]:
-    """Every episode in a recording file, or in every ``*.jsonl`` of a folder."""
+    """Every episode in a recording file, or in every ``*.jsonl`` of a folder.
+
+    Lines that are not JSON (the last line of a killed process, say) are skipped,
+    with a warning that counts them.
+    """
     root = Path(path)
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
     by_session: dict[str, list[Step]] = defaultdict(list)
+    unreadable: Counter[str] = Counter()
     for file in files:
         for line in file.read_bytes().splitlines():
-            event = orjson.loads(line)
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                # A line cut short by a kill, or a reply that was not JSON.
+                unreadable[file.name] += 1
+                continue
             if event.get("event") != "call":
                 continue
             request, reply = event["request"], event["reply"] or {}
@@ -91,6 +102,9 @@ def load(path: str | Path) -> list[Episode]:
             by_session[event["session"]].append(
                 Step(kind, data, reply, float(event["started"]), float(event["ended"]))
             )
+    if unreadable:
+        where = ", ".join(f"{name} ({n})" for name, n in unreadable.items())
+        warnings.warn(f"skipped lines that are not JSON: {where}", stacklevel=2)
     episodes: list[Episode] = []
     for session, steps in by_session.items():
         current: Episode | None = None

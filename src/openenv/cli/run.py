@@ -95,6 +95,13 @@ def run(
             "(run again with the same --tasks and --seed after an interrupted run)."
         ),
     ] = False,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Record every episode, step by step, as JSON Lines in this folder "
+            "(read it with openenv.trajectories.load)."
+        ),
+    ] = None,
     progress: Annotated[
         bool | None, typer.Option(help="Show progress (default: on a terminal).")
     ] = None,
@@ -116,6 +123,7 @@ def run(
             timeout=timeout,
             in_local=in_local,
             progress=progress,
+            record=None if record is None else str(record),
         )
         if resume and out is None:
             raise ValueError("--resume needs --out, the file of the results to keep")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -93,6 +93,9 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
     action_cls: type[Action] = Action
     observation_cls: type[Observation] = Observation
     state_cls: type[State] = State
+    # Told of every exchange as it crossed the wire: (request frame, reply
+    # frame, time.time() when sent). The runtime's recorder sets it.
+    on_exchange: Callable[[str, str | bytes, float], None] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

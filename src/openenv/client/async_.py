@@ -313,8 +313,17 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
         data: dict[str, Any] | None = None,
     ) -> str | bytes:
+        frame = protocol.request_frame(kind, data)
+        if self.on_exchange is None:
+            return await self._placed_request(kind, frame)
+        started = time.time()
+        reply = await self._placed_request(kind, frame)
+        self.on_exchange(frame, reply, started)
+        return reply
+
+    async def _placed_request(self, kind: str, frame: str) -> str | bytes:
         if self._admitted:
-            return await self._exchange(kind, data)
+            return await self._exchange(kind, frame)
         assert self.pool is not None
         # The first request on a pool's server: a refusal for capacity (or a
         # server gone before answering) means no session was made there, so
@@ -323,7 +332,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         lost = 0
         while True:
             try:
-                reply = await self._exchange(kind, data)
+                reply = await self._exchange(kind, frame)
             except SessionClosedError:
                 lost += 1
                 if lost >= _ATTEMPTS:
@@ -341,16 +350,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             if ws is not None:
                 await ws.close()
 
-    async def _exchange(
-        self,
-        kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
-        data: dict[str, Any] | None = None,
-    ) -> str | bytes:
+    async def _exchange(self, kind: str, frame: str) -> str | bytes:
         await self._connect()
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this client was closed; create a new one")
-        frame = protocol.request_frame(kind, data)
         async with self._lock:
             try:
                 await ws.send(frame)

@@ -77,6 +77,7 @@ class BatchSettings:
     retries: int = 2
     retry_backoff: float = 0.1
     sequence_dependent: bool = False
+    record: str | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> BatchSettings:
@@ -86,6 +87,7 @@ class BatchSettings:
             retries=config.retries,
             retry_backoff=config.retry_backoff,
             sequence_dependent=config.sequence_dependent,
+            record=config.record,
         )
 
 

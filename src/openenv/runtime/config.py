@@ -52,6 +52,9 @@ class RunConfig(BaseModel):
             are never retried.
         retry_backoff: Seconds before the first retry; doubles each time.
         progress: Show a progress bar; ``None``: when stderr is a terminal.
+        record: A folder to record every episode into, step by step, as JSON
+            Lines (one file per process; see ``openenv.runtime.recording``);
+            ``openenv.trajectories.load(folder)`` reads it back.
         engine_options: Engine-specific settings: Ray ``.options()`` (e.g.
             ``num_cpus``, ``resources``) or Spark configuration entries.
     """
@@ -69,6 +72,7 @@ class RunConfig(BaseModel):
     retry_backoff: float = Field(default=0.1, ge=0)
     progress: bool | None = None
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    record: str | None = None
 
     @field_validator("engine_name", mode="before")
     @classmethod

@@ -16,9 +16,11 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
+from openenv.runtime import recording
 from openenv.runtime.agents import drive
 from openenv.runtime.base import BatchSettings, ResultCallback
 from openenv.runtime.pool import ClientPool
+from openenv.runtime.recording import EpisodeRecord
 from openenv.runtime.session import EpisodeSession
 from openenv.runtime.task import Task, TaskError, TaskResult, TaskStatus
 
@@ -55,6 +57,8 @@ async def run_batch(
         await asyncio.gather(*(worker() for _ in range(min(settings.max_concurrency, len(items)))))
     finally:
         await pool.aclose()
+        if settings.record is not None:
+            recording.flush()
 
 
 class _Attempts:
@@ -137,7 +141,7 @@ async def _with_retries(
     while True:
         attempts.count += 1
         try:
-            return await _attempt(task, pool, previous, attempts)
+            return await _attempt(task, settings, pool, previous, attempts)
         except RETRYABLE:
             if attempts.count > settings.retries:
                 raise
@@ -146,24 +150,42 @@ async def _with_retries(
 
 
 async def _attempt(
-    task: Task, pool: ClientPool, previous: TaskResult | None, attempts: _Attempts
+    task: Task,
+    settings: BatchSettings,
+    pool: ClientPool,
+    previous: TaskResult | None,
+    attempts: _Attempts,
 ) -> Any:
     client, reused = await pool.acquire(task)
     while True:
-        session = attempts.session = EpisodeSession(task, client, previous, pool)
-        finished = False
+        record = _record(task, settings, attempts.count)
+        session = attempts.session = EpisodeSession(task, client, previous, pool, record)
+        reason = "ok"
         try:
-            value = await drive(task.agent, session)
-            finished = True
-            return value
-        except RETRYABLE:
+            return await drive(task.agent, session)
+        except RETRYABLE as exc:
+            reason = type(exc).__name__
             if not (reused and session.requests == 0):
                 raise
             # A kept session that the server has since closed (idle timeout,
             # restart): the episode never started, so try a fresh one at once.
+        except BaseException as exc:  # the agent's error, the deadline's cancellation
+            reason = (
+                "TimeoutError" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
+            )
+            raise
         finally:
-            await pool.release(task, client, reusable=finished)
+            if record is not None and session.requests:
+                record.close(reason)
+            await pool.release(task, client, reusable=reason == "ok")
         client, reused = await pool.acquire(task, fresh=True)
+
+
+def _record(task: Task, settings: BatchSettings, attempt: int) -> EpisodeRecord | None:
+    if settings.record is None:
+        return None
+    session = task.id if attempt <= 1 else f"{task.id}/attempt-{attempt}"
+    return EpisodeRecord(settings.record, session, task.id)
 
 
 def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:

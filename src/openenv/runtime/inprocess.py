@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 import typing
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
 
 from openenv import protocol
 from openenv.client._base import ClientCore
 from openenv.environment import Environment
 from openenv.errors import FactoryError, SessionClosedError
 from openenv.protocol import ErrorCode
+from openenv.tasks import TaskSpec
+from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
@@ -71,11 +77,7 @@ class InProcessClient(ClientCore[Action, Observation, State]):
     async def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[Observation]:
-        data: dict[str, Any] = dict(kwargs)
-        if seed is not None:
-            data["seed"] = seed
-        if episode_id is not None:
-            data["episode_id"] = episode_id
+        data = self.encode_reset(seed, episode_id, kwargs)
         return self.decode_result(await self._request("reset", data))
 
     async def step(self, action: Action | dict[str, Any]) -> StepResult[Observation]:
@@ -84,6 +86,19 @@ class InProcessClient(ClientCore[Action, Observation, State]):
     async def state(self) -> State:
         return self.decode_state(await self._request("state"))
 
+    async def list_tools(self) -> list[ToolInfo]:
+        return self.decode_tools(await self._request("list_tools"))
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | BaseModel | None = None, **kwargs: Any
+    ) -> ToolOutput:
+        data = self.encode_tool_call(name, arguments, kwargs)
+        return self.decode_tool_result(await self._request("call_tool", data))
+
+    async def get_prompt(self, task: TaskSpec | None = None) -> str:
+        data = {} if task is None else {"task": task.model_dump(mode="json")}
+        return self.decode_prompt(await self._request("get_prompt", data))
+
     async def close(self) -> None:
         self._closed = True
         session, self._session = self._session, None
@@ -91,13 +106,19 @@ class InProcessClient(ClientCore[Action, Observation, State]):
             await session.aclose("client_close")
 
     async def _request(
-        self, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None = None
+        self,
+        kind: Literal["reset", "step", "state", "list_tools", "call_tool", "get_prompt"],
+        data: dict[str, Any] | None = None,
     ) -> str:
         await self.connect()
         if self._session is None:
             raise SessionClosedError("this client was closed; create a new one")
-        reply = await self._session.handle(protocol.request_frame(kind, data))
+        frame = protocol.request_frame(kind, data)
+        started = time.time()
+        reply = await self._session.handle(frame)
         assert reply is not None  # only a `close` request has no reply
+        if self.on_exchange is not None:
+            self.on_exchange(frame, reply, started)
         return reply
 
 

@@ -11,6 +11,8 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
+from openenv.runtime.recording import EpisodeRecord
+from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, State, StepResult
 
 if TYPE_CHECKING:
@@ -65,11 +67,15 @@ class EpisodeSession:
         client: SessionClient,
         previous: TaskResult | None,
         pool: ClientPool | None = None,
+        record: EpisodeRecord | None = None,
     ) -> None:
         self.task = task
         self.client = client
         self.previous = previous
+        self.record = record
         self._pool = pool
+        if hasattr(client, "on_exchange"):  # a client kept for reuse may still tell another
+            client.on_exchange = None if record is None else record.call
         self.steps = 0
         self.reward = 0.0
         self.requests = 0  # answered requests; 0 means the session was never used
@@ -93,16 +99,21 @@ class EpisodeSession:
         if self._pool is None:
             raise RuntimeError("this session was not opened by the runtime; it cannot fork")
         client, _ = await self._pool.acquire(self.task, fresh=True)
-        own = EpisodeSession(self.task, client, self.previous, self._pool)
-        clean = False
+        record = self.record.fork() if self.record is not None else None
+        own = EpisodeSession(self.task, client, self.previous, self._pool, record)
+        reason = "ok"
         try:
             yield own
-            clean = True
+        except BaseException as exc:
+            reason = type(exc).__name__
+            raise
         finally:
             self.steps += own.steps
             self.reward += own.reward
             self.requests += own.requests
-            await self._pool.release(self.task, client, reusable=clean)
+            if record is not None:
+                record.close(reason)
+            await self._pool.release(self.task, client, reusable=reason == "ok")
 
     @property
     def input(self) -> Any:
@@ -135,6 +146,41 @@ class EpisodeSession:
         state = await self.client.state()
         self.requests += 1
         return state
+
+    async def list_tools(self) -> list[ToolInfo]:
+        """The environment's tools (names, descriptions, argument schemas)."""
+        tools: list[ToolInfo] = await self._tool_client("list_tools").list_tools()
+        self.requests += 1
+        return tools
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> ToolOutput:
+        """Call one of the environment's tools: ``call_tool("submit", answer=3)``.
+
+        Its reward (``output.reward``) counts in the task's result like a step's.
+        """
+        output: ToolOutput = await self._tool_client("call_tool").call_tool(
+            name, arguments, **kwargs
+        )
+        self.requests += 1
+        if output.reward is not None:
+            self.reward += output.reward
+        return output
+
+    async def get_prompt(self) -> str:
+        """The prompt of the task the episode was reset with."""
+        prompt: str = await self._tool_client("get_prompt").get_prompt()
+        self.requests += 1
+        return prompt
+
+    def _tool_client(self, method: str) -> Any:
+        if not callable(getattr(self.client, method, None)):
+            raise TypeError(
+                f"this task's client ({type(self.client).__name__}) has no {method}(); "
+                f"tools need an environment with @tool methods, served or in process"
+            )
+        return self.client
 
     async def action_schema(self) -> dict[str, Any]:
         """The JSON Schema of the environment's action (from ``GET /schema`` when remote)."""

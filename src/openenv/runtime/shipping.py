@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import cloudpickle
 
+from openenv.runtime import recording
 from openenv.runtime.base import BatchSettings, failed_result
 from openenv.runtime.episode import run_one
 from openenv.runtime.pool import ClientPool
@@ -130,6 +131,8 @@ class EpisodeWorker:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.aclose()
+        if self.settings.record is not None:
+            recording.flush()
 
 
 def encode_result(index: int, result: TaskResult) -> bytes:

@@ -1,0 +1,198 @@
+"""Runner-side recording: every episode Runners plays, on disk as it ends, read back and replayed.
+
+The runtime writes the server's recording format, so the same
+``openenv.trajectories`` functions read it, and a replay against a real
+server checks that what the runtime recorded is exactly what the server says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from counter_env.models import CounterAction, CounterObservation, CounterTask
+from counter_env.server.environment import CounterEnvironment
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, EnvValidationError, create_app
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
+from openenv.testing import run_server
+from openenv.trajectories import load, replay_all, to_parquet, to_rows
+from wordle_env import WordleAction, WordleTask
+from wordle_env.models import WordleObservation
+from wordle_env.server.environment import WordleEnvironment
+
+GAMES = {"w0": ("test-0000", ["xyzzy", "abbot", "abbey"]), "w1": ("test-0001", ["crane"])}
+
+
+async def guesser(session: EpisodeSession) -> float:
+    """Plays the guesses in its input; the game's reward."""
+    await session.reset()
+    for guess in session.input:
+        result = await session.step(WordleAction(guess=guess))
+    return float(result.reward or 0.0)
+
+
+def wordle_tasks(env: Any) -> list[Task]:
+    return [
+        Task(
+            id=name, env=env, agent=guesser, input=guesses, reset_kwargs={"task": WordleTask(id=t)}
+        )
+        for name, (t, guesses) in GAMES.items()
+    ]
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_a_recorded_wordle_run_round_trips_and_replays_exactly(
+    tmp_path: Path, workers: int
+) -> None:
+    # In process, the task (a pydantic model) in reset_kwargs is encoded as a
+    # server would get it: once a TypeError, now the same as over a socket.
+    config = RunConfig(worker_num=workers, record=str(tmp_path / "rec"), progress=False)
+    results = Runners.sync_run_task(wordle_tasks(WordleEnvironment), config)
+    assert [r.value for r in results] == [1.0, 0.0]
+
+    episodes = sorted(load(tmp_path / "rec"), key=lambda e: e.session)
+    assert [e.session for e in episodes] == ["w0", "w1"]
+    first, second = episodes
+    assert [s.kind for s in first.steps] == ["reset", "step", "step", "step"]
+    assert first.steps[0].request["task"]["id"] == "test-0000"
+    assert [s.request for s in first.steps[1:]] == [{"guess": g} for g in GAMES["w0"][1]]
+    assert [s.reward for s in first.steps[1:]] == [None, 0.0, 1.0]
+    assert [s.done for s in first.steps] == [False, False, False, True]
+    assert first.steps[3].reply["data"]["metadata"]["reward_parts"]["solved"] == 1.0
+    assert all(s.started <= s.ended for s in first.steps)
+    assert [s.kind for s in second.steps] == ["reset", "step"]
+
+    rows = to_rows(episodes)
+    assert [(r["session"], r["step"], r["kind"]) for r in rows] == [
+        ("w0", 0, "reset"),
+        ("w0", 1, "step"),
+        ("w0", 2, "step"),
+        ("w0", 3, "step"),
+        ("w1", 0, "reset"),
+        ("w1", 1, "step"),
+    ]
+    assert pq.read_table(to_parquet(episodes, tmp_path / "steps.parquet")).to_pylist() == rows
+
+    app = create_app(WordleEnvironment, WordleAction, WordleObservation)
+    with run_server(app) as url:
+        assert replay_all(episodes, url) == {"w0/0": [], "w1/0": []}
+
+
+async def counts_to_target(session: EpisodeSession) -> float:
+    observation = (await session.reset()).observation
+    names = [tool.name for tool in await session.list_tools()]
+    assert {"increment", "submit"} <= set(names)
+    await session.call_tool("increment", amount=observation.target - 1)
+    await session.call_tool("increment", {"amount": 1})
+    output = await session.call_tool("submit")
+    return float(output.reward or 0.0)
+
+
+def test_tool_calls_are_recorded_and_their_reward_counts(tmp_path: Path) -> None:
+    app = create_app(
+        CounterEnvironment,
+        CounterAction,
+        CounterObservation,
+        ConcurrencyConfig(max_concurrent_envs=8),
+    )
+    with run_server(app) as url:
+        tasks = [
+            Task(id=f"c{i}", env=env, agent=counts_to_target, reset_kwargs={"task": task})
+            for i, (env, task) in enumerate(
+                [
+                    (url, CounterTask(id="a", target=4)),
+                    (CounterEnvironment, CounterTask(id="b", target=7)),
+                ]
+            )
+        ]
+        config = RunConfig(record=str(tmp_path / "rec"), progress=False)
+        results = Runners.sync_run_task(tasks, config)
+        assert [(r.value, r.reward) for r in results] == [(1.0, 1.0), (1.0, 1.0)]
+
+        episodes = sorted(load(tmp_path / "rec"), key=lambda e: e.session)
+        for episode, target in zip(episodes, (4, 7), strict=True):
+            kinds = [s.kind for s in episode.steps]
+            assert kinds == ["reset", "list_tools", "call_tool", "call_tool", "call_tool"]
+            calls = [s.request for s in episode.steps[2:]]
+            assert calls == [
+                {"name": "increment", "arguments": {"amount": target - 1}},
+                {"name": "increment", "arguments": {"amount": 1}},
+                {"name": "submit", "arguments": {}},
+            ]
+            assert episode.steps[-1].reply["data"]["reward"] == 1.0
+        rows = to_rows(episodes)
+        assert pq.read_table(to_parquet(episodes, tmp_path / "t.parquet")).to_pylist() == rows
+        # The in-process episode replays against the server exactly too.
+        assert replay_all(episodes, url) == {"c0/0": [], "c1/0": []}
+
+
+async def makes_a_mistake(session: EpisodeSession) -> str:
+    await session.reset()
+    with contextlib.suppress(EnvValidationError):
+        await session.step({"no_such_field": 1})
+    return str((await session.step({"message": "fine"})).observation.echoed_message)
+
+
+async def hangs_after_reset(session: EpisodeSession) -> None:
+    await session.reset()
+    await session.state()
+    await asyncio.sleep(3600)  # the task's deadline ends it
+
+
+def test_errors_and_timeouts_are_recorded_with_how_the_episode_ended(tmp_path: Path) -> None:
+    tasks = [
+        Task(id="mistake", env=EchoEnvironment, agent=makes_a_mistake),
+        Task(id="hang", env=EchoEnvironment, agent=hangs_after_reset, timeout=0.5),
+    ]
+    config = RunConfig(record=str(tmp_path / "rec"), progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["ok", "timeout"]
+
+    episodes = {e.session: e for e in load(tmp_path / "rec")}
+    mistake = episodes["mistake"]
+    assert [s.kind for s in mistake.steps] == ["reset", "step", "step"]
+    assert mistake.steps[1].error is not None
+    assert mistake.steps[1].error["code"] == "VALIDATION_ERROR"
+    assert mistake.steps[2].observation["echoed_message"] == "fine"
+    assert [s.kind for s in episodes["hang"].steps] == ["reset", "state"]
+    (file,) = (tmp_path / "rec").glob("runner-*.jsonl")
+    closed = {
+        event["session"]: event["reason"]
+        for event in map(orjson.loads, file.read_bytes().splitlines())
+        if event["event"] == "closed"
+    }
+    assert closed == {"mistake": "ok", "hang": "TimeoutError"}
+
+
+def recorded_sessions(folder: str) -> set[str]:
+    return {e.session for e in load(folder)} if Path(folder).is_dir() else set()
+
+
+async def waits_for_a_recorded_episode(session: EpisodeSession) -> bool:
+    """True once the folder in its input holds episode ``w0`` on disk (or False after 60 s)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 60
+    while loop.time() < end:
+        if "w0" in await asyncio.to_thread(recorded_sessions, session.input):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_episodes_reach_the_disk_while_the_run_goes_on(tmp_path: Path, workers: int) -> None:
+    folder = str(tmp_path / "rec")
+    tasks = [
+        *wordle_tasks(WordleEnvironment)[:1],
+        Task(id="watcher", agent=waits_for_a_recorded_episode, input=folder),
+    ]
+    config = RunConfig(worker_num=workers, record=folder, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.value for r in results] == [1.0, True], [r.error for r in results]
