@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# setuptools notes every editable install of a package whose folder is the
+# package itself (each env in envs/, so `uvicorn server.app:app` works from it)
+# with a boxed "Editable installation" message; it is information, not a fault.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
 	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler clean chromium sandbox-python
@@ -16,7 +20,7 @@ $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@# The distribution was once named `openenv`, which on PyPI is Hugging Face's OpenEnv:
 	@# an old install of that name would keep shadowing this checkout's scripts.
 	$(BIN)/pip uninstall --quiet --yes openenv 2>/dev/null || true
-	$(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
 		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
 		-e envs/wordle_env
 	@touch $@
@@ -33,7 +37,7 @@ $(MIN_STAMP): pyproject.toml envs/*/pyproject.toml .ci/min_constraints.py
 	$(PYTHON) -m venv $(VENV_MIN)
 	$(VENV_MIN)/bin/pip install --quiet --upgrade pip
 	$(PYTHON) .ci/min_constraints.py $(MIN_EXTRAS) > $(VENV_MIN)/constraints.txt
-	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt \
+	$(QUIET_EDITABLE) $(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt \
 		-e '.[dev,mcp,bench,ray,spark,gymnasium,report,parquet]' -e envs/echo_env \
 		-e envs/counter_env -e envs/benchmark_env -e envs/coding_env -e envs/gymnasium_env \
 		-e envs/wordle_env
