@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import uvicorn
 
@@ -10,6 +12,8 @@ from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.app import app
 from echo_env.server.environment import EchoEnvironment
 from openenv import WebSocketEnvClient, create_app
+from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD
+from openenv.server.runner import GracefulServer, uvicorn_config
 from openenv.testing import run_server
 
 
@@ -25,7 +29,6 @@ def test_default_install_serves_with_uvloop_httptools_and_websockets() -> None:
 
 
 def test_openenv_serve_uses_the_fast_websocket_protocol() -> None:
-    from openenv.server.runner import uvicorn_config
     from openenv.server.wsprotocol import WebSocketProtocol
 
     config = uvicorn_config(app)
@@ -48,7 +51,29 @@ def test_serving_tunes_the_collector_and_shutdown_restores_it() -> None:
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
 
-    untouched = create_app(EchoEnvironment, EchoAction, EchoObservation, gc_threshold=None)
-    with run_server(untouched):
+    untouched = create_app(EchoEnvironment, EchoAction, EchoObservation)  # not asked: by default
+    with run_server(untouched) as url, WebSocketEnvClient(url).sync() as client:
+        client.reset()
         assert gc.get_threshold() == before
         assert gc.get_freeze_count() == 0
+
+
+def test_openenv_serve_tunes_the_collector_for_the_process_it_owns() -> None:
+    before = gc.get_threshold()
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation)
+    server = GracefulServer(uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive(), "the server stopped while starting"
+            assert time.monotonic() < deadline, "the server started within 30 s"
+            time.sleep(0.01)
+        assert gc.get_threshold() == (DEFAULT_GC_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

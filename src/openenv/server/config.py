@@ -116,12 +116,13 @@ class ServerSettings(BaseModel):
         description="Deadline of close(); past it the failure is logged and the slot freed.",
     )
     gc_threshold: int | None = Field(
-        default=20_000,
+        default=None,
         ge=1,
         description=(
-            "Allocations between young garbage collections while serving (CPython's "
-            "default is 700), and startup objects frozen out of collections; None leaves "
-            "the collector alone."
+            "Tune the process's garbage collector while the app serves: allocations "
+            "between young collections (CPython's default is 700), and startup objects "
+            "frozen out of collections. None (the default) leaves the collector alone; "
+            "openenv serve tunes it itself (20,000), since it owns the process."
         ),
     )
     max_message_size: int = Field(

@@ -22,13 +22,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.httpprotocol import HttpToolsProtocol
 from openenv.server.service import LIVE_SERVICES
 from openenv.server.slots import BOARD_VAR
@@ -90,9 +91,22 @@ class GracefulServer(uvicorn.Server):
     which must not turn the drain into uvicorn's forced exit.
     """
 
-    def __init__(self, config: uvicorn.Config, *, supervised: bool = False) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        supervised: bool = False,
+        gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
+    ) -> None:
         super().__init__(config)
         self.supervised = supervised
+        self.gc_threshold = gc_threshold
+        self._restore_gc: Callable[[], None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # Once the app and its lifespan are up, so that what they made is frozen.
+        self._restore_gc = tune_gc(self.gc_threshold)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.supervised:
@@ -117,6 +131,9 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._restore_gc is not None:
+            self._restore_gc()
+            self._restore_gc = None
         for server in self.servers:
             server.close()  # stop accepting before draining
         await asyncio.gather(*(service.drain() for service in list(LIVE_SERVICES)))
@@ -131,6 +148,7 @@ def serve(
     workers: int = 1,
     app_dir: str | Path | None = None,
     fd: int | None = None,
+    gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
     **options: Any,
 ) -> None:
     """Serve an ASGI app (or a ``"module:attribute"`` string) until SIGTERM/SIGINT.
@@ -144,6 +162,8 @@ def serve(
             that accepted it.
         app_dir: Folder to import the app string from (like ``uvicorn --app-dir``).
         fd: Serve on an already-bound socket descriptor instead of host/port.
+        gc_threshold: Tune the garbage collector for serving (see
+            ``openenv.server.gc_tuning``); ``None`` leaves it alone.
         **options: ``uvicorn_config`` options (``heartbeat_interval``, ...) and
             other ``uvicorn.Config`` options (``reload``, ``log_level``, ...).
     """
@@ -151,9 +171,16 @@ def serve(
         sys.path.insert(0, str(app_dir))
     config = uvicorn_config(app, host=host, port=port, fd=fd, **options)
     if workers > 1 or config.should_reload:
-        run_on_socket(app, config.bind_socket(), workers=workers, app_dir=app_dir, **options)
+        run_on_socket(
+            app,
+            config.bind_socket(),
+            workers=workers,
+            app_dir=app_dir,
+            gc_threshold=gc_threshold,
+            **options,
+        )
     else:
-        GracefulServer(config).run()
+        GracefulServer(config, gc_threshold=gc_threshold).run()
 
 
 def run_on_socket(
@@ -162,6 +189,7 @@ def run_on_socket(
     *,
     workers: int = 1,
     app_dir: str | Path | None = None,
+    gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
     **options: Any,
 ) -> None:
     """Serve on a socket the caller bound and listens on (``openenv serve`` does).
@@ -172,10 +200,10 @@ def run_on_socket(
     if workers > 1:
         if not isinstance(app, str):
             raise ValueError("workers > 1 needs the app as an import string, e.g. 'server.app:app'")
-        _supervise(workers, app, app_dir, sock, options)
+        _supervise(workers, app, app_dir, sock, {**options, "gc_threshold": gc_threshold})
         return
     config = uvicorn_config(app, **options)
-    server = GracefulServer(config)
+    server = GracefulServer(config, gc_threshold=gc_threshold)
     if config.should_reload:
         from uvicorn.supervisors import ChangeReload
 
@@ -189,7 +217,10 @@ def _worker(
 ) -> None:
     if app_dir is not None:
         sys.path.insert(0, str(app_dir))
-    GracefulServer(uvicorn_config(app, **options), supervised=True).run(sockets=[sock])
+    options = dict(options)
+    gc_threshold = options.pop("gc_threshold", DEFAULT_GC_THRESHOLD)
+    config = uvicorn_config(app, **options)
+    GracefulServer(config, supervised=True, gc_threshold=gc_threshold).run(sockets=[sock])
 
 
 def _supervise(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import inspect
 import logging
 import time
@@ -19,6 +18,7 @@ from openenv.protocol import CloseCode, ErrorCode
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
+from openenv.server.gc_tuning import tune_gc
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.isolation import isolated_factory
 from openenv.server.metrics import Metrics
@@ -228,7 +228,7 @@ class EnvService:
             self.registry.attach(board)
             publisher = asyncio.create_task(self._publish_metrics(board))
         LIVE_SERVICES.add(self)
-        restore_gc = _tune_gc(self.settings.gc_threshold)
+        restore_gc = tune_gc(self.settings.gc_threshold)
         self.watchdog.start(asyncio.get_running_loop())
         reaper = None
         if self.concurrency.session_timeout is not None:
@@ -347,29 +347,6 @@ def _discard_logged(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[No
             logger.error("closing a session failed", exc_info=exc)
 
     return done
-
-
-def _tune_gc(threshold: int | None) -> Callable[[], None]:
-    """Collect young objects less often, and never scan what startup allocated.
-
-    Each step allocates a few dozen short-lived containers, and with hundreds
-    of sessions in flight many of them are still alive at a collection, so
-    CPython's default (a young collection every 700 allocations) promotes
-    them and runs costly full collections over every session's objects: 10-15%
-    of a busy server's CPU and its worst latencies (see benchmarks/RESULTS.md).
-    Returns what undoes it, for the server's shutdown.
-    """
-    if threshold is None:
-        return lambda: None
-    before = gc.get_threshold()
-    gc.freeze()  # the app, its modules and models: scanned by no collection from now on
-    gc.set_threshold(max(threshold, before[0]), *before[1:])
-
-    def restore() -> None:
-        gc.unfreeze()
-        gc.set_threshold(*before)
-
-    return restore
 
 
 def _default_metadata(
