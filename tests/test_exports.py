@@ -20,3 +20,26 @@ def test_all_is_complete_and_sorted() -> None:
 def test_every_exported_name_resolves() -> None:
     for name in openenv.__all__:
         assert getattr(openenv, name) is not None, name
+
+
+def test_every_public_exception_is_in_the_one_tree() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import openenv
+    from openenv.errors import OpenEnvError
+
+    outside = []
+    for info in pkgutil.walk_packages(openenv.__path__, "openenv."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == module.__name__
+                and not name.startswith("_")
+                and not issubclass(obj, OpenEnvError)
+            ):
+                outside.append(f"{module.__name__}.{name}")
+    assert outside == []

@@ -10,7 +10,8 @@
     ├── RequestFailedError              an HTTP request (``/tasks``, ``/envs``, ...) failed
     │   └── NotFoundError               404: no such split or environment
     ├── EngineError                     a runtime engine cannot be loaded or misbehaved
-    └── ServerError                     the server answered with an ``error`` frame
+    │   └── WorkerLost                  a worker died holding a task (runtime.dispatch)
+    ├── ServerError                     the server answered with an ``error`` frame
         ├── ProtocolError               INVALID_JSON, UNKNOWN_TYPE
         ├── EnvValidationError          VALIDATION_ERROR
         ├── EnvExecutionError           EXECUTION_ERROR
@@ -20,15 +21,26 @@
         └── SessionError                the session cannot go on (SESSION_ERROR)
             ├── CapacityError           CAPACITY_REACHED: retry later
             └── FactoryError            FACTORY_ERROR
+    └── ServerSideError                 inside a server only: becomes an error frame or a close
+        ├── FrameError                  a client frame it cannot act on (openenv.protocol)
+        ├── EnvFailure                  the environment failed a call (server.sessions)
+        ├── SessionRefused              no session could be opened (server.service)
+        ├── FactoryTimeout              the factory overran its deadline (server.service)
+        ├── DeadlineExceeded            a call overran its deadline (server.calls)
+        ├── NotStarted                  a call's ticket closed before it ran (server.handoff)
+        └── EnvProcessDied              an isolated environment's process ended (server.isolation)
 
 A ``ServerError`` carries the server's ``code``, ``message`` and ``details``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openenv.protocol import ErrorCode
+if TYPE_CHECKING:
+    # Only for annotations: the protocol's server-side errors are in this tree,
+    # so the protocol module imports this one.
+    from openenv.protocol import ErrorCode
 
 __all__ = [
     "AuthenticationError",
@@ -48,6 +60,7 @@ __all__ = [
     "ProtocolError",
     "RequestFailedError",
     "ServerError",
+    "ServerSideError",
     "SessionClosedError",
     "SessionError",
     "UnknownToolError",
@@ -202,17 +215,26 @@ class FactoryError(SessionError):
     """The server could not create an environment for this session."""
 
 
-_BY_CODE: dict[ErrorCode, type[ServerError]] = {
-    ErrorCode.INVALID_JSON: ProtocolError,
-    ErrorCode.UNKNOWN_TYPE: ProtocolError,
-    ErrorCode.VALIDATION_ERROR: EnvValidationError,
-    ErrorCode.EXECUTION_ERROR: EnvExecutionError,
-    ErrorCode.CAPACITY_REACHED: CapacityError,
-    ErrorCode.FACTORY_ERROR: FactoryError,
-    ErrorCode.SESSION_ERROR: SessionError,
-    ErrorCode.TIMEOUT: DeadlineError,
-    ErrorCode.UNKNOWN_TOOL: UnknownToolError,
-    ErrorCode.EPISODE_FINISHED: EpisodeFinishedError,
+class ServerSideError(OpenEnvError):
+    """Raised and handled inside a server, where it becomes an error frame or a close.
+
+    It never reaches a client as an exception: the client sees the frame, as
+    the matching ``ServerError``.
+    """
+
+
+# Keyed by the codes' values: ErrorCode is a StrEnum, so its members look these up.
+_BY_CODE: dict[str, type[ServerError]] = {
+    "INVALID_JSON": ProtocolError,
+    "UNKNOWN_TYPE": ProtocolError,
+    "VALIDATION_ERROR": EnvValidationError,
+    "EXECUTION_ERROR": EnvExecutionError,
+    "CAPACITY_REACHED": CapacityError,
+    "FACTORY_ERROR": FactoryError,
+    "SESSION_ERROR": SessionError,
+    "TIMEOUT": DeadlineError,
+    "UNKNOWN_TOOL": UnknownToolError,
+    "EPISODE_FINISHED": EpisodeFinishedError,
 }
 
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, TypeAdapter, ValidationError
 
+from openenv.errors import ServerSideError
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import EnvironmentMetadata, Observation, State
@@ -115,7 +116,7 @@ class CloseCode(IntEnum):
     TRY_AGAIN_LATER = 1013  # at capacity
 
 
-class FrameError(Exception):
+class FrameError(ServerSideError):
     """A client frame the server cannot act on; becomes an ``error`` frame."""
 
     def __init__(

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, failed_result
 from openenv.runtime.episode import time_limit, timeout_error
 from openenv.runtime.shipping import Parcel, decode_result
@@ -37,7 +38,7 @@ OVERDUE_GRACE = 0.5
 _MAX_FRUITLESS_STARTS = 3
 
 
-class WorkerLost(Exception):
+class WorkerLost(EngineError):
     """A worker died, or could not be reached, holding a parcel.
 
     ``sent``: the parcel reached the worker (its episode may have started).

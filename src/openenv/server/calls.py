@@ -19,13 +19,15 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, cast
 
+from openenv.errors import ServerSideError
+
 __all__ = ["DeadlineExceeded", "Submit", "call", "on_executor", "start"]
 
 # Starts fn(*args, **kwargs) on a worker thread; the future resolves with its outcome.
 Submit = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], "asyncio.Future[Any]"]
 
 
-class DeadlineExceeded(Exception):
+class DeadlineExceeded(ServerSideError):
     """A call overran its deadline; ``stuck`` is set when its thread still runs."""
 
     def __init__(self, seconds: float, stuck: asyncio.Future[Any] | None) -> None:

@@ -56,6 +56,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from openenv.errors import ServerSideError
+
 __all__ = ["Handoff", "LaneTicket", "NotStarted", "Receiver", "SubmittedCall"]
 
 _monotonic = time.monotonic
@@ -64,7 +66,7 @@ _monotonic = time.monotonic
 _SLOW_CREDITS = 16
 
 
-class NotStarted(Exception):
+class NotStarted(ServerSideError):
     """The call's ticket was closed before a thread took the call; it never ran."""
 
 

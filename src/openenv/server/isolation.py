@@ -25,13 +25,14 @@ import signal
 from typing import Any
 
 from openenv.environment import Environment
+from openenv.errors import ServerSideError
 
 __all__ = ["EnvProcessDied", "ProcessEnvironment", "isolated_factory"]
 
 _CLOSE_WAIT = 5.0  # seconds a child has to close its environment before it is killed
 
 
-class EnvProcessDied(Exception):
+class EnvProcessDied(ServerSideError):
     """The process holding a session's environment ended while it was in use."""
 
 

@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from openenv.environment import Environment
+from openenv.errors import ServerSideError
 from openenv.protocol import CloseCode, ErrorCode
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
@@ -50,11 +51,11 @@ LOOP_BLOCK_WARNING = 1.0
 LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
 
 
-class FactoryTimeout(Exception):
+class FactoryTimeout(ServerSideError):
     """The environment factory overran ``factory_timeout``."""
 
 
-class SessionRefused(Exception):
+class SessionRefused(ServerSideError):
     """No session could be opened; ``code``, ``close_code`` and ``details`` say why."""
 
     def __init__(

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from openenv import protocol
 from openenv.environment import Environment
+from openenv.errors import ServerSideError
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
 from openenv.server.handoff import LaneTicket, NotStarted, Receiver
@@ -721,7 +722,7 @@ def _resume(
         return done.value
 
 
-class EnvFailure(Exception):
+class EnvFailure(ServerSideError):
     """The environment failed a call; becomes an error frame (``code``)."""
 
     def __init__(
