@@ -6,6 +6,7 @@ import gc
 import threading
 import time
 
+import pytest
 import uvicorn
 
 from echo_env.models import EchoAction, EchoObservation
@@ -13,7 +14,9 @@ from echo_env.server.app import app
 from echo_env.server.environment import EchoEnvironment
 from openenv import WebSocketEnvClient, create_app
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD
+from openenv.server.httpprotocol import HttpToolsProtocol
 from openenv.server.runner import GracefulServer, uvicorn_config
+from openenv.server.wsprotocol import WebSocketProtocol
 from openenv.testing import run_server
 
 
@@ -29,7 +32,6 @@ def test_default_install_serves_with_uvloop_httptools_and_websockets() -> None:
 
 
 def test_openenv_serve_uses_the_fast_websocket_protocol() -> None:
-    from openenv.server.wsprotocol import WebSocketProtocol
 
     config = uvicorn_config(app)
     config.load()
@@ -77,3 +79,38 @@ def test_openenv_serve_tunes_the_collector_for_the_process_it_owns() -> None:
         thread.join(30)
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_untested_uvicorn_or_websockets_releases_get_uvicorns_own_protocols(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import openenv.server.protocols as protocols
+
+    fast = protocols.default_protocols()
+    assert fast == (WebSocketProtocol, HttpToolsProtocol)  # the releases installed are tested
+    with caplog.at_level("WARNING", logger="openenv.server"):
+        stock = protocols.default_protocols({"uvicorn": "0.99.0", "websockets": "17.4"})
+    assert stock == ("websockets-sansio", "httptools")
+    assert [r.getMessage() for r in caplog.records] == [
+        "openenv: uvicorn 0.99.0 (tested: 0.54); serving with uvicorn's own protocols, "
+        "correct but slower"
+    ]
+    # And a server on them plays sessions as usual.
+    config = uvicorn_config(app, host="127.0.0.1", port=0, ws=stock[0], http=stock[1])
+    server = GracefulServer(config, gc_threshold=None)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive(), "the server stopped while starting"
+            assert time.monotonic() < deadline, "the server started within 30 s"
+            time.sleep(0.01)
+        (sock,) = server.servers[0].sockets
+        host, port = sock.getsockname()[:2]
+        with WebSocketEnvClient(f"http://{host}:{port}").sync() as client:
+            client.reset()
+            assert client.step({"message": "stock"}).observation.echoed_message == "stock"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -27,9 +27,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from openenv import protocol
 from openenv.protocol import CloseCode, ErrorCode
+from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session, SessionState
-from openenv.server.wsprotocol import DIRECT, NOTIFY, DirectChannel
 
 __all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
 

@@ -30,10 +30,9 @@ from typing import Any
 import uvicorn
 
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
-from openenv.server.httpprotocol import HttpToolsProtocol
+from openenv.server.protocols import default_protocols
 from openenv.server.service import LIVE_SERVICES
 from openenv.server.slots import BOARD_VAR
-from openenv.server.wsprotocol import WebSocketProtocol
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
@@ -53,8 +52,8 @@ def uvicorn_config(
     heartbeat_timeout: float | None = 20.0,
     max_message_size: int = 2**20,
     log_level: str = "info",
-    ws: Any = WebSocketProtocol,
-    http: Any = HttpToolsProtocol,
+    ws: Any = None,
+    http: Any = None,
     **options: Any,
 ) -> uvicorn.Config:
     """A ``uvicorn.Config`` with openenv's WebSocket defaults.
@@ -66,8 +65,14 @@ def uvicorn_config(
     before they are buffered. ``ws`` is openenv's WebSocket protocol
     (``server/wsprotocol.py``), uvicorn's with a fast path for small frames;
     the HTTP protocol drops connections that do not finish a request's headers
-    in time (``server/httpprotocol.py``).
+    in time (``server/httpprotocol.py``). Both are used only with the uvicorn and
+    websockets releases they were tested with (``server/protocols.py``); with
+    others, ``None`` for ``ws``/``http`` means uvicorn's own, and a warning.
     """
+    if ws is None or http is None:
+        fast_ws, fast_http = default_protocols()
+        ws = fast_ws if ws is None else ws
+        http = fast_http if http is None else http
     return uvicorn.Config(
         app,
         host=host,

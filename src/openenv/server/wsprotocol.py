@@ -46,21 +46,23 @@ import binascii
 import logging
 from base64 import b64decode
 from collections.abc import Callable, Generator
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
-from websockets.speedups import apply_mask
+
+from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # websockets built without its C extension
+    from websockets.utils import apply_mask
 from websockets.utils import accept_key
 
 __all__ = ["DIRECT", "NOTIFY", "DirectChannel", "WebSocketProtocol"]
 
-# The scope extension that offers a connection's ``DirectChannel``.
-DIRECT = "openenv.direct"
-# The message ``DirectChannel.notify`` puts before the app's ``receive``.
-NOTIFY = "openenv.notify"
 
 _OPEN = State.OPEN
 _INFO = logging.INFO
@@ -158,41 +160,6 @@ class _Flag:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-
-
-class DirectChannel(Protocol):
-    """Frames in and out of one connection without the ASGI ``receive``/``send`` round."""
-
-    disconnected: bool  # the peer is gone
-
-    def take_frames(self, handler: Callable[[str | bytes], bool] | None) -> None:
-        """Offer every data frame to ``handler`` first, on the loop, in the protocol's
-        callback, while the app's queue is empty and the socket writable; frames it
-        declines (``False``) go to ``receive`` as usual. ``None`` stops it."""
-
-    def send_now(self, text: str) -> bool:
-        """Send a text frame at once; ``False`` when the connection is closing or gone."""
-
-    def send_text(self, text: str) -> bool:
-        """Send a text frame if ``send`` would write it without waiting (the socket
-        is writable); ``False``: await ``send`` instead."""
-
-    def receive_nowait(self) -> Any:
-        """``receive``'s next message if one is queued, else ``None``: then await
-        ``arrival()`` and ask again. No coroutine per message."""
-
-    def arrival(self) -> asyncio.Future[None]:
-        """Done once ``receive`` has a message (one waiter at a time)."""
-
-    def notify(self) -> None:
-        """Hand the app's ``receive`` a ``{"type": NOTIFY}`` message."""
-
-    def set_send_timeout(self, seconds: float | None) -> None:
-        """Abort the connection once its peer has not drained the write buffer for
-        ``seconds`` (``None``: never)."""
-
-    def abort(self) -> None:
-        """Drop the connection at once, unsent bytes and all (no close handshake)."""
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
