@@ -24,4 +24,7 @@ app = create_app(
     EchoAction,
     EchoObservation,
     ConcurrencyConfig.from_env(max_concurrent_envs=64),
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
 )

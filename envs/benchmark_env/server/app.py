@@ -17,12 +17,18 @@ app = create_app(
     BenchAction,
     BenchObservation,
     ConcurrencyConfig.from_env(max_concurrent_envs=1024),
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
 )
 async_app = create_app(
     AsyncBenchmarkEnvironment,
     BenchAction,
     BenchObservation,
     ConcurrencyConfig.from_env(max_concurrent_envs=1024),
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
 )
 
 

@@ -17,6 +17,9 @@ app = create_app(
     CounterObservation,
     ConcurrencyConfig.from_env(max_concurrent_envs=256),
     mcp=True,
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
 )
 
 

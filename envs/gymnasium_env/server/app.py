@@ -11,7 +11,13 @@ from gymnasium_env.server.environment import ENV_ID
 from openenv import ConcurrencyConfig, serve
 from openenv.adapters.gymnasium import create_gymnasium_app
 
-app = create_gymnasium_app(ENV_ID, ConcurrencyConfig.from_env(max_concurrent_envs=256))
+app = create_gymnasium_app(
+    ENV_ID,
+    ConcurrencyConfig.from_env(max_concurrent_envs=256),
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
+)
 
 
 def main() -> None:

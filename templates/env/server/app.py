@@ -18,6 +18,9 @@ app = create_app(
     __Prefix__Action,
     __Prefix__Observation,
     ConcurrencyConfig.from_env(max_concurrent_envs=64),
+    # This process serves only this app: the collector may run less often
+    # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
+    gc_threshold=20_000,
 )
 
 
