@@ -8,50 +8,46 @@ socket: the endpoint in ``server/endpoint.py`` does the I/O.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import difflib
-import enum
 import functools
 import inspect
 import logging
 import os
 import time
-import types
-import weakref
-from collections.abc import Callable, Coroutine, Generator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from openenv import protocol
 from openenv.environment import Environment
-from openenv.errors import ServerSideError
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server import calls
-from openenv.server.handoff import LaneTicket, NotStarted, Receiver
+from openenv.server.direct_steps import DirectStep, DirectStepping
+from openenv.server.handoff import LaneTicket, NotStarted
 from openenv.server.isolation import EnvProcessDied
 from openenv.server.redact import failure_text
-from openenv.tasks import TaskSpec, task_class
+from openenv.server.session_host import (
+    EnvFailure,
+    Lane,
+    SessionHost,
+    SessionLog,
+    SessionState,
+    read_state,
+    reset_facts,
+    unknown_tool_message,
+)
+from openenv.tasks import TaskSpec
 from openenv.tools import ToolOutput, tools_of
 from openenv.types import Observation, State
 
 if TYPE_CHECKING:
-    from openenv.server.config import ServerSettings
-    from openenv.server.metrics import Metrics
-    from openenv.server.slots import SessionRegistry
-    from openenv.types import Action
+    pass
 
 __all__ = ["EnvFailure", "Lane", "Session", "SessionHost", "SessionState"]
 
 _R = TypeVar("_R")
 
 logger = logging.getLogger("openenv.server")
-
-
-class SessionState(enum.Enum):
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 class _ResetArgs(BaseModel):
@@ -67,53 +63,7 @@ _CLIENT_FAULTS = frozenset(
 )
 
 
-class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Puts the session id on every line, as text and as ``record.session_id``."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        kwargs.setdefault("extra", {}).update(self.extra or {})
-        return f"[session {self.extra['session_id'] if self.extra else '?'}] {msg}", kwargs
-
-
-class Lane(Protocol):
-    """Where a session's plain ``def`` calls run (``server/handoff.py``'s ``Handoff``)."""
-
-    def submit(
-        self,
-        ticket: LaneTicket,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> asyncio.Future[Any]: ...
-
-    def drop_queued(self, ticket: LaneTicket) -> None: ...
-
-    def dispatch(
-        self,
-        ticket: LaneTicket,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        receiver: Receiver,
-    ) -> None: ...
-
-
-class SessionHost(Protocol):
-    """What a session needs from the server that holds it (an ``EnvService``)."""
-
-    @property
-    def action_cls(self) -> type[Action]: ...
-    @property
-    def registry(self) -> SessionRegistry: ...
-    @property
-    def settings(self) -> ServerSettings: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def handoff(self) -> Lane: ...
-
-
-class Session:
+class Session(DirectStepping):
     """One client's environment instance and the dispatch of its messages.
 
     After ``handle`` returns, ``state`` tells the endpoint whether to go on;
@@ -130,7 +80,7 @@ class Session:
         self._service = service
         self._settings = service.settings
         self._metrics = service.metrics
-        self._reset_accepts, self._task_cls = _reset_facts(env.reset)
+        self._reset_accepts, self._task_cls = reset_facts(env.reset)
         self._validate_action = service.action_cls.model_validate
         self._bad_frames = 0
         self._stuck: asyncio.Future[Any] | None = None
@@ -146,7 +96,7 @@ class Session:
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
-        self._direct_step: _DirectStep | None = None  # the one in flight
+        self._direct_step: DirectStep | None = None  # the one in flight
         # An ``async def`` step that suspended in ``try_step``, and what it awaits:
         # ``settled()`` finishes it in the session's task.
         self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
@@ -190,145 +140,6 @@ class Session:
             if self._recorder is not None and reply is not None:  # a close is its own event
                 self._recorder.call(self.id, started, frame, reply)
 
-    def try_step(
-        self,
-        frame: str | bytes,
-        reply: Callable[[str], None],
-        task: asyncio.Task[Any] | None = None,
-        context: contextvars.Context | None = None,
-    ) -> bool:
-        """Start a well-formed step from a callback, without waking a task.
-
-        A plain ``def`` step goes to its lane. An ``async def`` step runs here,
-        as a part of ``task`` (the session's task, whose ``context`` it runs in),
-        until it returns or first suspends; then ``suspended`` is true and the
-        session's task must finish it with ``settled()``. ``reply`` gets the
-        reply frame on the loop thread once the step returns; until then
-        ``busy`` is true. ``False`` (anything else: other messages, bad frames,
-        a step already running) leaves the frame to ``handle``, which answers it
-        in full.
-        """
-        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
-            return False
-        try:
-            step = protocol.plain_step(protocol.decode_frame(frame))
-            if step is None:
-                return False
-            action = self._validate_action(step[0])
-        except Exception:  # handle() runs it again and answers (or fails) in full
-            return False
-        receiver = _DirectStep(self, step[1], reply)
-        # Busy from here, as in handle(); _stepped clears both once it replies,
-        # which an async def step that never suspends does before this returns.
-        self.busy = True
-        self._direct_step = receiver
-        if not self._async_step:
-            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
-        elif not self._start_async(receiver, action, task, context):
-            self.busy = False
-            self._direct_step = None
-            return False
-        return True
-
-    def _start_async(
-        self,
-        step: _DirectStep,
-        action: Any,
-        task: asyncio.Task[Any] | None,
-        context: contextvars.Context | None,
-    ) -> bool:
-        """Run an ``async def`` step as a part of ``task``, until it returns or first
-        suspends; ``False`` if it cannot start here (nothing has run).
-
-        What an eager task does (Python 3.12), inside a task that already exists:
-        ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
-        groups work, and the rest runs in that same task (``settled``).
-        """
-        if task is None or context is None or _enter_task is None or _leave_task is None:
-            return False  # no task given, or an asyncio without these: the task runs it
-        loop = task.get_loop()
-        try:
-            _enter_task(loop, task)
-        except RuntimeError:  # another task is running: not a protocol callback
-            return False
-        try:
-            coro = self.env.step(action)
-            if not isinstance(coro, types.CoroutineType):
-                ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
-            else:
-                try:
-                    awaiting = context.run(coro.send, None)
-                except StopIteration as done:
-                    ok, value = True, done.value
-                except BaseException as exc:
-                    ok, value = False, exc
-                else:
-                    self._suspended = (coro, awaiting)
-                    return True
-        finally:
-            _leave_task(loop, task)
-        self._stepped(step, ok, value)
-        return True
-
-    @property
-    def suspended(self) -> bool:
-        """Whether an ``async def`` step ``try_step`` started waits for ``settled()``."""
-        return self._suspended is not None
-
-    async def settled(self, error: BaseException | None = None) -> None:
-        """Wait until the step ``try_step`` started has replied.
-
-        An ``async def`` step that suspended there goes on here, in the
-        session's task, with ``error`` (a cancellation of that task) thrown in.
-        """
-        suspended, self._suspended = self._suspended, None
-        if suspended is not None and self._direct_step is not None:
-            coro, awaiting = suspended
-            step = self._direct_step
-            step.resumed = True
-            await _await_step(step, _resume(coro, awaiting, error))
-        while self._direct_step is not None:
-            if self._settled is None:
-                self._settled = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._settled)
-
-    def _stepped(self, step: _DirectStep, ok: bool, value: Any) -> None:
-        """A ``try_step`` step returned (or raised): reply, as ``handle`` would have."""
-        awaitable = not isinstance(value, Observation) and inspect.isawaitable(value)
-        if ok and awaitable and not step.awaited:
-            # A plain def that returned an awaitable: finish it in a task.
-            step.task = asyncio.ensure_future(_await_step(step, value))
-            return
-        reply: str | None = None
-        try:
-            try:
-                if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
-                    # The session's own task is cancelled (a shutdown): it ends
-                    # the session as it unwinds, and nobody waits for a reply.
-                    self._end(CloseCode.GOING_AWAY)
-                elif not ok:
-                    if not isinstance(value, Exception):
-                        raise value  # KeyboardInterrupt and the like: not the env's failure
-                    raise self._failure("step()", value, step.request_id, None)
-                else:
-                    reply = self._observed(value, step.request_id, step.started)
-                    self._bad_frames = 0
-            except EnvFailure as exc:
-                reply = self._refusal(exc)
-        except BaseException as exc:
-            # What would have reached the endpoint's last resort in handle().
-            self.log.error("internal error", exc_info=exc)
-            self._end(CloseCode.INTERNAL_ERROR)
-            reply = protocol.error_frame(ErrorCode.SESSION_ERROR, "internal server error")
-        self.busy = False
-        self.last_active = time.monotonic()
-        self._direct_step = None
-        settled, self._settled = self._settled, None
-        if settled is not None and not settled.done():
-            settled.set_result(None)
-        if reply is not None:
-            step.reply(reply)
-
     async def _dispatch(self, obj: dict[str, Any]) -> str | None:
         message = protocol.validate_client_message(obj)
         if isinstance(message, protocol.StepRequest):
@@ -337,7 +148,7 @@ class Session:
             return await self._reset(message)
         if isinstance(message, protocol.StateRequest):
             state = await self._run(
-                "state", message.id, State, self._settings.step_timeout, _read_state, self.env
+                "state", message.id, State, self._settings.step_timeout, read_state, self.env
             )
             finished = self.finished_by is not None if self.tools else None
             return protocol.state_frame(state, message.id, finished=finished)
@@ -464,7 +275,7 @@ class Session:
         if spec is None:
             raise FrameError(
                 ErrorCode.UNKNOWN_TOOL,
-                _unknown_tool_message(name, list(self.tools)),
+                unknown_tool_message(name, list(self.tools)),
                 request_id=request_id,
                 details={"tools": list(self.tools)},
             )
@@ -647,137 +458,3 @@ class Session:
 
 
 _NOTHING_TO_CLOSE = Environment.close
-
-
-class _DirectStep:
-    """A step started by ``Session.try_step``: the lane's receiver of its outcome."""
-
-    __slots__ = (
-        "awaited",
-        "reply",
-        "request_id",
-        "resumed",
-        "session",
-        "started",
-        "task",
-    )
-
-    def __init__(
-        self,
-        session: Session,
-        request_id: protocol.RequestId | None,
-        reply: Callable[[str], None],
-    ) -> None:
-        self.session = session
-        self.request_id = request_id
-        self.reply = reply
-        self.started = time.perf_counter()
-        self.awaited = False  # a plain def returned an awaitable, now awaited
-        self.resumed = False  # an async def step that suspended, now in the session's task
-        self.task: asyncio.Future[None] | None = None  # the task awaiting it
-
-    def cancelled(self) -> bool:
-        return False  # nobody can give up on it: the session waits for its reply
-
-    def set_result(self, result: Any, /) -> None:
-        self.session._stepped(self, True, result)
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        self.session._stepped(self, False, exception)
-
-
-async def _await_step(step: _DirectStep, awaitable: Any) -> None:
-    step.awaited = True
-    try:
-        result = await awaitable
-    except BaseException as exc:
-        step.set_exception(exc)  # the session must hear of it, even of a cancellation
-        if not isinstance(exc, Exception):
-            raise
-    else:
-        step.set_result(result)
-
-
-_enter_task = getattr(asyncio.tasks, "_enter_task", None)
-_leave_task = getattr(asyncio.tasks, "_leave_task", None)
-
-
-@types.coroutine
-def _resume(
-    coro: Coroutine[Any, Any, Any], awaiting: Any, error: BaseException | None
-) -> Generator[Any, Any, Any]:
-    """Go on with ``coro`` in the task that awaits this, from where it suspended
-    (awaiting ``awaiting``) outside any task: what ``await coro`` would have done."""
-    try:
-        if error is not None:
-            awaiting = coro.throw(error)
-        while True:
-            try:
-                sent = yield awaiting
-            except BaseException as exc:  # the task's cancellation, or a bad yield
-                awaiting = coro.throw(exc)
-            else:
-                awaiting = coro.send(sent)
-    except StopIteration as done:
-        return done.value
-
-
-class EnvFailure(ServerSideError):
-    """The environment failed a call; becomes an error frame (``code``)."""
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        message: str,
-        request_id: protocol.RequestId | None,
-        *,
-        fatal: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-        self.fatal = fatal
-        self.details: dict[str, Any] = {"fatal": True} if fatal else {}
-
-
-def _unknown_tool_message(name: str, known: list[str]) -> str:
-    if not known:
-        return f"unknown tool {name!r}: this environment has no tools"
-    hint = difflib.get_close_matches(name, known, n=1)
-    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-    return f"unknown tool {name!r}; the tools are: {', '.join(known)}{suggestion}"
-
-
-def _read_state(env: Environment[Any, Any, Any]) -> Any:
-    return env.state
-
-
-_ResetFacts = tuple[set[str] | None, type[TaskSpec]]
-
-
-def _reset_facts(fn: Callable[..., Any]) -> _ResetFacts:
-    """The keywords ``reset`` accepts (``None``: it takes ``**kwargs``) and its task class."""
-    # Every session of a class asks about the same function: inspect it once.
-    key = getattr(fn, "__func__", None)
-    if key is None:
-        return _inspect_kwargs(fn), task_class(fn)
-    try:
-        return _RESET_CACHE[key]
-    except KeyError:
-        facts = _RESET_CACHE[key] = (_inspect_kwargs(fn), task_class(fn))
-        return facts
-
-
-_RESET_CACHE: weakref.WeakKeyDictionary[Any, _ResetFacts] = weakref.WeakKeyDictionary()
-
-
-def _inspect_kwargs(fn: Callable[..., Any]) -> set[str] | None:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    }
