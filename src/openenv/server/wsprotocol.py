@@ -54,6 +54,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.protocol import State
 
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
+from openenv.server.wsqueues import Flag, Inbox
 
 try:
     from websockets.speedups import apply_mask
@@ -88,87 +89,13 @@ DEFAULT_SEND_TIMEOUT = 30.0
 logger = logging.getLogger("openenv.server")
 
 
-class _Inbox:
-    """What uvicorn's protocol needs of its ``asyncio.Queue``, with one waiter at most.
-
-    A list, not a deque: it rarely holds more than one message, and an empty
-    deque costs some 600 bytes per connection.
-    """
-
-    __slots__ = ("_items", "_loop", "_waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._items: list[Any] = []
-        self._loop = loop  # not asyncio.get_running_loop(): a getpid call per message
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: Any) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def pop(self) -> Any:
-        """The oldest message, or ``None`` when there is none."""
-        items = self._items
-        return items.pop(0) if items else None
-
-    def arrival(self) -> asyncio.Future[None]:
-        """Done once a message is put: ASGI has one consumer per connection, so
-        one waiter suffices (a cancelled one is dropped at the next put)."""
-        waiter = self._waiter = self._loop.create_future()
-        return waiter
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def qsize(self) -> int:
-        return len(self._items)
-
-
-class _Flag:
-    """What uvicorn's protocol needs of its ``writable`` ``asyncio.Event``, in less memory."""
-
-    __slots__ = ("_loop", "_set", "_waiters")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._set = True
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        self._set = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def wait(self) -> None:
-        while not self._set:
-            waiter = self._loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-
-
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = _Inbox(self.loop)  # type: ignore[assignment]
-        self.writable = _Flag(self.loop)  # type: ignore[assignment]
+        self.queue = Inbox(self.loop)  # type: ignore[assignment]
+        self.writable = Flag(self.loop)  # type: ignore[assignment]
         self._max_queue = max(1, self.config.ws_max_queue)
         # Bytes of an incomplete frame, kept until the rest arrives.
         self._partial = b""
@@ -209,19 +136,19 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         return self.send_now(text)
 
     def receive_nowait(self) -> Any:
-        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        inbox: Inbox = self.queue  # type: ignore[assignment]
         message = inbox.pop()
-        if self.read_paused and len(inbox._items) <= self._max_queue // 2:
+        if self.read_paused and inbox.qsize() <= self._max_queue // 2:
             self.read_paused = False
             self.transport.resume_reading()
         return message
 
     def arrival(self) -> asyncio.Future[None]:
-        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        inbox: Inbox = self.queue  # type: ignore[assignment]
         return inbox.arrival()
 
     def notify(self) -> None:
-        inbox: _Inbox = self.queue  # type: ignore[assignment]
+        inbox: Inbox = self.queue  # type: ignore[assignment]
         inbox.put_nowait({"type": NOTIFY})
 
     # -- the send deadline --------------------------------------------------
@@ -416,7 +343,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         pos = 0
         conn = self.conn
         max_size = conn.max_message_size
-        queue: _Inbox = self.queue  # type: ignore[assignment]
+        queue: Inbox = self.queue  # type: ignore[assignment]
         message: dict[str, Any] | None
         while size - pos >= 2:
             first, second = data[pos], data[pos + 1]
@@ -453,7 +380,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                     direct = self._direct
                     if (
                         direct is not None
-                        and not queue._items
+                        and queue.empty()
                         and self.writable.is_set()
                         and direct(frame)
                     ):
