@@ -449,7 +449,7 @@ class Session(DirectStepping):
         except Exception:
             self.log.exception("close() raised; the slot is freed anyway")
         finally:
-            self._service.registry.remove(self, reason)
+            self._service.registry.remove(self)
             self._metrics.closed[reason] += 1
             if self._recorder is not None:
                 self._recorder.closed(self.id, reason)

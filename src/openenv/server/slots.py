@@ -33,7 +33,6 @@ import json
 import mmap
 import os
 import re
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -73,8 +72,6 @@ class SessionRegistry:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._board: SlotBoard | None = None
         self._poller: asyncio.Task[None] | None = None
-        self.opened = 0
-        self.closed: Counter[str] = Counter()
 
     @property
     def active(self) -> int:
@@ -168,11 +165,9 @@ class SessionRegistry:
 
     def add(self, session: Session) -> None:
         self.sessions[session.id] = session
-        self.opened += 1
 
-    def remove(self, session: Session, reason: str) -> None:
+    def remove(self, session: Session) -> None:
         del self.sessions[session.id]
-        self.closed[reason] += 1
         self.release()
 
     def _publish_queue(self) -> None:
