@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import pickle
+import secrets
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +33,18 @@ from openenv.runtime.base import BatchSettings
 from openenv.runtime.dispatch import WorkerLost
 from openenv.runtime.shipping import EpisodeWorker, Parcel
 
-__all__ = ["FRAME_HEADER", "ChannelWorker", "frame", "read_frame", "work"]
+__all__ = [
+    "FRAME_HEADER",
+    "ChannelWorker",
+    "Switchboard",
+    "call_back",
+    "frame",
+    "read_frame",
+    "work",
+]
 
 FRAME_HEADER = struct.Struct(">I")
+_TOKEN_BYTES = 16
 
 
 def frame(message: tuple[Any, ...]) -> bytes:
@@ -172,3 +183,68 @@ async def work(
         for task in running:
             task.cancel()
         await worker.end()
+
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Switchboard:
+    """The driver's listening socket for one run, where its remote workers call in.
+
+    A Spark task or a Ray actor is handed the address, the run's random token
+    and its own number; it connects, sends the token and the number, and from
+    then on the connection is that worker's channel. Nothing from a
+    connection is unpickled before its token is checked.
+    """
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.token = secrets.token_bytes(_TOKEN_BYTES)
+        self.address: tuple[str, int] = (host, 0)
+        self._expected: dict[int, asyncio.Future[Streams]] = {}
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Switchboard:
+        self._server = await asyncio.start_server(self._answer, self.host, 0)
+        self.address = (self.host, self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for future in self._expected.values():
+            future.cancel()
+
+    def expect(self, number: int) -> asyncio.Future[Streams]:
+        """The connection of worker ``number``, when it calls in."""
+        future: asyncio.Future[Streams] = asyncio.get_running_loop().create_future()
+        self._expected[number] = future
+        return future
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(reader.readexactly(_TOKEN_BYTES + 8), 30)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        # Nothing from the connection is unpickled before its token is checked.
+        token, number = hello[:_TOKEN_BYTES], int.from_bytes(hello[_TOKEN_BYTES:], "big")
+        future = (
+            self._expected.pop(number, None) if hmac.compare_digest(token, self.token) else None
+        )
+        if future is None or future.done():
+            writer.close()
+            return
+        future.set_result((reader, writer))
+
+
+async def call_back(host: str, port: int, token: bytes, number: int) -> None:
+    """The remote worker's end: call the driver back, then ``work`` until the run ends."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(token + number.to_bytes(8, "big"))
+    try:
+        await work(reader, writer.write, once=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()

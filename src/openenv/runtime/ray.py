@@ -1,9 +1,10 @@
-"""``RayRuntime``: async Ray actors fed one task at a time by the driver."""
+"""``RayRuntime``: Ray actors that call the driver back and are fed one task at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -14,9 +15,10 @@ import ray
 from ray.exceptions import RayError
 
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
+from openenv.runtime.channel import ChannelWorker, Switchboard, call_back
 from openenv.runtime.config import RunConfig
-from openenv.runtime.dispatch import Dispatcher, WorkerLost, serve
-from openenv.runtime.shipping import EpisodeWorker, Parcel, pack_tasks
+from openenv.runtime.dispatch import Dispatcher, serve
+from openenv.runtime.shipping import pack_tasks
 from openenv.runtime.task import Task, TaskResult
 
 __all__ = ["RayRuntime", "connect"]
@@ -25,13 +27,14 @@ __all__ = ["RayRuntime", "connect"]
 class RayRuntime(RuntimeEngine):
     """Runs tasks on ``worker_num`` async Ray actors, each with ``max_concurrency`` in flight.
 
-    The driver hands each actor the next task whenever one of its episodes
-    ends, so slow tasks and slow nodes hold up only themselves, and each
-    result comes back as its own Ray object the moment it is in. An actor
-    that dies (its node lost, its process killed) is replaced, and the
-    episodes it was playing go to another actor; finished ones are never
-    played again (Ray's own retries are off). Actors stay up for the next
-    run in this program.
+    Ray places the actors (and restarts nothing: the driver does that); each
+    actor calls back to the driver over TCP, as a Spark worker does, and the
+    driver hands it the next task whenever one of its episodes ends, so slow
+    tasks and slow nodes hold up only themselves, and each result comes back
+    the moment it is in. An actor that dies (its node lost, its process
+    killed) is replaced, and the episodes it was playing go to another actor;
+    finished ones are never played again. Actors stay up for the next run in
+    this program.
 
     Each actor asks for ``min(1, cluster CPUs / worker_num)`` CPUs, so a run
     with more workers than CPUs shares them (episodes mostly wait on the
@@ -54,15 +57,41 @@ class RayRuntime(RuntimeEngine):
         key = (repr(sorted(options.items())), _cluster())
         sys_path = list(sys.path)
         _release_idle_except(key)
+        numbers = itertools.count()
+        # Actors reach the driver where Ray reaches it: this node's address.
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        async with Switchboard(host) as board:
 
-        async def start() -> _ActorWorker:
-            idle = _idle.setdefault(key, [])
-            actor = idle.pop() if idle else _actor_class().options(**options).remote()
-            await actor.begin.remote(settings, sys_path)
-            return _ActorWorker(actor, idle)
+            async def start() -> _ActorWorker:
+                idle = _idle.setdefault(key, [])
+                actor = idle.pop() if idle else _actor_class().options(**options).remote()
+                number = next(numbers)
+                accepted = board.expect(number)
+                outcome = asyncio.ensure_future(
+                    _outcome(actor.work.remote(*board.address, board.token, number))
+                )
+                waits: set[asyncio.Future[Any]] = {accepted, outcome}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if not accepted.done():
+                    accepted.cancel()
+                    raise RuntimeError(outcome.result())
+                reader, writer = accepted.result()
+                worker = _ActorWorker(actor, reader, writer, outcome, idle)
+                worker.begin(settings, sys_path)
+                return worker
 
-        await serve(dispatcher, start, workers, settings.max_concurrency)
+            await serve(dispatcher, start, workers, settings.max_concurrency)
         return finish(results, tasks)
+
+
+async def _outcome(call: Any) -> str:
+    """How an actor's ``work`` call ended: it returns when its run does, or fails with it."""
+    try:
+        await call
+    except RayError as exc:
+        text = str(exc).strip()
+        return f"the Ray actor was lost: {text.splitlines()[0] if text else type(exc).__name__}"
+    return "the Ray actor ended its run"
 
 
 def _actor_options(config: RunConfig, workers: int) -> dict[str, Any]:
@@ -72,8 +101,8 @@ def _actor_options(config: RunConfig, workers: int) -> dict[str, Any]:
         # Every call is one episode, at most once: Ray must not replay it.
         "max_restarts": 0,
         "max_task_retries": 0,
-        # The run's episodes, plus begin/end beside them.
-        "max_concurrency": config.max_concurrency + 2,
+        # One long work() call per run; pid() for tests and tools beside it.
+        "max_concurrency": 4,
         **config.engine_options,
     }
 
@@ -97,60 +126,53 @@ def _release_idle_except(key: tuple[str, str]) -> None:
                 ray.kill(actor, no_restart=True)
 
 
-class _ActorWorker:
-    """One actor as ``serve`` drives it, for one run."""
+class _ActorWorker(ChannelWorker):
+    """One actor's connection back to the driver, for one run."""
 
-    def __init__(self, actor: Any, idle: list[Any]) -> None:
+    what = "the Ray actor"
+
+    def __init__(
+        self,
+        actor: Any,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        outcome: asyncio.Future[str],
+        idle: list[Any],
+    ) -> None:
         self.actor = actor
-        self.died = asyncio.Event()
+        self.writer = writer
+        self.outcome = outcome
         self._idle = idle
+        super().__init__(reader)
 
-    async def play(self, parcel: Parcel) -> bytes:
-        if self.died.is_set():
-            raise WorkerLost("the Ray actor is gone", sent=False)
-        try:
-            data: bytes = await self.actor.play.remote(parcel)
-        except RayError as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise WorkerLost(f"the Ray actor was lost: {reason}", sent=True) from exc
-        return data
+    def _write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise ConnectionResetError("the connection to the Ray actor is closed")
+        self.writer.write(data)
 
-    async def finish(self) -> None:
-        try:
-            await self.actor.end.remote()
-        except RayError:
-            self.abort()
-            return
+    def _kept(self) -> None:
         self._idle.append(self.actor)
 
-    def rest(self) -> None:
-        with contextlib.suppress(Exception):
-            self.actor.rest.remote()
-
     def abort(self) -> None:
-        self.died.set()
+        self.writer.close()
         with contextlib.suppress(Exception):
             ray.kill(self.actor, no_restart=True)
 
+    async def _gone(self) -> str:
+        self.writer.close()
+        try:
+            # A killed actor's call fails a moment after its connection drops.
+            return await asyncio.wait_for(asyncio.shield(self.outcome), 30)
+        except TimeoutError:
+            self.abort()
+            return "the connection to the Ray actor was lost"
+
 
 class EpisodeActor:
-    """The Ray actor: an ``EpisodeWorker`` whose event loop is the actor's own."""
+    """The Ray actor: plays what the driver hands it over its connection, on the actor's loop."""
 
-    def __init__(self) -> None:
-        self.worker = EpisodeWorker()
-
-    async def begin(self, settings: BatchSettings, sys_path: list[str]) -> None:
-        self.worker.begin(settings, sys_path)
-
-    async def play(self, parcel: Parcel) -> bytes:
-        return await self.worker.play(parcel)
-
-    async def end(self) -> None:
-        await self.worker.end()
-
-    async def rest(self) -> None:
-        if not self.worker.busy:
-            await self.worker.end()
+    async def work(self, host: str, port: int, token: bytes, number: int) -> None:
+        await call_back(host, port, token, number)
 
     async def pid(self) -> int:
         return os.getpid()

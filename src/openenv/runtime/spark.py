@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import itertools
 import os
-import secrets
 import sys
 import threading
 import uuid
@@ -19,7 +17,7 @@ from pyspark import SparkConf, SparkContext
 
 from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import ChannelWorker, work
+from openenv.runtime.channel import ChannelWorker, Switchboard, call_back
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_coroutine
@@ -29,7 +27,6 @@ from openenv.runtime.task import Task, TaskResult
 __all__ = ["SparkRuntime", "context", "local_context"]
 
 _LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")
-_TOKEN_BYTES = 16
 
 
 class SparkRuntime(RuntimeEngine):
@@ -61,7 +58,7 @@ class SparkRuntime(RuntimeEngine):
         sys_path = list(sys.path)
         run_id = uuid.uuid4().hex[:12]
         numbers = itertools.count()
-        async with _Switchboard(_driver_host(sc)) as board:
+        async with Switchboard(_driver_host(sc)) as board:
 
             async def start() -> _SparkWorker:
                 number = next(numbers)
@@ -86,53 +83,6 @@ def _driver_host(sc: SparkContext) -> str:
     if master.startswith("local"):
         return "127.0.0.1"
     return sc.getConf().get("spark.driver.host") or "127.0.0.1"
-
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class _Switchboard:
-    """The driver's listening socket for one run, where its Spark workers call in."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.token = secrets.token_bytes(_TOKEN_BYTES)
-        self.address: tuple[str, int] = (host, 0)
-        self._expected: dict[int, asyncio.Future[Streams]] = {}
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> _Switchboard:
-        self._server = await asyncio.start_server(self._answer, self.host, 0)
-        self.address = (self.host, self._server.sockets[0].getsockname()[1])
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for future in self._expected.values():
-            future.cancel()
-
-    def expect(self, number: int) -> asyncio.Future[Streams]:
-        """The connection of worker ``number``, when it calls in."""
-        future: asyncio.Future[Streams] = asyncio.get_running_loop().create_future()
-        self._expected[number] = future
-        return future
-
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            hello = await asyncio.wait_for(reader.readexactly(_TOKEN_BYTES + 8), 30)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-            return
-        # Nothing from the connection is unpickled before its token is checked.
-        token, number = hello[:_TOKEN_BYTES], int.from_bytes(hello[_TOKEN_BYTES:], "big")
-        future = (
-            self._expected.pop(number, None) if hmac.compare_digest(token, self.token) else None
-        )
-        if future is None or future.done():
-            writer.close()
-            return
-        future.set_result((reader, writer))
 
 
 class _Job:
@@ -215,19 +165,8 @@ def _work_partition(items: Iterable[tuple[Any, ...]]) -> Iterator[None]:
     if spark_task is not None and spark_task.attemptNumber() > 0:
         return iter(())  # Spark's own retry: the driver already gave this worker's work on
     for host, port, token, number in items:
-        run_coroutine(_call_back(host, port, token, number))
+        run_coroutine(call_back(host, port, token, number))
     return iter(())
-
-
-async def _call_back(host: str, port: int, token: bytes, number: int) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(token + number.to_bytes(8, "big"))
-    try:
-        await work(reader, writer.write, once=True)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
 
 
 def context(config: RunConfig) -> SparkContext:
