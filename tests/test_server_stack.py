@@ -114,7 +114,8 @@ def test_untested_uvicorn_or_websockets_releases_get_uvicorns_own_protocols(
         "correct but slower"
     ]
     # And a server on them plays sessions as usual.
-    config = uvicorn_config(app, host="127.0.0.1", port=0, ws=stock[0], http=stock[1])
+    fresh = create_app(EchoEnvironment, EchoAction, EchoObservation)  # not the shared echo app
+    config = uvicorn_config(fresh, host="127.0.0.1", port=0, ws=stock[0], http=stock[1])
     server = uvicorn.Server(config)  # not GracefulServer: its shutdown drains every service here
     thread = threading.Thread(target=server.run)
     thread.start()
