@@ -78,9 +78,22 @@ def servers() -> list[Server]:
             env={"PYTHONPATH": f"{src}:{BENCH_DIR}"},
         )
         for rev, src in BASELINE.items()
+        # As ``ours-*`` run: the same apps, on openenv's WebSocket protocol.
         for kind, ours in (
-            ("def", Server("", "", uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"))),
-            ("async", Server("", "", uvicorn(PY, "servers.echo_async:app", BENCH_DIR))),
+            (
+                "def",
+                Server(
+                    "",
+                    "",
+                    uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env", "--ws", OPENENV_WS),
+                ),
+            ),
+            (
+                "async",
+                Server(
+                    "", "", uvicorn(PY, "servers.echo_async:app", BENCH_DIR, "--ws", OPENENV_WS)
+                ),
+            ),
         )
     ]
     return [
