@@ -10,9 +10,10 @@ once unless it suspends, in which case the task is woken to finish it.
 
 No send waits on the client for longer than ``send_timeout``: openenv's
 protocol aborts a connection whose peer leaves its write buffer full that
-long (``server/wsprotocol.py``), and every awaited send or close here has the
-same deadline, so under other ASGI servers too a client that stops reading
-loses its session and its slot.
+long (``server/wsprotocol.py``); under other ASGI servers, a reply that
+waits that long is found by the service's sweep (``stall``), and every close
+here has the same deadline, so a client that stops reading loses its session
+and its slot either way.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class Connection:
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._max_size = service.settings.max_message_size
         self._send_timeout = service.settings.send_timeout
+        self._clock = asyncio.get_running_loop().time
+        # When the reply being sent started waiting on the client (None: no send waits).
+        self.sending_since: float | None = None
+        self._stalled = False
         self._expired_for: str | None = None
         # openenv's WebSocket protocol offers each data frame to _take first: a
         # plain step then runs and replies from callbacks, with no task to wake.
@@ -178,8 +183,18 @@ class Connection:
                     await self._close_socket(CloseCode.NORMAL)
                     break
                 if inbox is None or not inbox.send_text(reply):
-                    async with self._deadline():
+                    # No timer per reply: the service sweeps for sends stuck past
+                    # send_timeout and stalls their connection (``stall``).
+                    self.sending_since = self._clock()
+                    try:
                         await send({"type": "websocket.send", "text": reply})
+                    except asyncio.CancelledError:
+                        if not self._stalled:
+                            raise
+                        self._task.uncancel()  # type: ignore[union-attr]
+                        raise TimeoutError("send_timeout") from None
+                    finally:
+                        self.sending_since = None
                 if session.state is not SessionState.OPEN:
                     reason = "error"
                     await self._close_socket(session.close_code)
@@ -251,6 +266,22 @@ class Connection:
             self._inbox.abort()
         if self._task is not None and not self._task.done():
             self._task.cancel()
+
+    def stall(self) -> None:
+        """A reply has waited on the client past ``send_timeout``: abort the connection.
+
+        The send is cancelled, ``run`` ends as for a vanished peer, and the
+        session's slot is freed.
+        """
+        if self._stalled or self._task is None or self._task.done():
+            return
+        self._stalled = True
+        self.session.log.warning(
+            "client did not read a reply within %gs; aborting its connection", self._send_timeout
+        )
+        if self._inbox is not None:
+            self._inbox.abort()
+        self._task.cancel()
 
     def _deadline(self) -> _Bounded:
         """Bound one send: past ``send_timeout`` the connection is aborted and

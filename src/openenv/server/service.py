@@ -234,13 +234,14 @@ class EnvService:
         reaper = None
         if self.concurrency.session_timeout is not None:
             reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
+        sweeper = asyncio.create_task(self._abort_stalled_sends(self.settings.send_timeout))
         try:
             async with contextlib.AsyncExitStack() as hooks:
                 for hook in self.lifespan_hooks:
                     await hooks.enter_async_context(hook())
                 yield
         finally:
-            for task in (reaper, publisher):
+            for task in (reaper, publisher, sweeper):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -316,6 +317,21 @@ class EnvService:
         while True:
             board.publish(self.metrics.numbers())
             await asyncio.sleep(METRICS_PUBLISH_SECONDS)
+
+    async def _abort_stalled_sends(self, limit: float) -> None:
+        """Stall every connection whose reply has waited on its client past ``limit``.
+
+        One sweep for all connections, rather than a timer around every reply.
+        """
+        interval = min(max(limit / 4, 0.05), 1.0)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = loop.time() - limit
+            for connection in list(self.connections):
+                since = connection.sending_since
+                if since is not None and since < cutoff:
+                    connection.stall()
 
     async def _reap_idle(self, idle_limit: float) -> None:
         interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)
