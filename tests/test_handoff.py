@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from openenv.server.handoff import Handoff, LaneTicket, NotStarted
+from openenv.server.handoff import Handoff, LaneTicket, NotStarted, SubmittedCall
 
 
 @pytest.fixture
@@ -275,7 +275,8 @@ async def test_dropped_calls_never_run_and_fail_at_once() -> None:
     try:
         slow = LaneTicket()
         slow.slow = 16  # its calls queue on the slow lane
-        running = lane.submit(slow, gate.wait, (30,), {})
+        running = lane.submit(slow, gate.wait, (30,), {}, timed=True)
+        assert isinstance(running, SubmittedCall)
         for _ in range(2000):  # poll, with a deadline, until a slow thread runs it
             if running.started() is not None:
                 break
@@ -295,4 +296,20 @@ async def test_dropped_calls_never_run_and_fail_at_once() -> None:
         assert ran == ["after"]
     finally:
         gate.set()
+        lane.shutdown()
+
+
+async def test_untimed_calls_get_asyncios_own_future() -> None:
+    # A Python subclass of asyncio.Future makes every await on it take the
+    # task's slow path; only callers with a deadline need to know when a
+    # thread began the call.
+    lane = Handoff(max_threads=1)
+    try:
+        plain = lane.submit(LaneTicket(), sum, ([1, 2],), {})
+        timed = lane.submit(LaneTicket(), sum, ([3, 4],), {}, timed=True)
+        assert type(plain) is type(asyncio.get_running_loop().create_future())
+        assert isinstance(timed, SubmittedCall)
+        assert (await plain, await timed) == (3, 7)
+        assert timed.started() is not None
+    finally:
         lane.shutdown()

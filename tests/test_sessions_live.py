@@ -343,9 +343,10 @@ async def test_only_a_close_the_environment_defines_runs_on_a_worker_thread() ->
             *rest: object,
             _submit: object = submit,
             _submitted: list[str] = submitted,
+            **options: object,
         ) -> object:
             _submitted.append(getattr(fn, "__name__", ""))
-            return _submit(ticket, fn, *rest)  # type: ignore[operator]
+            return _submit(ticket, fn, *rest, **options)  # type: ignore[operator]
 
         service.handoff.submit = recording
         with run_server(app) as url:

@@ -168,7 +168,13 @@ def _host(action_cls: type[Action], executor: Executor) -> Any:
             self.handoff = self
 
         def submit(
-            self, ticket: object, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            self,
+            ticket: object,
+            fn: Any,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            *,
+            timed: bool = False,
         ) -> asyncio.Future[Any]:
             return run_on_executor(fn, args, kwargs)
 

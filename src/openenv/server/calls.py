@@ -17,14 +17,28 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from openenv.errors import ServerSideError
 
 __all__ = ["DeadlineExceeded", "Submit", "call", "on_executor", "start"]
 
-# Starts fn(*args, **kwargs) on a worker thread; the future resolves with its outcome.
-Submit = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], "asyncio.Future[Any]"]
+
+class Submit(Protocol):
+    """Starts ``fn(*args, **kwargs)`` on a worker thread; the future gets its outcome.
+
+    ``timed``: the caller has a deadline for the call.
+    """
+
+    def __call__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        /,
+        *,
+        timed: bool = False,
+    ) -> asyncio.Future[Any]: ...
 
 
 class DeadlineExceeded(ServerSideError):
@@ -40,7 +54,12 @@ def on_executor(executor: Executor) -> Submit:
     """A ``Submit`` that runs calls on a plain executor (for rare, possibly slow calls)."""
 
     def submit(
-        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        /,
+        *,
+        timed: bool = False,
     ) -> asyncio.Future[Any]:
         return asyncio.wrap_future(executor.submit(fn, *args, **kwargs))
 
@@ -64,7 +83,7 @@ async def call(
         except TimeoutError:
             raise DeadlineExceeded(timeout, None) from None
     else:
-        future = submit(fn, args, kwargs)
+        future = submit(fn, args, kwargs, timed=True)
         if not await _settled_within(future, timeout):
             future.add_done_callback(_consume)
             raise DeadlineExceeded(timeout, future)

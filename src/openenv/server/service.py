@@ -209,9 +209,15 @@ class EnvService:
         task.add_done_callback(self._background.discard)
 
     def _submit_factory(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        /,
+        *,
+        timed: bool = False,
     ) -> asyncio.Future[Any]:
-        return self.handoff.submit(self._factory_ticket, fn, args, kwargs)
+        return self.handoff.submit(self._factory_ticket, fn, args, kwargs, timed=timed)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:

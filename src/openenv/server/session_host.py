@@ -65,6 +65,8 @@ class Lane(Protocol):
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        timed: bool = False,
     ) -> asyncio.Future[Any]: ...
 
     def drop_queued(self, ticket: LaneTicket) -> None: ...
