@@ -4,6 +4,7 @@
 // own environment instance on the server.
 
 import { ActionForm } from "./form.js";
+import { MetricsPanel } from "./metrics.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -266,6 +267,14 @@ function connect() {
 
 // -- wiring --------------------------------------------------------------------
 
+async function loadText(path) {
+  const headers = {};
+  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+  const response = await fetch(endpoint(path), { headers });
+  if (!response.ok) throw new Error(`GET ${path} answered ${response.status}`);
+  return response.text();
+}
+
 async function loadJSON(path) {
   const headers = { Accept: "application/json" };
   if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
@@ -278,6 +287,20 @@ async function loadJSON(path) {
 }
 
 function wire() {
+  new MetricsPanel(
+    {
+      panel: $("server-metrics"),
+      sessions: $("m-sessions"),
+      queued: $("m-queued"),
+      steps: $("m-steps"),
+      rate: $("m-rate"),
+      p50: $("m-p50"),
+      p99: $("m-p99"),
+      errors: $("m-errors"),
+      updated: $("m-updated"),
+    },
+    () => loadText("metrics"),
+  );
   ui.resetForm.addEventListener("submit", (event) => {
     event.preventDefault();
     exclusive(reset);
