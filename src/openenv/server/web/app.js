@@ -5,6 +5,7 @@
 
 import { ActionForm } from "./form.js";
 import { MetricsPanel } from "./metrics.js";
+import { ToolsPanel } from "./tools.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -34,9 +35,20 @@ const ui = {
   history: $("history").tBodies[0],
   readme: $("readme"),
   readmeText: $("readme-text"),
+  exportHistory: $("export-history"),
 };
 
-const page = { session: null, form: null, busy: false, started: false, steps: 0, total: 0 };
+const page = {
+  session: null,
+  form: null,
+  tools: null,
+  busy: false,
+  started: false,
+  done: false,
+  steps: 0,
+  total: 0,
+  log: [], // the episode's exchanges, for Export JSONL
+};
 
 // A server started with an API key is opened as /web?api_key=KEY: fetches send
 // it as a Bearer token, the WebSocket as a subprotocol (browsers cannot set headers).
@@ -69,8 +81,10 @@ function connected() {
 function updateButtons() {
   const idle = connected() && !page.busy;
   ui.reset.disabled = !idle;
-  ui.step.disabled = !idle || !page.started;
+  ui.step.disabled = !idle || !page.started || page.done; // an ended episode needs a Reset
   ui.refreshState.disabled = !idle;
+  ui.exportHistory.disabled = page.log.length === 0;
+  if (page.tools) page.tools.setEnabled(idle && page.started && !page.done);
 }
 
 // Run one exchange with the buttons disabled; keep keyboard focus where it was.
@@ -94,8 +108,10 @@ async function exclusive(task) {
 
 function clearEpisode(message) {
   page.started = false;
+  page.done = false;
   page.steps = 0;
   page.total = 0;
+  page.log = [];
   ui.history.replaceChildren();
   ui.stepCount.textContent = ui.reward.textContent = ui.totalReward.textContent = "–";
   ui.done.textContent = "–";
@@ -110,14 +126,21 @@ function showObservation(data) {
   ui.reward.textContent = formatNumber(data.reward);
   ui.totalReward.textContent = formatNumber(page.total);
   ui.done.textContent = data.done ? "yes" : "no";
+  page.done = Boolean(data.done);
 }
 
-function addHistory(action, data) {
+// One row per step, or per tool call (its row says "tool", its action is name(arguments)).
+function addHistory(action, data, label = String(page.steps)) {
   const row = document.createElement("tr");
   const step = document.createElement("th");
   step.scope = "row";
-  step.textContent = String(page.steps);
-  const cells = [JSON.stringify(action), formatNumber(data.reward), data.done ? "yes" : "no"].map(
+  step.textContent = label;
+  const done = data.done || data.finished;
+  const cells = [
+    typeof action === "string" ? action : JSON.stringify(action),
+    formatNumber(data.reward),
+    done ? "yes" : "no",
+  ].map(
     (text, index) => {
       const cell = document.createElement("td");
       if (index === 0) {
@@ -186,6 +209,7 @@ async function reset() {
   const reply = await page.session.request("reset", data);
   if (reply.type === "error") return showServerError(reply.data, placeResetErrors);
   clearEpisode("");
+  page.log.push({ type: "reset", request: data, reply: reply.data });
   page.started = true;
   showObservation(reply.data);
   setStatus("Episode started: fill in the action and press Step.");
@@ -205,6 +229,7 @@ async function step() {
   if (reply.type === "error") return showServerError(reply.data, (list) => page.form.showErrors(list));
   page.steps += 1;
   page.total += typeof reply.data.reward === "number" ? reply.data.reward : 0;
+  page.log.push({ type: "step", request: values, reply: reply.data });
   showObservation(reply.data);
   addHistory(values, reply.data);
   setStatus(
@@ -219,6 +244,35 @@ async function refreshState() {
   const reply = await page.session.request("state");
   ui.state.textContent =
     reply.type === "error" ? `Unavailable: ${reply.data.message}` : pretty(reply.data);
+}
+
+function toolCalled(name, args, reply) {
+  page.log.push({ type: "call_tool", request: { name, arguments: args }, reply: reply.data });
+  updateButtons();
+  if (reply.type === "error") return setStatus(`Tool ${name}: ${reply.data.code}.`);
+  const output = reply.data;
+  addHistory(`${name}(${JSON.stringify(args)})`, output, "tool");
+  if (typeof output.reward === "number") page.total += output.reward;
+  ui.totalReward.textContent = formatNumber(page.total);
+  if (typeof output.reward === "number") ui.reward.textContent = formatNumber(output.reward);
+  if (output.finished) {
+    page.done = true;
+    ui.done.textContent = "yes";
+    setStatus(`Episode done by ${name}, total reward ${formatNumber(page.total)}. Press Reset to play again.`);
+  } else {
+    setStatus(`Tool ${name} answered.`);
+  }
+  updateButtons();
+  return exclusive(refreshState);
+}
+
+function exportHistory() {
+  const text = page.log.map((entry) => JSON.stringify(entry)).join("\n") + "\n";
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([text], { type: "application/x-ndjson" }));
+  link.download = `${document.title.split(" ")[0] || "episode"}-episode.jsonl`;
+  link.click();
+  URL.revokeObjectURL(link.href);
 }
 
 // -- connection ----------------------------------------------------------------
@@ -319,6 +373,13 @@ function wire() {
     ui.actionForm.requestSubmit();
   });
   ui.refreshState.addEventListener("click", () => exclusive(refreshState));
+  ui.exportHistory.addEventListener("click", exportHistory);
+  page.tools = new ToolsPanel(
+    $("tools-panel"),
+    $("tools"),
+    (name, args) => page.session.request("call_tool", { name, arguments: args }),
+    toolCalled,
+  );
   ui.reconnect.addEventListener("click", connect);
   // Free the server's slot as soon as the tab goes away.
   window.addEventListener("pagehide", () => page.session && page.session.close());
@@ -343,6 +404,9 @@ async function main() {
     ui.readme.hidden = false;
   }
   page.form = new ActionForm(ui.fields, schema.action);
+  loadJSON("tools")
+    .then((listed) => page.tools.show(listed.tools || []))
+    .catch(() => page.tools.show([])); // an app without the catalog routes has no tools to show
   if (ui.fields.querySelector("textarea")) {
     ui.stepHint.textContent = "Enter in a field steps (Ctrl+Enter in a JSON box)";
   }

@@ -108,22 +108,23 @@ const hasValue = (value) => value !== undefined && value !== null;
 
 // -- the form ------------------------------------------------------------------
 
-function element(tag, attributes = {}, text = "") {
+export function element(tag, attributes = {}, text = "") {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
   if (text) node.textContent = text;
   return node;
 }
 
-function safeId(name, taken) {
-  let id = `action-${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+function safeId(name, taken, prefix) {
+  let id = `${prefix}${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
   while (taken.has(id)) id += "_";
   taken.add(id);
   return id;
 }
 
 export class ActionForm {
-  constructor(container, schema) {
+  // `prefix` keeps the inputs' ids apart when the page holds several forms.
+  constructor(container, schema, prefix = "action-") {
     this.container = container;
     this.fields = new Map();
     container.replaceChildren();
@@ -131,11 +132,13 @@ export class ActionForm {
     const required = new Set(root.required || []);
     const properties = Object.entries(root.properties || {});
     if (properties.length === 0) {
-      container.append(element("p", { class: "muted" }, "This action has no fields."));
+      const text = prefix === "action-" ? "This action has no fields." : "No arguments.";
+      container.append(element("p", { class: "muted" }, text));
     }
     const taken = new Set();
     for (const [name, property] of properties) {
-      const field = this.buildField(name, property, schema, required.has(name), safeId(name, taken));
+      const id = safeId(name, taken, prefix);
+      const field = this.buildField(name, property, schema, required.has(name), id);
       this.fields.set(name, field);
       container.append(field.wrapper);
     }

@@ -1,0 +1,137 @@
+"""``/web`` plays a tool environment to the end, in real Chromium: counter_env through its tools."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from counter_env.models import CounterAction, CounterObservation
+from counter_env.server.environment import CounterEnvironment
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
+from openenv.testing import run_server
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+SCREENSHOT = Path(__file__).parents[1] / "docs" / "web-counter.png"
+
+expect.set_options(timeout=15_000)
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=ARGS
+        )
+        yield browser
+        await browser.close()
+
+
+@pytest.fixture(scope="module")
+def counter_url() -> Iterator[str]:
+    app = create_app(
+        CounterEnvironment,
+        CounterAction,
+        CounterObservation,
+        ConcurrencyConfig(max_concurrent_envs=4),
+    )
+    with run_server(app) as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(
+        viewport={"width": 1280, "height": 1000}, accept_downloads=True
+    )
+    yield await context.new_page()
+    await context.close()
+
+
+async def call(page: Page, tool: str, **arguments: int) -> None:
+    card = page.get_by_role("form", name=f"Tool {tool}")
+    for name, value in arguments.items():
+        await card.get_by_label(name.capitalize()).fill(str(value))
+    await card.get_by_role("button", name=f"Call {tool}").click()
+
+
+async def test_counter_env_is_played_to_reward_one_through_its_tools(
+    page: Page, counter_url: str, tmp_path: Path
+) -> None:
+    await page.goto(f"{counter_url}/web")
+    await expect(page.get_by_role("heading", name="Tools")).to_be_visible()
+    tools = page.locator("#tools h3")
+    await expect(tools).to_have_text(["increment", "get_value", "submit"])
+    # Before an episode starts, the tools wait for Reset like Step does.
+    await expect(page.get_by_role("button", name="Call submit")).to_be_disabled()
+
+    await page.get_by_label("Seed").fill("0")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.locator("#status")).to_have_text(
+        "Episode started: fill in the action and press Step."
+    )
+    target = json.loads(await page.locator("#observation").inner_text())["target"]
+    await expect(page.get_by_role("button", name="Call increment")).to_be_enabled()
+
+    await call(page, "increment", amount=target - 1)
+    increment = page.get_by_role("form", name="Tool increment")
+    await expect(increment.locator(".tool-result")).to_contain_text(str(target - 1))
+    await call(page, "increment", amount=1)
+    await expect(increment.locator(".tool-result")).to_contain_text(str(target))
+    await call(page, "submit")
+    submit = page.get_by_role("form", name="Tool submit")
+    await expect(submit.locator(".tool-facts")).to_have_text("reward 1 · episode finished")
+    await expect(page.locator("#total-reward")).to_have_text("1")
+    await expect(page.locator("#done")).to_have_text("yes")
+    # The episode is over: neither Step nor a tool plays on until a Reset.
+    await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+    await expect(page.get_by_role("button", name="Call increment")).to_be_disabled()
+    await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
+    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+    async with page.expect_download() as waiting:
+        await page.get_by_role("button", name="Export JSONL").click()
+    saved = tmp_path / "episode.jsonl"
+    await (await waiting.value).save_as(saved)
+    entries = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert [e["type"] for e in entries] == ["reset", "call_tool", "call_tool", "call_tool"]
+    assert entries[0]["request"] == {"seed": 0}
+    assert [e["request"]["name"] for e in entries[1:]] == ["increment", "increment", "submit"]
+    assert entries[-1]["reply"]["reward"] == 1.0
+    assert entries[-1]["reply"]["finished"] is True
+
+
+async def test_step_is_disabled_once_an_episode_is_done(page: Page) -> None:
+    def one_step() -> EchoEnvironment:
+        return EchoEnvironment(max_steps=1)
+
+    app = create_app(one_step, EchoAction, EchoObservation, max_concurrent_envs=2)
+    with run_server(app) as url:
+        await page.goto(f"{url}/web")
+        await expect(page.locator("#tools-panel")).to_be_hidden()  # echo has no tools
+        await page.get_by_role("button", name="Reset").click()
+        await page.get_by_label("Message").fill("last")
+        await page.get_by_role("button", name="Step").click()
+        await expect(page.locator("#done")).to_have_text("yes")
+        await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+        await page.get_by_role("button", name="Reset").click()
+        await expect(page.get_by_role("button", name="Step")).to_be_enabled()
+
+
+async def test_tool_calls_are_rows_of_the_history(page: Page, counter_url: str) -> None:
+    await page.goto(f"{counter_url}/web")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.get_by_role("button", name="Call increment")).to_be_enabled()
+    await call(page, "increment", amount=2)
+    rows = page.locator("#history tbody tr")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text('increment({"amount":2})')
+    await expect(rows.first.locator("th")).to_have_text("tool")
