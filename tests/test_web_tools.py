@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,10 +17,15 @@ from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, create_app
 from openenv.testing import run_server
+from wordle_env import WordleAction
+from wordle_env.models import WordleObservation
+from wordle_env.server.environment import WordleEnvironment
+from wordle_env.server.words import answers
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 SCREENSHOT = Path(__file__).parents[1] / "docs" / "web-counter.png"
+WORDLE_SCREENSHOT = SCREENSHOT.with_name("web-wordle.png")
 
 expect.set_options(timeout=15_000)
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -135,3 +141,29 @@ async def test_tool_calls_are_rows_of_the_history(page: Page, counter_url: str) 
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text('increment({"amount":2})')
     await expect(rows.first.locator("th")).to_have_text("tool")
+
+
+@pytest.fixture(scope="module")
+def wordle_url() -> Iterator[str]:
+    app = create_app(
+        WordleEnvironment, WordleAction, WordleObservation, ConcurrencyConfig(max_concurrent_envs=4)
+    )
+    with run_server(app) as url:
+        yield url
+
+
+async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: str) -> None:
+    await page.goto(f"{wordle_url}/web")
+    await expect(page.get_by_label("Split")).to_have_value("train")
+    await page.get_by_label("Split").select_option("test")
+    await expect(page.locator("#task-count")).to_have_text(re.compile(r"^\d+ tasks in test"))
+    await page.get_by_label("Task", exact=True).select_option(label="test-0001")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.get_by_label("Task prompt")).to_contain_text("five-letter")
+    # test-0001's word, from the environment's own list: the chosen task is the one played.
+    await page.locator("#action-form").get_by_label("Guess").fill(answers("test")[1])
+    await page.get_by_role("button", name="Step").click()
+    await expect(page.locator("#done")).to_have_text("yes")
+    await expect(page.locator("#total-reward")).to_have_text("1")
+    await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+    await page.screenshot(path=str(WORDLE_SCREENSHOT), full_page=True)

@@ -33,6 +33,7 @@ ASSETS = {
     "form.js": "text/javascript; charset=utf-8",
     "metrics.js": "text/javascript; charset=utf-8",
     "session.js": "text/javascript; charset=utf-8",
+    "tasks.js": "text/javascript; charset=utf-8",
     "tools.js": "text/javascript; charset=utf-8",
 }
 

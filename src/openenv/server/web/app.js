@@ -5,6 +5,7 @@
 
 import { ActionForm } from "./form.js";
 import { MetricsPanel } from "./metrics.js";
+import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
 import { Session, SessionClosed } from "./session.js";
 
@@ -42,6 +43,7 @@ const page = {
   session: null,
   form: null,
   tools: null,
+  tasks: null,
   busy: false,
   started: false,
   done: false,
@@ -206,10 +208,18 @@ async function reset() {
   const data = {};
   if (ui.seed.value !== "") data.seed = Number(ui.seed.value);
   if (ui.episodeId.value !== "") data.episode_id = ui.episodeId.value;
+  const task = page.tasks.chosen();
+  if (task !== undefined) data.task = task;
   const reply = await page.session.request("reset", data);
   if (reply.type === "error") return showServerError(reply.data, placeResetErrors);
   clearEpisode("");
   page.log.push({ type: "reset", request: data, reply: reply.data });
+  if (task !== undefined) {
+    const prompt = await page.session.request("get_prompt");
+    page.tasks.showPrompt(prompt.type === "prompt" ? prompt.data.prompt : "");
+  } else {
+    page.tasks.showPrompt("");
+  }
   page.started = true;
   showObservation(reply.data);
   setStatus("Episode started: fill in the action and press Step.");
@@ -374,6 +384,16 @@ function wire() {
   });
   ui.refreshState.addEventListener("click", () => exclusive(refreshState));
   ui.exportHistory.addEventListener("click", exportHistory);
+  page.tasks = new TaskPicker(
+    {
+      fieldset: $("task-picker"),
+      split: $("task-split"),
+      task: $("task-choice"),
+      count: $("task-count"),
+      prompt: $("task-prompt"),
+    },
+    loadJSON,
+  );
   page.tools = new ToolsPanel(
     $("tools-panel"),
     $("tools"),
@@ -404,6 +424,7 @@ async function main() {
     ui.readme.hidden = false;
   }
   page.form = new ActionForm(ui.fields, schema.action);
+  page.tasks.start().catch(() => {});
   loadJSON("tools")
     .then((listed) => page.tools.show(listed.tools || []))
     .catch(() => page.tools.show([])); // an app without the catalog routes has no tools to show
