@@ -16,6 +16,7 @@ from counter_env.server.environment import CounterEnvironment
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, create_app
+from openenv.adapters.gymnasium import create_gymnasium_app
 from openenv.testing import run_server
 from wordle_env import WordleAction
 from wordle_env.models import WordleObservation
@@ -26,6 +27,7 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 SCREENSHOT = Path(__file__).parents[1] / "docs" / "web-counter.png"
 WORDLE_SCREENSHOT = SCREENSHOT.with_name("web-wordle.png")
+CARTPOLE_SCREENSHOT = SCREENSHOT.with_name("web-cartpole.png")
 
 expect.set_options(timeout=15_000)
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -167,3 +169,36 @@ async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: s
     await expect(page.locator("#total-reward")).to_have_text("1")
     await expect(page.get_by_role("button", name="Step")).to_be_disabled()
     await page.screenshot(path=str(WORDLE_SCREENSHOT), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def cartpole_url() -> Iterator[str]:
+    app = create_gymnasium_app(
+        "CartPole-v1",
+        ConcurrencyConfig(max_concurrent_envs=2),
+        make_kwargs={"render_mode": "rgb_array"},
+    )
+    with run_server(app) as url:
+        yield url
+
+
+async def test_cartpole_shows_its_frame_and_steps_by_buttons(page: Page, cartpole_url: str) -> None:
+    await page.goto(f"{cartpole_url}/web")
+    # Discrete(2): a button per action, beside the form.
+    buttons = page.get_by_role("group", name="Step with").get_by_role("button")
+    await expect(buttons).to_have_text(["action = 0", "action = 1"])
+    await expect(buttons.first).to_be_disabled()  # no episode yet
+    await page.get_by_label("Seed").fill("3")
+    await page.get_by_role("button", name="Reset").click()
+    frame = page.get_by_role("img", name="frame (rendered)")
+    await expect(frame).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
+    before = await frame.get_attribute("src")
+    assert "data:image" not in await page.locator("#observation").inner_text()
+    # Pushed right a few times, the cart moves by whole pixels.
+    for count in range(1, 7):
+        await buttons.last.click()
+        await expect(page.locator("#step-count")).to_have_text(str(count))
+    await expect(frame).not_to_have_attribute("src", before or "")
+    await expect(page.locator("#history tbody tr")).to_have_count(6)
+    await expect(page.locator("#history tbody tr").first).to_contain_text('{"action":1}')
+    await page.screenshot(path=str(CARTPOLE_SCREENSHOT), full_page=True)

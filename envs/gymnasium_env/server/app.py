@@ -1,19 +1,21 @@
 """The Gymnasium environment's ASGI app: `uvicorn server.app:app` from this folder.
 
 `GYMNASIUM_ENV` picks the environment (default CartPole-v1; any id that
-`gymnasium.make` knows), `OPENENV_MAX_CONCURRENT_ENVS` the session cap
+`gymnasium.make` knows), `GYMNASIUM_RENDER_MODE=rgb_array` adds each step's
+frame to the observation (shown at /web), `OPENENV_MAX_CONCURRENT_ENVS` the session cap
 (default 256) and `OPENENV_SESSION_TIMEOUT` the idle timeout in seconds.
 """
 
 import os
 
-from gymnasium_env.server.environment import ENV_ID
+from gymnasium_env.server.environment import ENV_ID, RENDER_MODE
 from openenv import ConcurrencyConfig, serve
 from openenv.adapters.gymnasium import create_gymnasium_app
 
 app = create_gymnasium_app(
     ENV_ID,
     ConcurrencyConfig.from_env(max_concurrent_envs=256),
+    make_kwargs={"render_mode": RENDER_MODE} if RENDER_MODE else None,
     # This process serves only this app: the collector may run less often
     # (plain uvicorn leaves CPython's defaults; `openenv serve` tunes it anyway).
     gc_threshold=20_000,

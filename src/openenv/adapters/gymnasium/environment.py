@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import gymnasium
 from pydantic import AfterValidator, Field, create_model
 
+from openenv.adapters.gymnasium.frames import png_data_url
 from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
 from openenv.environment import Environment
 from openenv.errors import EnvError
@@ -62,6 +63,13 @@ class GymnasiumObservation(Observation):
     terminated: bool = Field(default=False, description="The MDP reached a terminal state.")
     truncated: bool = Field(default=False, description="The episode was cut short (time limit).")
     info: dict[str, Any] = Field(default_factory=dict, description="The step's info dict.")
+    frame: str | None = Field(
+        default=None,
+        description=(
+            "The rendered frame as a PNG data URL, when the environment was made with "
+            'render_mode="rgb_array"; else null.'
+        ),
+    )
 
 
 class GymnasiumState(State):
@@ -126,6 +134,8 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
     ) -> None:
         self.env = _make(env, make_kwargs)
         self.models = models or _derive(self.env)
+        # Frames only when asked for: rendering and encoding cost more than a step.
+        self._renders = self.env.render_mode == "rgb_array"
         self._state = GymnasiumState(env_id=_env_id(self.env))
         self._needs_reset = True
 
@@ -185,6 +195,7 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
                 "truncated": truncated,
                 "reward": reward,
                 "done": terminated or truncated,
+                "frame": png_data_url(self.env.render()) if self._renders else None,
             }
         )
 

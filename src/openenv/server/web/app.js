@@ -86,6 +86,7 @@ function updateButtons() {
   ui.step.disabled = !idle || !page.started || page.done; // an ended episode needs a Reset
   ui.refreshState.disabled = !idle;
   ui.exportHistory.disabled = page.log.length === 0;
+  for (const button of $("quick-actions").querySelectorAll("button")) button.disabled = ui.step.disabled;
   if (page.tools) page.tools.setEnabled(idle && page.started && !page.done);
 }
 
@@ -121,9 +122,36 @@ function clearEpisode(message) {
   ui.state.textContent = "–";
 }
 
+// An observation's image fields (PNG/JPEG data URLs, such as a Gymnasium `frame`)
+// are shown as images, and left out of the JSON beside them.
+function splitImages(observation) {
+  const fields = {};
+  const images = [];
+  for (const [name, value] of Object.entries(observation || {})) {
+    if (typeof value === "string" && /^data:image\/(png|jpeg|gif|webp);base64,/.test(value)) {
+      images.push({ name, src: value });
+    } else {
+      fields[name] = value;
+    }
+  }
+  return { fields, images };
+}
+
 function showObservation(data) {
   const metadata = data.metadata && Object.keys(data.metadata).length ? { metadata: data.metadata } : {};
-  ui.observation.textContent = pretty({ ...data.observation, ...metadata });
+  const { fields, images } = splitImages(data.observation);
+  const frames = $("frames");
+  frames.replaceChildren(
+    ...images.map(({ name, src }) => {
+      const image = document.createElement("img");
+      image.className = "frame";
+      image.alt = `${name} (rendered)`;
+      image.src = src;
+      return image;
+    }),
+  );
+  frames.hidden = images.length === 0;
+  ui.observation.textContent = pretty({ ...fields, ...metadata });
   ui.stepCount.textContent = String(page.steps);
   ui.reward.textContent = formatNumber(data.reward);
   ui.totalReward.textContent = formatNumber(page.total);
@@ -276,6 +304,26 @@ function toolCalled(name, args, reply) {
   return exclusive(refreshState);
 }
 
+// A one-click step for each value of a small discrete action (CartPole's 0 and 1, say).
+function showQuickActions(choices) {
+  const box = $("quick-actions");
+  box.hidden = choices === null;
+  if (choices === null) return;
+  box.replaceChildren(
+    ...choices.values.map((value) => {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = `${choices.name} = ${typeof value === "string" ? value : JSON.stringify(value)}`;
+      button.disabled = true;
+      button.addEventListener("click", () => {
+        page.form.set(choices.name, value);
+        ui.actionForm.requestSubmit();
+      });
+      return button;
+    }),
+  );
+}
+
 function exportHistory() {
   const text = page.log.map((entry) => JSON.stringify(entry)).join("\n") + "\n";
   const link = document.createElement("a");
@@ -424,6 +472,7 @@ async function main() {
     ui.readme.hidden = false;
   }
   page.form = new ActionForm(ui.fields, schema.action);
+  showQuickActions(page.form.choices());
   page.tasks.start().catch(() => {});
   loadJSON("tools")
     .then((listed) => page.tools.show(listed.tools || []))

@@ -216,6 +216,33 @@ export class ActionForm {
     return area;
   }
 
+  // When the action is one small discrete choice (a Discrete space, an enum, a
+  // Literal, a bool), its field's name and values: the page offers a button each.
+  choices(limit = 10) {
+    if (this.fields.size !== 1) return null;
+    const [field] = this.fields.values();
+    const { schema, kind } = field;
+    let values = null;
+    if (kind === "integer" && Number.isInteger(schema.minimum) && Number.isInteger(schema.maximum)) {
+      const count = schema.maximum - schema.minimum + 1;
+      if (count >= 1 && count <= limit) values = Array.from({ length: count }, (_, i) => schema.minimum + i);
+    } else if (kind === "select" && field.options.length <= limit) {
+      values = field.options;
+    }
+    return values === null ? null : { name: field.name, values };
+  }
+
+  // Put a value in a field, as if typed or chosen.
+  set(name, value) {
+    const field = this.fields.get(name);
+    if (field.kind === "select") {
+      field.input.value = String(field.options.findIndex((o) => JSON.stringify(o) === JSON.stringify(value)));
+    } else {
+      field.input.value = String(value);
+    }
+    this.setError(field, null);
+  }
+
   // The action to send, or the per-field errors found in the browser.
   read() {
     const values = {};
