@@ -41,7 +41,14 @@ def test_page_and_every_file_it_loads_are_served(echo_url: str) -> None:
         assert sorted(loaded) == ["app.css", "app.js"]
         scripts = {"app.js": http.get("/web/app.js").text}
         imported = re.findall(r'from "\./([^"]+)"', scripts["app.js"])
-        assert sorted(imported) == ["form.js", "metrics.js", "session.js", "tasks.js", "tools.js"]
+        assert sorted(imported) == [
+            "form.js",
+            "metrics.js",
+            "session.js",
+            "tasks.js",
+            "tools.js",
+            "views.js",
+        ]
         for name in [*loaded, *imported]:
             reply = http.get(f"/web/{name}")
             assert reply.status_code == 200, name

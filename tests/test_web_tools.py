@@ -168,6 +168,10 @@ async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: s
     await expect(page.locator("#done")).to_have_text("yes")
     await expect(page.locator("#total-reward")).to_have_text("1")
     await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+    # The board is a table, not only JSON: a row per guess, its pattern beside it.
+    board = page.get_by_role("table", name="board")
+    await expect(board.get_by_role("columnheader")).to_have_text(["guess", "pattern", "letters"])
+    await expect(board.locator("tbody tr").first.locator("td").nth(1)).to_have_text("GGGGG")
     await page.screenshot(path=str(WORDLE_SCREENSHOT), full_page=True)
 
 

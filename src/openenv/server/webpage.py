@@ -35,6 +35,7 @@ ASSETS = {
     "session.js": "text/javascript; charset=utf-8",
     "tasks.js": "text/javascript; charset=utf-8",
     "tools.js": "text/javascript; charset=utf-8",
+    "views.js": "text/javascript; charset=utf-8",
 }
 
 # The page may talk to its own origin only, so an environment's observation

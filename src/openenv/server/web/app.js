@@ -7,6 +7,7 @@ import { ActionForm } from "./form.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
+import { renderTables } from "./views.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -151,6 +152,7 @@ function showObservation(data) {
     }),
   );
   frames.hidden = images.length === 0;
+  renderTables($("views"), fields);
   ui.observation.textContent = pretty({ ...fields, ...metadata });
   ui.stepCount.textContent = String(page.steps);
   ui.reward.textContent = formatNumber(data.reward);
