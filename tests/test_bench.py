@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 import orjson
 import pytest
@@ -82,8 +83,20 @@ def test_a_server_that_is_not_there_is_one_error_before_any_load() -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_with_no_action_every_reference_env_is_stepped_with_a_valid_one(echo_url: str) -> None:
-    report = run_bench(echo_url, sessions=4, steps=20)
+@pytest.mark.parametrize(
+    "app_module",
+    [
+        "echo_env.server.app",
+        "counter_env.server.app",
+        "wordle_env.server.app",
+        "benchmark_env.server.app",
+        "gymnasium_env.server.app",
+    ],
+)
+def test_with_no_action_every_reference_env_is_stepped_with_a_valid_one(app_module: str) -> None:
+    app = importlib.import_module(app_module).app
+    with run_server(app) as url:
+        report = run_bench(url, sessions=4, steps=20)
     assert (report.steps, report.sessions_ok, dict(report.errors)) == (80, 4, {})
 
 

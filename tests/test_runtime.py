@@ -475,12 +475,17 @@ def test_random_actions_are_valid() -> None:
         Everything.model_validate(sample_schema(schema, rng))
 
 
-def test_random_agent_refuses_patterns_it_cannot_satisfy() -> None:
+def test_random_agent_samples_simple_patterns_and_refuses_the_rest() -> None:
     class Coded(Action):
-        code: str = Field(pattern=r"^[A-Z]{3}$")
+        code: str = Field(pattern=r"^[A-Z]{3}-\d{2}$")
 
+    class Grouped(Action):
+        code: str = Field(pattern=r"^(ab|cd)+$")
+
+    for seed in range(20):
+        Coded.model_validate(RandomAgent(Coded, seed=seed).act(None))  # valid every time
     with pytest.raises(TypeError, match="strings matching"):
-        RandomAgent(Coded).act(None)
+        RandomAgent(Grouped).act(None)
 
 
 def test_random_agent_smoke_tests_a_server_from_its_schema(echo_server_url: str) -> None:

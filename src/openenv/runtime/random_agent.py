@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import re
 import string
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -164,10 +165,13 @@ class _Sampler:
 
     def _string(self, schema: dict[str, Any], where: str) -> str:
         if "pattern" in schema:
-            raise TypeError(
-                f"RandomAgent cannot sample {where}: strings matching {schema['pattern']!r}; "
-                f"write an agent for this environment"
-            )
+            sampled = sample_pattern(schema["pattern"], self.rng)
+            if sampled is None:
+                raise TypeError(
+                    f"RandomAgent cannot sample {where}: strings matching {schema['pattern']!r}; "
+                    f"write an agent for this environment"
+                )
+            return sampled
         fmt = schema.get("format")
         if fmt == "uuid":
             return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -203,3 +207,79 @@ class _Sampler:
             for i in range(self.rng.randint(0, 3)):
                 out[f"key{i}"] = self.sample(extra, f"{where}.key{i}")
         return out
+
+
+# Character classes a pattern may name, as the characters RandomAgent draws from.
+_CLASSES = {
+    "d": string.digits,
+    "w": string.ascii_letters + string.digits + "_",
+    "s": " ",
+}
+_ATOM = re.compile(r"\\([dws])|\\(.)|\[(\^?)((?:\\.|[^\]])+)\]|(\.)|([^\\\[\](){}*+?|^$])")
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}|([*+?])")
+
+
+def sample_pattern(pattern: str, rng: random.Random) -> str | None:
+    """A string matching ``pattern``, for the simple patterns schemas use; ``None`` if too hard.
+
+    Handles literals, ``.``, ``\\d \\w \\s``, classes like ``[A-Za-z0-9_-]``,
+    quantifiers ``{n}``, ``{n,m}``, ``* + ?`` and the anchors ``^ $``. Groups,
+    alternation and lookarounds are beyond it. The result is checked against
+    the pattern before it is returned.
+
+    >>> sample_pattern("^[a-z]{5}$", random.Random(0)).isalpha()
+    True
+    >>> sample_pattern("^(a|b)+$", random.Random(0)) is None
+    True
+    """
+    body = pattern.removeprefix("^").removesuffix("$")
+    out: list[str] = []
+    position = 0
+    while position < len(body):
+        atom = _ATOM.match(body, position)
+        if atom is None:
+            return None
+        position = atom.end()
+        alphabet = _alphabet(atom)
+        if alphabet is None:
+            return None
+        low, high = 1, 1
+        quantifier = _QUANTIFIER.match(body, position)
+        if quantifier is not None:
+            position = quantifier.end()
+            if quantifier.group(3):
+                low, high = {"*": (0, 4), "+": (1, 4), "?": (0, 1)}[quantifier.group(3)]
+            else:
+                low = int(quantifier.group(1))
+                upper = quantifier.group(2)
+                high = low if upper is None else int(upper) if upper else low + 4
+        out.extend(rng.choice(alphabet) for _ in range(rng.randint(low, max(low, high))))
+    sampled = "".join(out)
+    return sampled if re.search(pattern, sampled) else None
+
+
+def _alphabet(atom: re.Match[str]) -> str | None:
+    named, escaped, negated, members, dot, literal = atom.groups()
+    if named:
+        return _CLASSES[named]
+    if escaped is not None:
+        return escaped
+    if dot or literal is not None:
+        return string.ascii_lowercase if dot else literal
+    if negated:
+        return None
+    chars: list[str] = []
+    index = 0
+    while index < len(members):
+        char = members[index]
+        if char == "\\" and index + 1 < len(members):
+            following = members[index + 1]
+            chars.extend(_CLASSES.get(following, following))
+            index += 2
+        elif index + 2 < len(members) and members[index + 1] == "-":
+            chars.extend(chr(c) for c in range(ord(char), ord(members[index + 2]) + 1))
+            index += 3
+        else:
+            chars.append(char)
+            index += 1
+    return "".join(chars) or None
