@@ -186,11 +186,11 @@ async def reset(page: Page, episode_id: str | None = None) -> None:
 
 
 async def step_echo(page: Page, message: str) -> None:
-    rows = await page.locator("#history tbody tr").count()
+    rows = await page.locator("#history tbody tr:not(.detail)").count()
     await page.get_by_label("Message").fill(message)
     await page.get_by_role("button", name="Step").click()
     await idle(page)
-    await expect(page.locator("#history tbody tr")).to_have_count(rows + 1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(rows + 1)
 
 
 async def observation(page: Page) -> Any:
@@ -278,7 +278,7 @@ async def test_plays_a_full_echo_episode(
         "Episode done after 3 steps, total reward 1.4. Press Reset to play again."
     )
     assert await observation(page) == {"echoed_message": "hi", "message_length": 2}
-    rows = page.locator("#history tbody tr")
+    rows = page.locator("#history tbody tr:not(.detail)")
     await expect(rows.nth(0).locator("th, td")).to_have_text(
         ["1", '{"message":"hello"}', "0.5", "no"]
     )
@@ -409,7 +409,7 @@ async def test_form_values_reach_the_environment_as_typed(
     await page.get_by_label("Flag").select_option(label="false")
     await page.get_by_label("Loud").press("Enter")  # Enter steps from any control, not only text
     await idle(page)
-    await expect(page.locator("#history tbody tr")).to_have_count(1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     assert (await observation(page))["action"] == {
         "text": "go",
         "count": 3,
@@ -463,14 +463,14 @@ async def test_validation_error_is_shown_next_to_the_field(
     )
     await expect(page.locator("#action-text-error")).to_be_hidden()
     await expect(page.locator("#error")).to_contain_text("VALIDATION_ERROR: invalid action")
-    await expect(page.locator("#history tbody tr")).to_have_count(0)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
 
     # The session goes on: fix the fields and step.
     await page.get_by_label("Count").fill("2")
     await expect(count_error).to_be_hidden()  # editing a field clears its error
     await page.get_by_label("Target").fill('{"x": 1}')
     await page.get_by_role("button", name="Step").click()
-    await expect(page.locator("#history tbody tr")).to_have_count(1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     await expect(page.locator("#error")).to_be_hidden()
     await expect(page.locator("#action-target-error")).to_be_hidden()
 
@@ -481,7 +481,9 @@ async def test_validation_error_is_shown_next_to_the_field(
         "Input should be a valid integer, got a number with a fractional part"
     )
     await expect(page.get_by_label("Seed")).to_have_attribute("aria-invalid", "true")
-    await expect(page.locator("#history tbody tr")).to_have_count(1)  # the episode was not reset
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(
+        1
+    )  # the episode was not reset
 
 
 async def test_bad_json_is_caught_in_the_browser(
@@ -516,7 +518,7 @@ async def test_bad_json_is_caught_in_the_browser(
     await page.get_by_label("Tags").press("Enter")  # a newline in a JSON box, not a step
     await expect(page.get_by_label("Tags")).to_have_value('["a"]\n')
     await page.get_by_label("Tags").press("Control+Enter")
-    await expect(page.locator("#history tbody tr")).to_have_count(1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     assert len(steps_sent) == 1
 
 
@@ -532,7 +534,7 @@ async def test_environment_error_is_shown_and_the_session_goes_on(
     )
     await page.get_by_label("Text").fill("fine")
     await page.get_by_role("button", name="Step").click()
-    await expect(page.locator("#history tbody tr")).to_have_count(1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     await expect(page.locator("#error")).to_be_hidden()
 
 
@@ -580,7 +582,7 @@ async def test_dropped_socket_offers_reconnect(
             "Connected: a new session. Press Reset to start an episode."
         )
         await expect(banner).to_be_hidden()
-        await expect(page.locator("#history tbody tr")).to_have_count(0)
+        await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
         await expect(page.get_by_role("button", name="Reset")).to_be_focused()
         await reset(page)
         await step_echo(page, "after")
@@ -631,16 +633,16 @@ async def test_keyboard_alone_plays(
     await expect(page.get_by_label("Message")).to_be_focused()
     await page.keyboard.type("typed")
     await page.keyboard.press("Enter")  # Enter in the form steps
-    await expect(page.locator("#history tbody tr")).to_have_count(1)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     await idle(page)
     assert (await observation(page))["echoed_message"] == "typed"
     await page.keyboard.press("Tab")
     await expect(page.get_by_role("button", name="Step")).to_be_focused()
     await page.keyboard.press("Space")
-    await expect(page.locator("#history tbody tr")).to_have_count(2)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(2)
     await idle(page)
     await page.get_by_label("Seed").press("Enter")  # Enter in the reset form resets
-    await expect(page.locator("#history tbody tr")).to_have_count(0)
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
 
 
 @pytest.mark.parametrize("viewport", [NARROW, WIDE], ids=["390px", "1280px"])

@@ -139,7 +139,7 @@ async def test_tool_calls_are_rows_of_the_history(page: Page, counter_url: str) 
     await page.get_by_role("button", name="Reset").click()
     await expect(page.get_by_role("button", name="Call increment")).to_be_enabled()
     await call(page, "increment", amount=2)
-    rows = page.locator("#history tbody tr")
+    rows = page.locator("#history tbody tr:not(.detail)")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text('increment({"amount":2})')
     await expect(rows.first.locator("th")).to_have_text("tool")
@@ -203,6 +203,24 @@ async def test_cartpole_shows_its_frame_and_steps_by_buttons(page: Page, cartpol
         await buttons.last.click()
         await expect(page.locator("#step-count")).to_have_text(str(count))
     await expect(frame).not_to_have_attribute("src", before or "")
-    await expect(page.locator("#history tbody tr")).to_have_count(6)
-    await expect(page.locator("#history tbody tr").first).to_contain_text('{"action":1}')
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(6)
+    await expect(page.locator("#history tbody tr:not(.detail)").first).to_contain_text(
+        '{"action":1}'
+    )
     await page.screenshot(path=str(CARTPOLE_SCREENSHOT), full_page=True)
+
+
+async def test_a_history_row_opens_to_the_whole_reply(page: Page, counter_url: str) -> None:
+    await page.goto(f"{counter_url}/web")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.get_by_role("button", name="Call increment")).to_be_enabled()
+    await call(page, "increment", amount=3)
+    toggle = page.locator("#history tbody tr:not(.detail)").first.get_by_role("button")
+    detail = page.locator("#history tr.detail").first
+    await expect(detail).to_be_hidden()
+    await toggle.click()
+    await expect(toggle).to_have_attribute("aria-expanded", "true")
+    await expect(detail).to_be_visible()
+    assert json.loads(await detail.inner_text())["content"][0]["data"] == {"value": 3}
+    await toggle.click()
+    await expect(detail).to_be_hidden()

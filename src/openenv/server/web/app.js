@@ -185,8 +185,28 @@ function addHistory(action, data, label = String(page.steps)) {
       return cell;
     },
   );
+  // The step number is a button that opens the whole reply under the row.
+  const toggle = document.createElement("button");
+  toggle.type = "button";
+  toggle.className = "link";
+  toggle.textContent = label;
+  toggle.setAttribute("aria-expanded", "false");
+  step.replaceChildren(toggle);
+  const detail = document.createElement("tr");
+  detail.className = "detail";
+  detail.hidden = true;
+  const cell = detail.insertCell();
+  cell.colSpan = 4;
+  const reply = document.createElement("pre");
+  reply.className = "json";
+  reply.textContent = pretty(data);
+  cell.append(reply);
+  toggle.addEventListener("click", () => {
+    detail.hidden = !detail.hidden;
+    toggle.setAttribute("aria-expanded", String(!detail.hidden));
+  });
   row.append(step, ...cells);
-  ui.history.append(row);
+  ui.history.append(row, detail);
   row.scrollIntoView({ block: "nearest" });
 }
 
