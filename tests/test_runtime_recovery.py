@@ -129,16 +129,17 @@ def test_results_reach_the_caller_while_the_run_goes_on(
 
 
 async def test_leaving_the_stream_early_cancels_what_is_still_running(tmp_path: Path) -> None:
+    # t0 starts and then waits forever; t1 finishes only once t0 is waiting, so
+    # the first result comes while t0 is surely running.
     journal = str(tmp_path / "journal")
-    never = str(tmp_path / "never")
-    tasks = echo_tasks(3, Journal(journal, gate=("t2", never)))
-    config = RunConfig(max_concurrency=3, progress=False)
+    tasks = echo_tasks(2, Journal(journal, hold="t0", gate=("t1", journal + ".held")))
+    config = RunConfig(max_concurrency=2, progress=False)
     async with contextlib.aclosing(Runners.stream(tasks, config)) as results:
         first = await anext(results)
-    assert first.task_id in {"t0", "t1"}
-    words = journal_lines(journal)
-    assert ["start", "t2"] in [w[:2] for w in words]
-    assert ["done", "t2"] not in [w[:2] for w in words]  # cancelled, not waited for
+    assert (first.task_id, first.value) == ("t1", True)
+    words = [w[:2] for w in journal_lines(journal)]
+    assert ["start", "t0"] in words
+    assert ["done", "t0"] not in words  # cancelled, not waited for
 
 
 class HeldActor:
