@@ -4,6 +4,7 @@
 // own environment instance on the server.
 
 import { ActionForm } from "./form.js";
+import { addHistory, exportHistory } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
@@ -161,55 +162,6 @@ function showObservation(data) {
   page.done = Boolean(data.done);
 }
 
-// One row per step, or per tool call (its row says "tool", its action is name(arguments)).
-function addHistory(action, data, label = String(page.steps)) {
-  const row = document.createElement("tr");
-  const step = document.createElement("th");
-  step.scope = "row";
-  step.textContent = label;
-  const done = data.done || data.finished;
-  const cells = [
-    typeof action === "string" ? action : JSON.stringify(action),
-    formatNumber(data.reward),
-    done ? "yes" : "no",
-  ].map(
-    (text, index) => {
-      const cell = document.createElement("td");
-      if (index === 0) {
-        const code = document.createElement("code");
-        code.textContent = text;
-        cell.append(code);
-      } else {
-        cell.textContent = text;
-      }
-      return cell;
-    },
-  );
-  // The step number is a button that opens the whole reply under the row.
-  const toggle = document.createElement("button");
-  toggle.type = "button";
-  toggle.className = "link";
-  toggle.textContent = label;
-  toggle.setAttribute("aria-expanded", "false");
-  step.replaceChildren(toggle);
-  const detail = document.createElement("tr");
-  detail.className = "detail";
-  detail.hidden = true;
-  const cell = detail.insertCell();
-  cell.colSpan = 4;
-  const reply = document.createElement("pre");
-  reply.className = "json";
-  reply.textContent = pretty(data);
-  cell.append(reply);
-  toggle.addEventListener("click", () => {
-    detail.hidden = !detail.hidden;
-    toggle.setAttribute("aria-expanded", String(!detail.hidden));
-  });
-  row.append(step, ...cells);
-  ui.history.append(row, detail);
-  row.scrollIntoView({ block: "nearest" });
-}
-
 // Turn a server error into inline messages; field errors go next to their fields.
 function showServerError(data, placeOnFields) {
   let unplaced = [];
@@ -291,7 +243,7 @@ async function step() {
   page.total += typeof reply.data.reward === "number" ? reply.data.reward : 0;
   page.log.push({ type: "step", request: values, reply: reply.data });
   showObservation(reply.data);
-  addHistory(values, reply.data);
+  addHistory(ui.history, values, reply.data, String(page.steps));
   setStatus(
     reply.data.done
       ? `Episode done after ${page.steps} steps, total reward ${formatNumber(page.total)}. Press Reset to play again.`
@@ -311,7 +263,7 @@ function toolCalled(name, args, reply) {
   updateButtons();
   if (reply.type === "error") return setStatus(`Tool ${name}: ${reply.data.code}.`);
   const output = reply.data;
-  addHistory(`${name}(${JSON.stringify(args)})`, output, "tool");
+  addHistory(ui.history, `${name}(${JSON.stringify(args)})`, output, "tool");
   if (typeof output.reward === "number") page.total += output.reward;
   ui.totalReward.textContent = formatNumber(page.total);
   if (typeof output.reward === "number") ui.reward.textContent = formatNumber(output.reward);
@@ -344,15 +296,6 @@ function showQuickActions(choices) {
       return button;
     }),
   );
-}
-
-function exportHistory() {
-  const text = page.log.map((entry) => JSON.stringify(entry)).join("\n") + "\n";
-  const link = document.createElement("a");
-  link.href = URL.createObjectURL(new Blob([text], { type: "application/x-ndjson" }));
-  link.download = `${document.title.split(" ")[0] || "episode"}-episode.jsonl`;
-  link.click();
-  URL.revokeObjectURL(link.href);
 }
 
 // -- connection ----------------------------------------------------------------
@@ -453,7 +396,9 @@ function wire() {
     ui.actionForm.requestSubmit();
   });
   ui.refreshState.addEventListener("click", () => exclusive(refreshState));
-  ui.exportHistory.addEventListener("click", exportHistory);
+  ui.exportHistory.addEventListener("click", () =>
+    exportHistory(page.log, document.title.split(" ")[0]),
+  );
   page.tasks = new TaskPicker(
     {
       fieldset: $("task-picker"),

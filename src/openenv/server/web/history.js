@@ -1,0 +1,65 @@
+// The episode's history: a row per step or tool call, each opening to its whole
+// reply, and the exchanges exported as JSON Lines.
+
+const formatNumber = (value) =>
+  typeof value === "number" ? String(Number(value.toPrecision(12))) : "–";
+const pretty = (value) => JSON.stringify(value, null, 2);
+
+// One row per step, or per tool call (its row says "tool", its action is name(arguments)).
+export function addHistory(body, action, data, label) {
+  const row = document.createElement("tr");
+  const step = document.createElement("th");
+  step.scope = "row";
+  step.textContent = label;
+  const done = data.done || data.finished;
+  const cells = [
+    typeof action === "string" ? action : JSON.stringify(action),
+    formatNumber(data.reward),
+    done ? "yes" : "no",
+  ].map(
+    (text, index) => {
+      const cell = document.createElement("td");
+      if (index === 0) {
+        const code = document.createElement("code");
+        code.textContent = text;
+        cell.append(code);
+      } else {
+        cell.textContent = text;
+      }
+      return cell;
+    },
+  );
+  // The step number is a button that opens the whole reply under the row.
+  const toggle = document.createElement("button");
+  toggle.type = "button";
+  toggle.className = "link";
+  toggle.textContent = label;
+  toggle.setAttribute("aria-expanded", "false");
+  step.replaceChildren(toggle);
+  const detail = document.createElement("tr");
+  detail.className = "detail";
+  detail.hidden = true;
+  const cell = detail.insertCell();
+  cell.colSpan = 4;
+  const reply = document.createElement("pre");
+  reply.className = "json";
+  reply.textContent = pretty(data);
+  cell.append(reply);
+  toggle.addEventListener("click", () => {
+    detail.hidden = !detail.hidden;
+    toggle.setAttribute("aria-expanded", String(!detail.hidden));
+  });
+  row.append(step, ...cells);
+  body.append(row, detail);
+  row.scrollIntoView({ block: "nearest" });
+}
+
+// Save the episode's exchanges (`log`: {type, request, reply} each) as a JSONL file.
+export function exportHistory(log, name) {
+  const text = log.map((entry) => JSON.stringify(entry)).join("\n") + "\n";
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([text], { type: "application/x-ndjson" }));
+  link.download = `${name || "episode"}-episode.jsonl`;
+  link.click();
+  URL.revokeObjectURL(link.href);
+}
