@@ -47,32 +47,14 @@ class EpisodeRecord:
         self.session = session
         self.task_id = task_id
         self.forks = 0
-        self._call_prefix = b'{"session":' + orjson.dumps(session) + b',"event":"call","started":'
-        self._lines = [
-            _line({"session": session, "event": "opened", "at": time.time(), "task": task_id})
-        ]
+        self.opened = time.time()
+        # (request frame, reply frame, started, ended) per request, formatted at close:
+        # this runs for every request, so it only keeps what crossed the wire.
+        self._calls: list[tuple[str, str | bytes, float, float]] = []
 
     def call(self, request: str, reply: str | bytes, started: float) -> None:
         """One request frame and its reply frame, embedded as they crossed the wire."""
-        # Put together by hand, frames as they are: this runs for every request.
-        frame = reply.encode() if isinstance(reply, str) else reply
-        if not (frame[:1] == b"{" and frame[-1:] == b"}"):  # not a JSON object: keep it as text
-            frame = orjson.dumps({"invalid_frame": repr(frame[:200])})
-        self._lines.append(
-            b"".join(
-                (
-                    self._call_prefix,
-                    repr(started).encode(),
-                    b',"ended":',
-                    repr(time.time()).encode(),
-                    b',"request":',
-                    request.encode(),
-                    b',"reply":',
-                    frame,
-                    b"}\n",
-                )
-            )
-        )
+        self._calls.append((request, reply, started, time.time()))
 
     def fork(self) -> EpisodeRecord:
         """The record of a sub-episode played beside this one."""
@@ -81,16 +63,29 @@ class EpisodeRecord:
 
     def close(self, reason: str) -> None:
         """The episode is over: write its lines to this process's file."""
-        event = {
-            "session": self.session,
-            "event": "closed",
-            "at": time.time(),
-            "task": self.task_id,
-            "reason": reason,
-        }
-        self._lines.append(_line(event))
-        _writer(self.folder).write(b"".join(self._lines))
-        self._lines = []
+        session, task = self.session, self.task_id
+        lines = [_line({"session": session, "event": "opened", "at": self.opened, "task": task})]
+        for request, reply, started, ended in self._calls:
+            text = reply.decode() if isinstance(reply, bytes) else reply
+            # orjson embeds a Fragment unchecked: only what looks like a JSON object goes in.
+            embedded = (
+                orjson.Fragment(text)
+                if text[:1] == "{" and text[-1:] == "}"
+                else {"invalid_frame": repr(text[:200])}
+            )
+            event = {
+                "session": session,
+                "event": "call",
+                "started": started,
+                "ended": ended,
+                "request": orjson.Fragment(request),
+                "reply": embedded,
+            }
+            lines.append(_line(event))
+        closed = {"session": session, "event": "closed", "at": time.time(), "task": task}
+        lines.append(_line({**closed, "reason": reason}))
+        self._calls = []
+        _writer(self.folder).write(b"".join(lines))
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -150,6 +145,9 @@ _writers_lock = threading.Lock()
 def _writer(folder: str) -> _Writer:
     # Keyed by pid too: a forked process must not append to its parent's file.
     key = (os.getpid(), folder)
+    writer = _writers.get(key)  # the common case, without the lock
+    if writer is not None:
+        return writer
     with _writers_lock:
         if key not in _writers:
             _writers[key] = _Writer(folder)
