@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.factory import check_concurrency, check_factory
+from openenv.server.openreward import OpenRewardBridge
 from openenv.server.routes import routes, web_routes
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService
@@ -39,7 +40,9 @@ def create_app(
     serves ``/health``, ``/metadata``, ``/schema``, ``/metrics``, what the
     environment offers (``/tools``, ``/splits``, ``/tasks``) and ``/web``, a
     page to play it by hand. With ``mcp=True`` MCP clients reach the tools at
-    ``/mcp``, one environment per MCP session.
+    ``/mcp``, one environment per MCP session. OpenReward's SDK drives it over
+    OpenReward's HTTP session protocol (``/create_session``, ``/create``,
+    ``/call``, ...; ``server/openreward.py``), its sessions under the same cap.
 
     Args:
         env_factory: The environment class, or any zero-argument callable that
@@ -102,10 +105,19 @@ def create_app(
         from openenv.server.mcp_bridge import mcp_routes
 
         extra_routes = mcp_routes(service)
+    # OpenReward's SDK: its root paths first (its GET /tools and /splits are told
+    # apart by their session header), its /{env}/... paths after every other route.
+    openreward_root, openreward_env = OpenRewardBridge({service.metadata.name: service}).routes()
     app = EnvApp(
         title=service.metadata.name,
         description=service.metadata.description,
-        routes=[*routes(), *(web_routes() if web else []), *extra_routes],
+        routes=[
+            *openreward_root,
+            *routes(),
+            *(web_routes() if web else []),
+            *extra_routes,
+            *openreward_env,
+        ],
         lifespan=service.lifespan,
     )
     app.state.openenv = service

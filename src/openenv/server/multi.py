@@ -4,7 +4,8 @@ Each environment is a full ``create_app`` app mounted under its name, so it
 keeps its own session cap, threads and idle timeout, and every route of a
 one-environment server: ``/envs/{name}/ws``, ``/envs/{name}/health``,
 ``/envs/{name}/tasks``, ``/envs/{name}/mcp`` (with ``mcp=True``), ...
-``GET /envs`` lists them.
+``GET /envs`` lists them. OpenReward's SDK reaches them all from the root
+(``server/openreward.py``), each session under its environment's cap.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from openenv.protocol import EnvInfo, EnvListing
 from openenv.server.app import create_app
 from openenv.server.catalog import splits_of, tool_names
 from openenv.server.config import ConcurrencyConfig
+from openenv.server.openreward import OpenRewardBridge
 from openenv.server.service import EnvService
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
@@ -99,11 +101,17 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
                 f"optionally in '/'-separated parts (e.g. 'ns/counter')"
             )
     apps = {name: spec.build() for name, spec in envs.items()}
+    # OpenReward's SDK reaches every environment from the root: /create, /call and
+    # the rest name theirs in X-Deployment or as /{name}/call (server/openreward.py).
+    bridge = OpenRewardBridge({name: sub.state.openenv for name, sub in apps.items()})
+    openreward_root, openreward_env = bridge.routes()
     app = FastAPI(
         title=title,
         routes=[
             APIRoute("/envs", list_envs, methods=["GET"], response_model=EnvListing),
             *(Mount(f"/envs/{name}", app=sub) for name, sub in apps.items()),
+            *openreward_root,
+            *openreward_env,
         ],
         lifespan=_MountedLifespans(list(apps.values())),
     )

@@ -12,7 +12,8 @@ the attacker re-points at 127.0.0.1 reaches a local server with
 always needs a host *name*, so localhost names and IP literals are always
 allowed; other names must be listed in ``allowed_hosts``.
 
-The key may come as ``Authorization: Bearer KEY`` (programs), as a WebSocket
+The key may come as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``
+(programs; the latter is how OpenReward's SDK sends it), as a WebSocket
 subprotocol ``openenv.key.KEY`` (browsers cannot set headers on WebSockets),
 or as an ``api_key`` query parameter (a link to the web page).
 """
@@ -44,7 +45,8 @@ KEY_SUBPROTOCOL_PREFIX = "openenv.key."
 # <script src>); what it loads from the server, and its sessions, are not.
 PUBLIC_PATHS = frozenset({"/health", "/web"})
 # Routes a page could use to act, not just read: a browser's Origin is checked there.
-_ORIGIN_CHECKED_PATHS = frozenset({"/mcp"})
+# (/create and /call are OpenReward's: server/openreward.py checks them by these names.)
+_ORIGIN_CHECKED_PATHS = frozenset({"/mcp", "/create", "/call"})
 
 
 def is_public(path: str) -> bool:
@@ -121,28 +123,30 @@ class AccessGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        refusal = self.refusal(scope, _route_path(scope))
+        if refusal is not None:
+            await _deny(scope, receive, send, *refusal)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope, path: str) -> tuple[int, str] | None:
+        """Why this request may not reach ``path`` (a status and a message), or ``None``."""
         headers = Headers(scope=scope)
         host = headers.get("host")
         # No Host at all is an HTTP/1.0 program, never a browser.
         if host is not None and not self._hosts.allows(host):
-            await _deny(scope, receive, send, 403, _host_refusal(host))
-            return
-        path = _route_path(scope)
+            return 403, _host_refusal(host)
         if (
             scope["type"] == "websocket" or path in _ORIGIN_CHECKED_PATHS
         ) and not self._origin_allowed(headers):
-            origin = headers.get("origin")
-            await _deny(scope, receive, send, 403, f"origin {origin} may not open sessions")
-            return
+            return 403, f"origin {headers.get('origin')} may not open sessions"
         if self._key is not None and not is_public(path):
             supplied = _supplied_key(scope, headers)
             if supplied is None:
-                await _deny(scope, receive, send, 401, "missing API key")
-                return
+                return 401, "missing API key"
             if not hmac.compare_digest(supplied.encode(), self._key):
-                await _deny(scope, receive, send, 401, "wrong API key")
-                return
-        await self.app(scope, receive, send)
+                return 401, "wrong API key"
+        return None
 
     def _origin_allowed(self, headers: Headers) -> bool:
         origin = headers.get("origin")
@@ -180,6 +184,8 @@ def _supplied_key(scope: Scope, headers: Headers) -> str | None:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token:
         return str(token).strip()
+    if key := headers.get("x-api-key", "").strip():  # OpenReward's SDK
+        return key
     for protocol in scope.get("subprotocols", ()):
         if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(protocol[len(KEY_SUBPROTOCOL_PREFIX) :])

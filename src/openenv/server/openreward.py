@@ -1,0 +1,507 @@
+"""OpenReward's HTTP session protocol beside ``/ws``, so its SDK drives openenv servers.
+
+The ``openreward`` SDK opens a session id with ``POST /create_session`` (an
+event stream), makes the environment with ``POST /create`` (the task by
+split and index, or by spec), then calls ``GET /task_tools``, ``GET /prompt``
+and ``POST /call`` (the result streamed back) with the id in
+``X-Session-ID`` and the key in ``X-API-Key``, pings every 10 s and ends with
+``POST /delete``. Catalogue reads (``/splits``, ``/tasks``, ``/num_tasks``,
+``/task``, ``/task_range``, ``/tools``) name no session. Each path comes bare
+(``/call``) or under an environment's name (``/counter/call``).
+
+A session here is an openenv ``Session``: its slot comes from the same
+registry as ``/ws`` sessions (one cap), its tool calls go through
+``Session.handle`` as a WebSocket ``call_tool`` frame would, and it ends on
+``/delete``, on idling past ``session_timeout`` (HTTP has no connection to
+watch; the SDK's pings keep a live one fresh), on a fatal error and on
+shutdown. Which environment a bare path means: the only one, else the one
+``X-Deployment`` names (``ns/counter`` or ``counter``); an unknown name is 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import Receive, Scope, Send
+
+import openenv
+from openenv import protocol
+from openenv.protocol import ErrorCode
+from openenv.server import openreward_wire as wire
+from openenv.server.security import AccessGuard
+from openenv.server.service import EnvService, SessionRefused
+from openenv.server.session_host import SessionState
+from openenv.server.sessions import Session
+from openenv.tasks import unknown_split_message
+from openenv.tools import tools_of
+
+__all__ = ["OpenRewardBridge"]
+
+logger = logging.getLogger("openenv.server")
+
+_B = TypeVar("_B", bound=BaseModel)
+
+# Idle seconds before a session is closed when the app sets no session_timeout
+# (OpenReward's own server reaps after 900 s without a ping).
+DEFAULT_IDLE_TIMEOUT = 900.0
+KEEPALIVE_SECONDS = 10.0  # an SSE comment while a call runs; the SDK gives up after 30 s
+_CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken stream
+_ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class _Entry:
+    env: str
+    service: EnvService
+    session: Session
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_active: float = field(default_factory=time.monotonic)
+    calls: OrderedDict[str, asyncio.Task[tuple[str, bytes]]] = field(default_factory=OrderedDict)
+
+
+class _SessionOnly(Route):
+    """A route only for requests that carry an OpenReward session id.
+
+    ``GET /tools`` and ``GET /splits`` are openenv's catalogue too: the SDK's
+    requests (which always carry ``X-Session-ID``) get OpenReward's shapes.
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE and not any(
+            name == b"x-session-id" for name, _ in scope.get("headers", ())
+        ):
+            return Match.NONE, {}
+        return match, child
+
+
+class OpenRewardBridge:
+    """Serve OpenReward's session protocol for ``services`` (environment name -> service)."""
+
+    def __init__(self, services: Mapping[str, EnvService]) -> None:
+        self.services = dict(services)
+        self._by_lower = {name.lower(): name for name in self.services}
+
+        async def nothing(scope: Scope, receive: Receive, send: Send) -> None: ...
+
+        self.guards = {
+            name: AccessGuard(
+                nothing,
+                api_key=s.settings.api_key,
+                allowed_origins=s.settings.allowed_origins,
+                allowed_hosts=s.settings.allowed_hosts,
+            )
+            for name, s in self.services.items()
+        }
+        self.sessions: dict[str, _Entry] = {}
+        self.ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
+        self._secret = os.urandom(32)
+        for name, service in self.services.items():
+            service.lifespan_hooks.append(functools.partial(self._running, name))
+
+    # -- routes ------------------------------------------------------------------
+
+    def routes(self) -> tuple[list[BaseRoute], list[BaseRoute]]:
+        """Routes to put before an app's own (root paths) and after them (``/{env}/...``)."""
+        env_ops: list[tuple[str, Callable[..., Awaitable[Response]], str]] = [
+            ("tools", self.tools, "GET"),
+            ("splits", self.splits, "GET"),
+            ("tasks", self.tasks, "POST"),
+            ("num_tasks", self.num_tasks, "POST"),
+            ("task", self.task, "POST"),
+            ("task_range", self.task_range, "POST"),
+            ("task_tools", self.task_tools, "GET"),
+            ("prompt", self.prompt, "GET"),
+            ("call", self.call, "POST"),
+        ]
+        root: list[BaseRoute] = [
+            Route("/create_session", self.create_session, methods=["POST"]),
+            Route("/delete_session", self.delete, methods=["POST"]),
+            Route("/create", self.create, methods=["POST"]),
+            Route("/delete", self.delete, methods=["POST"]),
+            Route("/ping", self.ping, methods=["POST"]),
+            Route("/version", self.version, methods=["GET"]),
+            Route("/list_environments", self.list_environments, methods=["GET"]),
+        ]
+        for op, handler, method in env_ops:
+            kind = _SessionOnly if op in ("tools", "splits") else Route
+            root.append(kind(f"/{op}", handler, methods=[method]))
+        prefixed: list[BaseRoute] = [
+            Route(f"/{{env:path}}/{op}", handler, methods=[method])
+            for op, handler, method in env_ops
+        ]
+        return root, prefixed
+
+    # -- which environment, and may this client use it ---------------------------
+
+    def _resolve(self, name: str) -> str:
+        found = name if name in self.services else self._by_lower.get(name.lower())
+        if found is None:
+            _fail(404, f"unknown environment {name!r}; this server has: {self._names()}")
+        return found
+
+    def _names(self) -> str:
+        return ", ".join(self.services)
+
+    def _env_of(self, request: Request, name: str | None = None) -> str:
+        name = name if name is not None else request.path_params.get("env")
+        if name is not None:
+            return self._resolve(name)
+        if len(self.services) == 1:
+            return next(iter(self.services))
+        deployment = request.headers.get(wire.DEPLOYMENT_HEADER, "").strip()
+        if not deployment:
+            _fail(
+                404,
+                f"which environment? name it in the path (/{{env}}/...) or in X-Deployment; "
+                f"this server has: {self._names()}",
+            )
+        if deployment in self.services or deployment.lower() in self._by_lower:
+            return self._resolve(deployment)
+        return self._resolve(deployment.rpartition("/")[2])  # "ns/counter" for counter
+
+    def _check(self, request: Request, env: str | None, path: str) -> None:
+        """The environment's API key, allowed hosts and (for ``path``) origins.
+
+        With no environment named yet (``/create_session``), a key that any of
+        the server's environments accepts will do: a session id costs nothing.
+        """
+        guards = [self.guards[env]] if env is not None else list(self.guards.values())
+        refusals = [guard.refusal(request.scope, path) for guard in guards]
+        if all(refusals):
+            status, message = refusals[0]  # type: ignore[misc]
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            raise HTTPException(status, message, headers=headers)
+
+    def _service(self, request: Request, path: str) -> tuple[str, EnvService]:
+        env = self._env_of(request)
+        self._check(request, env, path)
+        return env, self.services[env]
+
+    # -- catalogue: no session needed --------------------------------------------
+
+    async def tools(self, request: Request) -> Response:
+        _, service = self._service(request, "/tools")
+        specs = tools_of(service.env_cls) if service.env_cls is not None else {}
+        return _json(wire.tool_list([spec.info for spec in specs.values()]))
+
+    async def splits(self, request: Request) -> Response:
+        _, service = self._service(request, "/splits")
+        return _json([wire.split_entry(name) for name in _split_names(service)])
+
+    async def tasks(self, request: Request) -> Response:
+        env, service = self._service(request, "/tasks")
+        body = await _body(request, wire.SplitRequest, service)
+        tasks = _split(service, body.split)
+        return _json({"tasks": [wire.task_json(t) for t in tasks], "env_name": env})
+
+    async def num_tasks(self, request: Request) -> Response:
+        _, service = self._service(request, "/num_tasks")
+        body = await _body(request, wire.SplitRequest, service)
+        return _json({"num_tasks": len(_split(service, body.split))})
+
+    async def task(self, request: Request) -> Response:
+        env, service = self._service(request, "/task")
+        body = await _body(request, wire.TaskRequest, service)
+        return _json({"task": _task_at(service, body.split, body.index), "env_name": env})
+
+    async def task_range(self, request: Request) -> Response:
+        env, service = self._service(request, "/task_range")
+        body = await _body(request, wire.TaskRangeRequest, service)
+        tasks = _split(service, body.split)
+        chosen = [wire.task_json(tasks[i]) for i in range(len(tasks))[body.start : body.stop]]
+        return _json({"tasks": chosen, "env_name": env})
+
+    async def version(self, request: Request) -> Response:
+        self._check(request, None, "/version")
+        return _json({"version": openenv.__version__, "build_sha": None})
+
+    async def list_environments(self, request: Request) -> Response:
+        self._check(request, None, "/list_environments")
+        return _json(list(self.services))
+
+    # -- sessions ----------------------------------------------------------------
+
+    def _new_sid(self) -> str:
+        token = os.urandom(16).hex()
+        return token + self._mac(token)
+
+    def _mac(self, token: str) -> str:
+        return hmac.new(self._secret, token.encode(), hashlib.sha256).hexdigest()[:16]
+
+    def _issued(self, sid: str) -> bool:
+        return len(sid) == 48 and hmac.compare_digest(sid[32:], self._mac(sid[:32]))
+
+    async def create_session(self, request: Request) -> Response:
+        """A new session id, as OpenReward's event stream: ``task_id`` then an empty ``end``."""
+        self._check(request, None, "/create_session")
+        sid = self._new_sid()
+        body = wire.sse("task_id", sid) + wire.sse("end", "")
+        return Response(body, media_type="text/event-stream", headers=_STREAM_HEADERS)
+
+    async def create(self, request: Request) -> Response:
+        """Open the session's environment (a slot, the factory, ``reset(task=...)``)."""
+        sid = _sid(request)
+        if not self._issued(sid):
+            _fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
+        if sid in self.sessions:
+            _fail(400, "Session already exists")
+        self._check(request, None, "/create")  # before reading the body
+        body = await _body(request, wire.CreateRequest, next(iter(self.services.values())))
+        env = self._env_of(request, body.env_name)
+        self._check(request, env, "/create")
+        service = self.services[env]
+        if body.toolset_name is not None:
+            _fail(400, f"unknown toolset {body.toolset_name!r}: openenv serves no toolsets")
+        if body.task_spec is not None:
+            task: Any = body.task_spec
+        else:
+            task = _task_at(service, body.split or "", body.index or 0)  # both set
+        try:
+            session = await service.open_session()
+        except SessionRefused as refused:
+            status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
+            headers = {"Retry-After": "1"} if status == 503 else None
+            raise HTTPException(status, refused.message, headers=headers) from None
+        entry = _Entry(env, service, session)
+        try:
+            reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))
+            if isinstance(reply, protocol.ErrorReply):
+                status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
+                _fail(status, f"could not reset the environment: {reply.data.message}")
+            if sid in self.sessions:  # the same id created twice at once
+                _fail(400, "Session already exists")
+        except BaseException:
+            await session.aclose("openreward_create_failed")
+            raise
+        self.sessions[sid] = entry
+        self.ended.pop(sid, None)
+        if await request.is_disconnected():  # nobody will use or delete it
+            await self._end(sid, "client_gone")
+        return _json({"sid": sid})
+
+    async def delete(self, request: Request) -> Response:
+        """End the session and free its slot; an id with no session is a no-op."""
+        sid = _sid(request)
+        entry = self.sessions.get(sid)
+        self._check(request, entry.env if entry is not None else None, "/delete")
+        if entry is not None:
+            await self._end(sid, "client_close")
+        return _json({"sid": sid})
+
+    async def ping(self, request: Request) -> Response:
+        self._entry(request, "/ping")
+        return _json({"status": "ok"})
+
+    def _entry(self, request: Request, path: str) -> _Entry:
+        """The live session the request names (404 unknown, 410 ended), kept fresh."""
+        sid = _sid(request)
+        entry = self.sessions.get(sid)
+        if entry is None:
+            if (why := self.ended.get(sid)) is not None:
+                self._check(request, None, path)
+                _fail(410, f"session {sid[:64]} has ended ({why}); open a new one")
+            self._check(request, None, path)
+            _fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create")
+        self._check(request, entry.env, path)
+        if "env" in request.path_params and self._env_of(request) != entry.env:
+            _fail(404, f"session {sid[:64]} is a session of environment {entry.env!r}")
+        entry.last_active = time.monotonic()
+        return entry
+
+    async def task_tools(self, request: Request) -> Response:
+        entry = self._entry(request, "/task_tools")
+        return _json(wire.tool_list([spec.info for spec in entry.session.tools.values()]))
+
+    async def prompt(self, request: Request) -> Response:
+        entry = self._entry(request, "/prompt")
+        async with entry.lock:
+            reply = await self._handle(entry, protocol.request_frame("get_prompt"))
+        await self._after_call(entry)
+        if isinstance(reply, protocol.ErrorReply):
+            status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
+            _fail(status, f"[{reply.data.code.value}] {reply.data.message}")
+        assert isinstance(reply, protocol.PromptReply)
+        return _json(wire.prompt_blocks(reply.data.prompt))
+
+    async def call(self, request: Request) -> Response:
+        """Run a tool; stream ``task_id``, keepalives, then the result (or an ``error``)."""
+        entry = self._entry(request, "/call")
+        body = await _body(request, wire.ToolCallRequest, entry.service)
+        if body.task_id is not None:  # the SDK resumes a call whose stream broke
+            task_id, running = body.task_id, entry.calls.get(body.task_id)
+        else:
+            task_id = os.urandom(16).hex()
+            running = asyncio.create_task(self._call(entry, body.name, body.input))
+            entry.calls[task_id] = running
+            while len(entry.calls) > _CALLS_KEPT:
+                entry.calls.popitem(last=False)
+        return StreamingResponse(
+            _call_events(task_id, running), media_type="text/event-stream", headers=_STREAM_HEADERS
+        )
+
+    async def _call(self, entry: _Entry, name: str, arguments: dict[str, Any]) -> tuple[str, bytes]:
+        """One tool call, in a task of its own: a client that leaves does not cut it short."""
+        frame = protocol.request_frame("call_tool", {"name": name, "arguments": arguments})
+        async with entry.lock:  # calls of one session never overlap
+            reply = await self._handle(entry, frame)
+        await self._after_call(entry)
+        if isinstance(reply, protocol.ToolResultReply):
+            return "end", wire.tool_result(reply.data)
+        assert isinstance(reply, protocol.ErrorReply)
+        error = reply.data
+        if (reason := wire.TOOL_ERROR_REASONS.get(error.code)) is not None:
+            return "end", wire.tool_error_result(reason, error.message)
+        # The tool raised or overran: OpenReward's SDK raises ToolFailed.
+        return "error", f"[{error.code.value}] {error.message}".encode()
+
+    async def _handle(self, entry: _Entry, frame: str) -> protocol.ServerMessage:
+        entry.last_active = time.monotonic()
+        try:
+            reply = await entry.session.handle(frame)
+        finally:
+            entry.last_active = time.monotonic()
+        assert reply is not None, "only a close request has no reply"
+        return protocol.parse_server_message(reply)
+
+    async def _after_call(self, entry: _Entry) -> None:
+        """A fatal error (a blocking call past its deadline, bad requests in a row) ends it."""
+        if entry.session.state is not SessionState.OPEN:
+            for sid, other in list(self.sessions.items()):
+                if other is entry:
+                    await self._end(sid, "fatal_error")
+
+    async def _end(self, sid: str, reason: str, wait: float | None = None) -> None:
+        """Close a session's environment and free its slot, once, after its call in flight."""
+        entry = self.sessions.pop(sid, None)
+        if entry is None:
+            return
+        self.ended[sid] = reason.replace("_", " ")
+        while len(self.ended) > _ENDED_KEPT:
+            self.ended.popitem(last=False)
+        try:
+            await asyncio.wait_for(entry.lock.acquire(), wait)
+        except TimeoutError:
+            entry.session.abandon()  # a shutdown's deadline: free the slot anyway
+        else:
+            entry.lock.release()
+        await entry.session.aclose(f"openreward_{reason}")
+
+    # -- lifetime ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _running(self, env: str) -> AsyncIterator[None]:
+        """While the app serves: reap ``env``'s idle sessions; at shutdown, close them all."""
+        service = self.services[env]
+        reaper = asyncio.create_task(self._reap(env, service))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            mine = [sid for sid, e in self.sessions.items() if e.env == env]
+            wait = service.settings.shutdown_timeout
+            await asyncio.gather(*(self._end(sid, "shutdown", wait) for sid in mine))
+
+    async def _reap(self, env: str, service: EnvService) -> None:
+        limit = service.concurrency.session_timeout or DEFAULT_IDLE_TIMEOUT
+        interval = service.settings.reap_interval or min(max(limit / 4, 0.01), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = time.monotonic() - limit
+            for sid, entry in list(self.sessions.items()):
+                if entry.env == env and not entry.lock.locked() and entry.last_active < cutoff:
+                    logger.info("OpenReward session %s idle over %gs; closing", sid[:12], limit)
+                    await self._end(sid, "idle_timeout")
+
+
+async def _call_events(
+    task_id: str, running: asyncio.Task[tuple[str, bytes]] | None
+) -> AsyncIterator[bytes]:
+    if running is None:
+        yield wire.sse("error", f"unknown task_id {task_id[:64]!r}")
+        return
+    yield wire.sse("task_id", task_id)
+    while not running.done():
+        await asyncio.wait([running], timeout=KEEPALIVE_SECONDS)
+        if not running.done():
+            yield b": keepalive\r\n\r\n"
+    try:
+        event, data = running.result()
+    except Exception as exc:  # a bug of ours, not the environment's: say so, briefly
+        logger.exception("OpenReward tool call failed")
+        event, data = "error", f"internal error: {type(exc).__name__}".encode()
+    if event == "error":
+        yield wire.sse("error", data)
+    else:
+        for chunk in wire.result_events(data):
+            yield chunk
+
+
+def _fail(status: int, message: str) -> NoReturn:
+    raise HTTPException(status, message)
+
+
+def _json(value: Any) -> Response:
+    return JSONResponse(value)
+
+
+def _sid(request: Request) -> str:
+    sid = request.headers.get(wire.SESSION_HEADER, "").strip()
+    if not sid:
+        _fail(400, "X-Session-ID header is required")
+    return sid
+
+
+async def _body(request: Request, model: type[_B], service: EnvService) -> _B:
+    """The JSON body as ``model``: 413 past ``max_message_size``, 422 when it does not fit."""
+    limit = service.settings.max_message_size
+    raw = bytearray()
+    async for piece in request.stream():
+        raw += piece
+        if len(raw) > limit:
+            _fail(413, f"request body over {limit} bytes (max_message_size)")
+    try:
+        return model.model_validate_json(bytes(raw) or b"{}")
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        _fail(422, f"invalid {model.__name__} body: {problems}")
+
+
+def _split_names(service: EnvService) -> list[str]:
+    return [] if service.env_cls is None else list(service.env_cls.list_splits())
+
+
+def _split(service: EnvService, split: str) -> Sequence[Any]:
+    known = _split_names(service)
+    if split not in known or service.env_cls is None:
+        _fail(400, f"Invalid split: {unknown_split_message(split, known)}")
+    tasks: Sequence[Any] = service.env_cls.list_tasks(split)
+    return tasks
+
+
+def _task_at(service: EnvService, split: str, index: int) -> Any:
+    tasks = _split(service, split)
+    if not -len(tasks) <= index < len(tasks):
+        _fail(400, f"Invalid index: split {split!r} has {len(tasks)} tasks, no index {index}")
+    return wire.task_json(tasks[index])
