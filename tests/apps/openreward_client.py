@@ -106,7 +106,8 @@ async def attacks(url: str, name: str, key: str) -> dict[str, Any]:
 
     async def attempt(label: str, coro: Any) -> None:
         try:
-            report[label] = {"ok": await coro}
+            await coro
+            report[label] = {"ok": True}
         except BaseException as exc:
             report[label] = _failure(exc)
 
@@ -142,8 +143,9 @@ async def attacks(url: str, name: str, key: str) -> dict[str, Any]:
 
     # A session id the server never issued, and one that has ended.
     headers = {"X-API-Key": key, "X-Session-ID": "f" * 48}
+    call = {"name": "get_value", "input": {}}
     async with aiohttp.ClientSession(base_url=url) as http:
-        async with http.post("/call", json={"name": "get_value", "input": {}}, headers=headers) as r:
+        async with http.post("/call", json=call, headers=headers) as r:
             report["bad_sid_call"] = {"status": r.status, "body": await r.json()}
         async with http.post("/create", json={"split": "train", "index": 0}, headers=headers) as r:
             report["bad_sid_create"] = {"status": r.status, "body": await r.json()}
@@ -166,11 +168,11 @@ async def disconnect(url: str, name: str, key: str) -> dict[str, Any]:
     await session.__aenter__()
     sid = session.sid
     headers = {"X-API-Key": key, "X-Session-ID": sid or "", "Accept": "text/event-stream"}
-    async with aiohttp.ClientSession(base_url=url) as http:
-        async with http.post(
-            "/call", json={"name": "slow", "input": {"seconds": 1.0}}, headers=headers
-        ) as r:
-            first = await r.content.readline()  # "event: task_id", then leave
+    async with (
+        aiohttp.ClientSession(base_url=url) as http,
+        http.post("/call", json={"name": "slow", "input": {"seconds": 1.0}}, headers=headers) as r,
+    ):
+        first = await r.content.readline()  # "event: task_id", then leave
     # The SDK's session object is dropped without __aexit__: no /delete ever comes.
     if session._ping_task is not None:
         session._ping_task.cancel()
