@@ -10,7 +10,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler clean chromium sandbox-python
+	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler clean chromium sandbox-python \
+	openreward-sdk
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -43,7 +44,21 @@ $(MIN_STAMP): pyproject.toml envs/*/pyproject.toml .ci/min_constraints.py
 		-e envs/wordle_env
 	@touch $@
 
-test-min: $(MIN_STAMP) chromium sandbox-python
+# OpenReward's real SDK, which tests/test_openreward_sdk.py drives, in a venv of its
+# own: it pins sse-starlette==2.3.6 and the mcp extra needs >=3. From PyPI only.
+VENV_OR := .venv-openreward
+OR_STAMP := $(VENV_OR)/.installed
+
+$(OR_STAMP): tests/apps/openreward_requirements.txt
+	rm -rf $(VENV_OR)
+	$(PYTHON) -m venv $(VENV_OR)
+	$(VENV_OR)/bin/pip install --quiet --upgrade pip
+	$(VENV_OR)/bin/pip install --quiet -r tests/apps/openreward_requirements.txt
+	@touch $@
+
+openreward-sdk: $(OR_STAMP)
+
+test-min: $(MIN_STAMP) chromium sandbox-python $(OR_STAMP)
 	$(VENV_MIN)/bin/pytest -q -p no:cacheprovider --doctest-modules src tests envs
 
 demo: $(STAMP)
@@ -59,7 +74,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) chromium sandbox-python
+pytest: $(STAMP) chromium sandbox-python $(OR_STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
@@ -119,4 +134,4 @@ bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
 clean:
-	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) $(VENV_OR) .pytest_cache .mypy_cache .ruff_cache
