@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -28,6 +28,7 @@ import pytest
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
 from openenv import ConcurrencyConfig, EnvSpec, create_app, create_multi_app, tool
+from openenv.server import openreward_wire
 from openenv.testing import run_server
 
 ROOT = Path(__file__).parents[1]
@@ -45,10 +46,13 @@ class Trap(CounterEnvironment):
         """Raise, with a message that must not reach the client."""
         raise RuntimeError("secret internals")
 
+    slept: ClassVar[list[float]] = []
+
     @tool
     async def slow(self, seconds: float) -> str:
         """Sleep, then answer."""
         await asyncio.sleep(seconds)
+        Trap.slept.append(seconds)
         return "slept"
 
 
@@ -326,3 +330,45 @@ def test_forged_and_reused_session_ids(served: str) -> None:
         assert http.post("/delete", headers={"X-Session-ID": sid}).json() == {"sid": sid}
         assert http.post("/delete", headers={"X-Session-ID": sid}).status_code == 200  # idempotent
         assert active(served) == 0
+
+
+def test_a_broken_stream_resumes_without_running_the_tool_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(openreward_wire, "KEEPALIVE_SECONDS", 0.05)
+    Trap.slept.clear()
+    with run_server(counter_app(factory=Trap)) as url, httpx.Client(base_url=url) as http:
+        headers = {"X-Session-ID": open_sid(http)}
+        http.post("/create", json={"split": "train", "index": 0}, headers=headers)
+        call = {"name": "slow", "input": {"seconds": 0.5}}
+        with http.stream("POST", "/call", json=call, headers=headers) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "event: task_id"
+            task_id = next(lines).removeprefix("data: ")
+        # The client left mid-stream; the SDK's retry names the call it started.
+        resumed = http.post("/call", json={**call, "task_id": task_id}, headers=headers)
+        assert ": keepalive" in resumed.text
+        end = resumed.text.split("event: end\r\ndata: ", 1)[1].strip()
+        assert json.loads(end)["output"]["blocks"][0]["text"] == "slept"
+        assert Trap.slept == [0.5]
+        unknown = http.post("/call", json={**call, "task_id": "nope"}, headers=headers)
+        assert "event: error\r\ndata: unknown task_id 'nope'" in unknown.text
+        assert http.post("/delete", headers=headers).status_code == 200
+        assert active(url) == 0
+
+
+def test_delete_waits_for_the_call_in_flight() -> None:
+    with run_server(counter_app(factory=Trap)) as url, httpx.Client(base_url=url) as http:
+        headers = {"X-Session-ID": open_sid(http)}
+        http.post("/create", json={"split": "train", "index": 0}, headers=headers)
+        call = {"name": "slow", "input": {"seconds": 0.5}}
+        with http.stream("POST", "/call", json=call, headers=headers) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "event: task_id"
+            deleted = http.post("/delete", headers=headers)  # while the tool sleeps
+            rest = "\n".join(lines)
+        assert deleted.json() == {"sid": headers["X-Session-ID"]}
+        assert '"text":"slept"' in rest  # the call finished before the environment closed
+        after = http.post("/call", json=call, headers=headers)
+        assert after.status_code == 410
+        assert active(url) == 0

@@ -60,7 +60,6 @@ _B = TypeVar("_B", bound=BaseModel)
 # Idle seconds before a session is closed when the app sets no session_timeout
 # (OpenReward's own server reaps after 900 s without a ping).
 DEFAULT_IDLE_TIMEOUT = 900.0
-KEEPALIVE_SECONDS = 10.0  # an SSE comment while a call runs; the SDK gives up after 30 s
 _CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken stream
 _ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -68,9 +67,11 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @dataclass
 class _Entry:
+    sid: str
     env: str
     service: EnvService
     session: Session
+    ended: str | None = None  # why, once the session is ending: calls still queued refuse
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_active: float = field(default_factory=time.monotonic)
     calls: OrderedDict[str, asyncio.Task[tuple[str, bytes]]] = field(default_factory=OrderedDict)
@@ -280,7 +281,7 @@ class OpenRewardBridge:
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             headers = {"Retry-After": "1"} if status == 503 else None
             raise HTTPException(status, refused.message, headers=headers) from None
-        entry = _Entry(env, service, session)
+        entry = _Entry(sid, env, service, session)
         try:
             reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))
             if isinstance(reply, protocol.ErrorReply):
@@ -333,6 +334,8 @@ class OpenRewardBridge:
     async def prompt(self, request: Request) -> Response:
         entry = self._entry(request, "/prompt")
         async with entry.lock:
+            if entry.ended is not None:
+                _fail(410, f"session {entry.sid[:64]} has ended ({entry.ended}); open a new one")
             reply = await self._handle(entry, protocol.request_frame("get_prompt"))
         await self._after_call(entry)
         if isinstance(reply, protocol.ErrorReply):
@@ -353,14 +356,15 @@ class OpenRewardBridge:
             entry.calls[task_id] = running
             while len(entry.calls) > _CALLS_KEPT:
                 entry.calls.popitem(last=False)
-        return StreamingResponse(
-            _call_events(task_id, running), media_type="text/event-stream", headers=_STREAM_HEADERS
-        )
+        events = wire.call_events(task_id, running)
+        return StreamingResponse(events, media_type="text/event-stream", headers=_STREAM_HEADERS)
 
     async def _call(self, entry: _Entry, name: str, arguments: dict[str, Any]) -> tuple[str, bytes]:
         """One tool call, in a task of its own: a client that leaves does not cut it short."""
         frame = protocol.request_frame("call_tool", {"name": name, "arguments": arguments})
         async with entry.lock:  # calls of one session never overlap
+            if entry.ended is not None:  # it ended while this call waited its turn
+                return "error", f"[SESSION_ERROR] the session has ended ({entry.ended})".encode()
             reply = await self._handle(entry, frame)
         await self._after_call(entry)
         if isinstance(reply, protocol.ToolResultReply):
@@ -384,16 +388,14 @@ class OpenRewardBridge:
     async def _after_call(self, entry: _Entry) -> None:
         """A fatal error (a blocking call past its deadline, bad requests in a row) ends it."""
         if entry.session.state is not SessionState.OPEN:
-            for sid, other in list(self.sessions.items()):
-                if other is entry:
-                    await self._end(sid, "fatal_error")
+            await self._end(entry.sid, "fatal_error")
 
     async def _end(self, sid: str, reason: str, wait: float | None = None) -> None:
         """Close a session's environment and free its slot, once, after its call in flight."""
         entry = self.sessions.pop(sid, None)
         if entry is None:
             return
-        self.ended[sid] = reason.replace("_", " ")
+        entry.ended = self.ended[sid] = reason.replace("_", " ")
         while len(self.ended) > _ENDED_KEPT:
             self.ended.popitem(last=False)
         try:
@@ -431,29 +433,6 @@ class OpenRewardBridge:
                 if entry.env == env and not entry.lock.locked() and entry.last_active < cutoff:
                     logger.info("OpenReward session %s idle over %gs; closing", sid[:12], limit)
                     await self._end(sid, "idle_timeout")
-
-
-async def _call_events(
-    task_id: str, running: asyncio.Task[tuple[str, bytes]] | None
-) -> AsyncIterator[bytes]:
-    if running is None:
-        yield wire.sse("error", f"unknown task_id {task_id[:64]!r}")
-        return
-    yield wire.sse("task_id", task_id)
-    while not running.done():
-        await asyncio.wait([running], timeout=KEEPALIVE_SECONDS)
-        if not running.done():
-            yield b": keepalive\r\n\r\n"
-    try:
-        event, data = running.result()
-    except Exception as exc:  # a bug of ours, not the environment's: say so, briefly
-        logger.exception("OpenReward tool call failed")
-        event, data = "error", f"internal error: {type(exc).__name__}".encode()
-    if event == "error":
-        yield wire.sse("error", data)
-    else:
-        for chunk in wire.result_events(data):
-            yield chunk
 
 
 def _fail(status: int, message: str) -> NoReturn:

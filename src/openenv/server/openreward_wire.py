@@ -9,7 +9,9 @@ apart so that neither leaks into the other. ``server/openreward.py`` serves it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -26,6 +28,7 @@ __all__ = [
     "TaskRangeRequest",
     "TaskRequest",
     "ToolCallRequest",
+    "call_events",
     "prompt_blocks",
     "split_entry",
     "sse",
@@ -35,8 +38,11 @@ __all__ = [
     "tool_result",
 ]
 
+logger = logging.getLogger("openenv.server")
+
 SESSION_HEADER = "x-session-id"
 DEPLOYMENT_HEADER = "x-deployment"
+KEEPALIVE_SECONDS = 10.0  # an SSE comment while a call runs; the SDK gives up after 30 s
 # The SDK reassembles an ``end`` event's data from the ``chunk`` events before it.
 _CHUNK = 4096
 # OpenReward's split types; any other split name is reported as a validation split.
@@ -208,3 +214,27 @@ def result_events(result: bytes) -> Iterator[bytes]:
             return
         yield sse("chunk", text[start:end])
         start = end
+
+
+async def call_events(
+    task_id: str, running: asyncio.Task[tuple[str, bytes]] | None
+) -> AsyncIterator[bytes]:
+    """``/{env}/call``'s stream: ``task_id``, keepalives while the call runs, its result."""
+    if running is None:
+        yield sse("error", f"unknown task_id {task_id[:64]!r}")
+        return
+    yield sse("task_id", task_id)
+    while not running.done():
+        await asyncio.wait([running], timeout=KEEPALIVE_SECONDS)
+        if not running.done():
+            yield b": keepalive\r\n\r\n"
+    try:
+        event, data = running.result()
+    except Exception as exc:  # a bug of ours, not the environment's: say so, briefly
+        logger.exception("OpenReward tool call failed")
+        event, data = "error", f"internal error: {type(exc).__name__}".encode()
+    if event == "error":
+        yield sse("error", data)
+    else:
+        for chunk in result_events(data):
+            yield chunk
