@@ -35,6 +35,7 @@ from openenv.runtime.shipping import EpisodeWorker, Parcel
 
 __all__ = [
     "FRAME_HEADER",
+    "CalledBackWorker",
     "ChannelWorker",
     "Switchboard",
     "call_back",
@@ -144,6 +145,46 @@ class ChannelWorker:
                     future.set_exception(lost)
             if self._ended is not None and not self._ended.done():
                 self._ended.set_exception(lost)
+
+
+class CalledBackWorker(ChannelWorker):
+    """A remote worker (a Ray actor, a Spark task) on the connection it opened back to us.
+
+    ``outcome`` settles, with the reason, when the remote call that runs the
+    worker ends; ``_stop`` ends that call from here.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        outcome: asyncio.Future[str],
+    ) -> None:
+        self.writer = writer
+        self.outcome = outcome
+        super().__init__(reader)
+
+    def _stop(self) -> None:
+        """End the remote call (never raises)."""
+        raise NotImplementedError
+
+    def _write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise ConnectionResetError(f"the connection to {self.what} is closed")
+        self.writer.write(data)
+
+    def abort(self) -> None:
+        self.writer.close()
+        self._stop()
+
+    async def _gone(self) -> str:
+        self.writer.close()
+        try:
+            # A remote call fails a moment after its worker dies: wait for the engine's reason.
+            return await asyncio.wait_for(asyncio.shield(self.outcome), 30)
+        except TimeoutError:
+            self._stop()
+            return f"the connection to {self.what} was lost"
 
 
 async def work(

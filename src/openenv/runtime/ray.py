@@ -15,7 +15,7 @@ import ray
 from ray.exceptions import RayError
 
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import ChannelWorker, Switchboard, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.shipping import pack_tasks
@@ -126,7 +126,7 @@ def _release_idle_except(key: tuple[str, str]) -> None:
                 ray.kill(actor, no_restart=True)
 
 
-class _ActorWorker(ChannelWorker):
+class _ActorWorker(CalledBackWorker):
     """One actor's connection back to the driver, for one run."""
 
     what = "the Ray actor"
@@ -140,32 +140,15 @@ class _ActorWorker(ChannelWorker):
         idle: list[Any],
     ) -> None:
         self.actor = actor
-        self.writer = writer
-        self.outcome = outcome
         self._idle = idle
-        super().__init__(reader)
-
-    def _write(self, data: bytes) -> None:
-        if self.writer.is_closing():
-            raise ConnectionResetError("the connection to the Ray actor is closed")
-        self.writer.write(data)
+        super().__init__(reader, writer, outcome)
 
     def _kept(self) -> None:
         self._idle.append(self.actor)
 
-    def abort(self) -> None:
-        self.writer.close()
+    def _stop(self) -> None:
         with contextlib.suppress(Exception):
             ray.kill(self.actor, no_restart=True)
-
-    async def _gone(self) -> str:
-        self.writer.close()
-        try:
-            # A killed actor's call fails a moment after its connection drops.
-            return await asyncio.wait_for(asyncio.shield(self.outcome), 30)
-        except TimeoutError:
-            self.abort()
-            return "the connection to the Ray actor was lost"
 
 
 class EpisodeActor:

@@ -17,7 +17,7 @@ from pyspark import SparkConf, SparkContext
 
 from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import ChannelWorker, Switchboard, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_coroutine
@@ -116,7 +116,7 @@ def _settle(future: asyncio.Future[str], reason: str) -> None:
         future.set_result(reason)
 
 
-class _SparkWorker(ChannelWorker):
+class _SparkWorker(CalledBackWorker):
     """A Spark worker's connection back to the driver."""
 
     what = "the Spark worker"
@@ -124,27 +124,11 @@ class _SparkWorker(ChannelWorker):
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, job: _Job
     ) -> None:
-        self.writer = writer
         self.job = job
-        super().__init__(reader)
+        super().__init__(reader, writer, job.outcome)
 
-    def _write(self, data: bytes) -> None:
-        if self.writer.is_closing():
-            raise ConnectionResetError("the connection to the Spark worker is closed")
-        self.writer.write(data)
-
-    def abort(self) -> None:
+    def _stop(self) -> None:
         self.job.cancel()
-        self.writer.close()
-
-    async def _gone(self) -> str:
-        self.writer.close()
-        try:
-            # The job fails a moment after its Python worker dies; wait for Spark's reason.
-            return await asyncio.wait_for(asyncio.shield(self.job.outcome), 30)
-        except TimeoutError:
-            self.job.cancel()
-            return "the connection to the Spark worker was lost"
 
 
 def _reason(exc: Exception) -> str:
