@@ -616,7 +616,7 @@ async def test_keyboard_alone_plays(
     page = await new_page(echo_url)
     await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
     await page.locator("body").focus()
-    for _ in range(10):  # Tab reaches Reset within a few presses
+    for _ in range(15):  # Tab reaches Reset within a few presses
         await page.keyboard.press("Tab")
         if await page.evaluate("document.activeElement.id") == "reset":
             break
