@@ -148,7 +148,7 @@ function renderFacts(facts) {
   const list = make("dl", "facts");
   list.setAttribute("aria-label", "Observation fields");
   for (const [name, value] of facts) {
-    const item = make("div");
+    const item = make("div", typeof value === "string" && value.length > 40 ? "wide" : "");
     item.dataset.field = name;
     const dd = make("dd");
     dd.append(valueNode(value));
