@@ -285,6 +285,34 @@ async def test_literal_buttons_and_an_image_from_a_tool(page: Page) -> None:
         assert await image.evaluate(PIXEL) == [5, 0, 0, 0]  # dark: black
 
 
+class CoinAction(Action):
+    heads: bool
+
+
+class Coin(Lamp):
+    """A bet on a coin that always lands heads: one bool, so two buttons."""
+
+    def step(self, action: CoinAction, **_: Any) -> LampObservation:  # type: ignore[override]
+        self._state.step_count += 1
+        return LampObservation(lit=action.heads, reward=1.0 if action.heads else 0.0, done=True)
+
+
+async def test_a_bool_action_gets_a_button_per_value(page: Page) -> None:
+    app = create_app(Coin, CoinAction, LampObservation, max_concurrent_envs=2)
+    with run_server(app) as url:
+        await page.goto(f"{url}/web")
+        buttons = page.get_by_role("group", name="Step with").get_by_role("button")
+        await expect(buttons).to_have_text(["heads = true", "heads = false"])
+        await page.get_by_role("button", name="Reset").click()
+        await buttons.last.click()
+        await expect(fact(page, "lit")).to_have_text("false")
+        await expect(page.locator("#reward")).to_have_text("0")
+        await expect(buttons.first).to_be_disabled()  # done
+        await page.get_by_role("button", name="Reset").click()
+        await buttons.first.click()
+        await expect(page.locator("#reward")).to_have_text("1")
+
+
 # -- the connection banner stays in view -------------------------------------------------
 
 

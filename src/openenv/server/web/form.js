@@ -247,6 +247,8 @@ export class ActionForm {
       if (count >= 1 && count <= limit) values = Array.from({ length: count }, (_, i) => schema.minimum + i);
     } else if (kind === "select" && field.options.length <= limit) {
       values = field.options;
+    } else if (kind === "checkbox") {
+      values = [true, false];
     }
     return values === null ? null : { name: field.name, values };
   }
@@ -256,6 +258,8 @@ export class ActionForm {
     const field = this.fields.get(name);
     if (field.kind === "select") {
       field.input.value = String(field.options.findIndex((o) => JSON.stringify(o) === JSON.stringify(value)));
+    } else if (field.kind === "checkbox") {
+      field.input.checked = value === true;
     } else {
       field.input.value = String(value);
     }
