@@ -2,138 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import functools
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from enum import StrEnum
-from pathlib import Path
-from typing import Any, Literal
 
-import httpx
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright, expect
-from pydantic import BaseModel, Field
-from tcp_proxy import TcpProxy
-
-from echo_env.models import EchoAction, EchoObservation
-from echo_env.server.environment import EchoEnvironment
-from openenv import (
-    Action,
-    ConcurrencyConfig,
-    EnvError,
-    Environment,
-    Observation,
-    State,
-    create_app,
+from playwright.async_api import Browser, Page, expect
+from web_page_kit import (
+    SCREENSHOT,
+    active_sessions,
+    changed_pixels,
+    chromium,
+    echo_app,
+    idle,
+    move_app,
+    observation,
+    page_opener,
+    reset,
+    state,
+    step_echo,
+    wait_for_sessions,
 )
+
 from openenv.testing import run_server
-
-# Debian's Chromium; Playwright never downloads a browser (see PLATFORM-NOTES.md).
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # as root the sandbox cannot be used
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WIDE = {"width": 1280, "height": 800}
-NARROW = {"width": 390, "height": 844}
-SCREENSHOT = Path(__file__).parents[1] / "docs" / "web.png"
-
-# Generous: the machine is shared, and expect() returns as soon as the page matches.
-expect.set_options(timeout=15_000)
 
 # Every test here shares the browser, so all of them run on the session's event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-# -- an environment whose action has every kind of field ---------------------------
-
-
-class Color(StrEnum):
-    RED = "red"
-    GREEN = "green"
-
-
-class Point(BaseModel):
-    x: int
-    y: int = 0
-
-
-class Move(Action):
-    """One move, with a field of every kind the form knows."""
-
-    text: str = Field(description="Anything to say; 'boom' makes step() raise.")
-    count: int = Field(default=1, ge=0, le=10)
-    scale: float = 1.0
-    loud: bool = False
-    color: Color = Color.RED
-    mode: Literal["walk", "run"] = "walk"
-    tags: list[str] = Field(default_factory=list)
-    target: Point | None = None
-    note: str | None = None
-    limit: int | None = None
-    shade: Color | None = None
-    flag: bool | None = None
-
-
-class Moved(Observation):
-    action: dict[str, Any]
-
-
-class MoveEnvironment(Environment[Move, Moved, State]):
-    """Returns every action it is sent, as the server parsed it."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        self._state = State()
-
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Moved:
-        self._state = State(episode_id=episode_id or f"seed-{seed}")
-        return Moved(action={})
-
-    def step(self, action: Move, **kwargs: Any) -> Moved:
-        if action.text == "boom":
-            raise EnvError("boom")
-        self._state.step_count += 1
-        return Moved(action=action.model_dump(mode="json"), reward=action.count * action.scale)
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-
-def echo_app(max_envs: int = 8, max_steps: int = 3) -> Any:
-    factory = functools.partial(EchoEnvironment, max_steps=max_steps)
-    return create_app(
-        factory, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=max_envs)
-    )
-
-
-# -- fixtures and helpers --------------------------------------------------------------
+# -- fixtures --------------------------------------------------------------------------------
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
-    """One headless Chromium for the whole test session; each test opens its own contexts.
-
-    The async API, on the session's event loop: the sync API would keep its own
-    loop marked as running in this thread and break every later asyncio test.
-    """
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
+    """One headless Chromium, shared by this module's tests."""
+    async with chromium() as browser:
         yield browser
-        await browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -144,108 +48,14 @@ def echo_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def move_url() -> Iterator[str]:
-    app = create_app(MoveEnvironment, Move, Moved, ConcurrencyConfig(max_concurrent_envs=4))
-    with run_server(app) as url:
+    with run_server(move_app()) as url:
         yield url
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Page]]]:
-    """Open ``/web`` of a server in a fresh browser context (a fresh tab, its own session)."""
-    contexts = []
-
-    async def open_page(base_url: str, viewport: dict[str, int] = WIDE, query: str = "") -> Page:
-        context = await browser.new_context(viewport=viewport)
-        context.set_default_timeout(15_000)
-        contexts.append(context)
-        page = await context.new_page()
-        await page.goto(f"{base_url}/web{query}")
-        return page
-
-    yield open_page
-    for context in contexts:
-        await context.close()
-
-
-async def idle(page: Page) -> None:
-    """Wait until the page's exchange (and the state refresh after it) is over.
-
-    The buttons are disabled from the click until the last reply is in.
-    """
-    await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
-
-
-async def reset(page: Page, episode_id: str | None = None) -> None:
-    if episode_id is not None:
-        await page.get_by_label("Episode id").fill(episode_id)
-    await page.get_by_role("button", name="Reset").click()
-    await idle(page)
-    await expect(page.locator("#status")).to_have_text(
-        "Episode started: fill in the action and press Step."
-    )
-
-
-async def step_echo(page: Page, message: str) -> None:
-    rows = await page.locator("#history tbody tr:not(.detail)").count()
-    await page.get_by_label("Message").fill(message)
-    await page.get_by_role("button", name="Step").click()
-    await idle(page)
-    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(rows + 1)
-
-
-async def observation(page: Page) -> Any:
-    return json.loads(await page.locator("#observation").inner_text())
-
-
-async def state(page: Page) -> Any:
-    return json.loads(await page.locator("#state").inner_text())
-
-
-async def active_sessions(url: str) -> int:
-    async with httpx.AsyncClient() as http:
-        value: int = (await http.get(f"{url}/health")).json()["active_sessions"]
-    return value
-
-
-async def wait_for_sessions(url: str, count: int) -> None:
-    deadline = time.monotonic() + 15
-    while (active := await active_sessions(url)) != count:
-        assert time.monotonic() < deadline, f"expected {count} active sessions, got {active}"
-        await asyncio.sleep(0.02)  # polling a condition with a deadline
-
-
-async def changed_pixels(page: Page, before: bytes, after: bytes) -> int:
-    """How many pixels of two PNGs differ clearly, decoded by the browser itself."""
-    count: int = await page.evaluate(
-        """async ([before, after]) => {
-            const pixels = async (b64) => {
-                const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-                const bitmap = await createImageBitmap(new Blob([bytes], { type: "image/png" }));
-                const canvas = new OffscreenCanvas(bitmap.width, bitmap.height);
-                const context = canvas.getContext("2d");
-                context.drawImage(bitmap, 0, 0);
-                return context.getImageData(0, 0, bitmap.width, bitmap.height);
-            };
-            const [a, b] = await Promise.all([pixels(before), pixels(after)]);
-            if (a.width !== b.width || a.height !== b.height) return a.width * a.height;
-            let changed = 0;
-            for (let i = 0; i < a.data.length; i += 4) {
-                let delta = 0;
-                for (let c = i; c < i + 3; c += 1) delta += Math.abs(a.data[c] - b.data[c]);
-                if (delta > 96) changed += 1;
-            }
-            return changed;
-        }""",
-        [base64.b64encode(before).decode(), base64.b64encode(after).decode()],
-    )
-    return count
-
-
-async def no_horizontal_overflow(page: Page) -> bool:
-    overflow: bool = await page.evaluate(
-        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
-    )
-    return overflow
+    async with page_opener(browser) as open_page:
+        yield open_page
 
 
 # -- playing ----------------------------------------------------------------------------
@@ -536,138 +346,3 @@ async def test_environment_error_is_shown_and_the_session_goes_on(
     await page.get_by_role("button", name="Step").click()
     await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
     await expect(page.locator("#error")).to_be_hidden()
-
-
-# -- the connection ---------------------------------------------------------------------
-
-
-async def test_full_server_shows_the_capacity_message(
-    new_page: Callable[..., Awaitable[Page]],
-) -> None:
-    with run_server(echo_app(max_envs=1)) as url:
-        first = await new_page(url)
-        await reset(first)
-        second = await new_page(url)
-        banner = second.locator("#connection-banner")
-        await expect(banner).to_contain_text("Server at capacity, try again")
-        await expect(banner).to_contain_text("all 1 sessions are in use")
-        await expect(second.locator("#status")).to_have_text("Server at capacity.")
-        await expect(second.get_by_role("button", name="Reset")).to_be_disabled()
-        assert await active_sessions(url) == 1
-
-        await first.context.close()
-        await wait_for_sessions(url, 0)
-        await second.get_by_role("button", name="Try again").click()
-        await expect(banner).to_be_hidden()
-        await reset(second)
-        await step_echo(second, "room now")
-
-
-async def test_dropped_socket_offers_reconnect(
-    echo_url: str, new_page: Callable[..., Awaitable[Page]]
-) -> None:
-    with TcpProxy(echo_url) as proxy:
-        page = await new_page(proxy.url)
-        await reset(page)
-        await step_echo(page, "before")
-        assert proxy.cut() >= 1
-        banner = page.locator("#connection-banner")
-        await expect(banner).to_contain_text("The connection to the server was lost")
-        await expect(page.locator("#status")).to_have_text("Disconnected.")
-        await expect(page.get_by_role("button", name="Step")).to_be_disabled()
-        await expect(page.get_by_role("button", name="Reset")).to_be_disabled()
-
-        await page.get_by_role("button", name="Reconnect").click()
-        await expect(page.locator("#status")).to_have_text(
-            "Connected: a new session. Press Reset to start an episode."
-        )
-        await expect(banner).to_be_hidden()
-        await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
-        await expect(page.get_by_role("button", name="Reset")).to_be_focused()
-        await reset(page)
-        await step_echo(page, "after")
-        assert (await state(page))["step_count"] == 1  # a fresh environment
-
-
-async def test_server_closing_the_session_says_why(
-    new_page: Callable[..., Awaitable[Page]],
-) -> None:
-    app = create_app(
-        EchoEnvironment,
-        EchoAction,
-        EchoObservation,
-        ConcurrencyConfig(session_timeout=0.2),
-        reap_interval=0.05,
-    )
-    with run_server(app) as url:
-        page = await new_page(url)
-        await expect(page.locator("#connection-banner")).to_contain_text(
-            "Disconnected: session closed after being idle too long."
-        )
-        await expect(page.get_by_role("button", name="Reconnect")).to_be_visible()
-
-
-# -- keyboard and layout -------------------------------------------------------------------
-
-
-async def test_keyboard_alone_plays(
-    echo_url: str, new_page: Callable[..., Awaitable[Page]]
-) -> None:
-    page = await new_page(echo_url)
-    await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
-    await page.locator("body").focus()
-    for _ in range(10):  # Tab reaches Reset within a few presses
-        await page.keyboard.press("Tab")
-        if await page.evaluate("document.activeElement.id") == "reset":
-            break
-    await expect(page.get_by_role("button", name="Reset")).to_be_focused()
-    await page.keyboard.press("Enter")
-    await expect(page.locator("#status")).to_have_text(
-        "Episode started: fill in the action and press Step."
-    )
-    await idle(page)
-    await expect(
-        page.get_by_role("button", name="Reset")
-    ).to_be_focused()  # focus survives the exchange
-    await page.keyboard.press("Tab")
-    await expect(page.get_by_label("Message")).to_be_focused()
-    await page.keyboard.type("typed")
-    await page.keyboard.press("Enter")  # Enter in the form steps
-    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
-    await idle(page)
-    assert (await observation(page))["echoed_message"] == "typed"
-    await page.keyboard.press("Tab")
-    await expect(page.get_by_role("button", name="Step")).to_be_focused()
-    await page.keyboard.press("Space")
-    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(2)
-    await idle(page)
-    await page.get_by_label("Seed").press("Enter")  # Enter in the reset form resets
-    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
-
-
-@pytest.mark.parametrize("viewport", [NARROW, WIDE], ids=["390px", "1280px"])
-async def test_no_horizontal_overflow(
-    viewport: dict[str, int], echo_url: str, new_page: Callable[..., Awaitable[Page]]
-) -> None:
-    page = await new_page(echo_url, viewport=viewport)
-    await reset(page)
-    await step_echo(page, "x" * 300)  # one long unbroken word in the observation, state and history
-    await step_echo(page, "a much longer message, " * 12)
-    await expect(page.locator("#reward")).to_have_text("27.6")
-    assert await no_horizontal_overflow(page)
-    assert await page.get_by_role("button", name="Step").is_visible()
-
-
-async def test_page_plays_on_a_server_with_an_api_key(
-    new_page: Callable[..., Awaitable[Page]],
-) -> None:
-    factory = functools.partial(EchoEnvironment, max_steps=3)
-    app = create_app(factory, EchoAction, EchoObservation, api_key="page-key")
-    with run_server(app) as url:
-        refused = await new_page(url)  # no key: the page loads but says what it needs
-        await expect(refused.locator("#error")).to_contain_text("needs an API key")
-        page = await new_page(url, query="?api_key=page-key")
-        await expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
-        await reset(page)
-        await step_echo(page, "secret")
-        assert await observation(page) == {"echoed_message": "secret", "message_length": 6}

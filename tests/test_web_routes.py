@@ -38,7 +38,7 @@ def test_page_and_every_file_it_loads_are_served(echo_url: str) -> None:
         assert page.headers["content-type"] == "text/html; charset=utf-8"
         assert "default-src 'none'" in page.headers["content-security-policy"]
         loaded = re.findall(r'(?:src|href)="web/([^"]+)"', page.text)
-        assert sorted(loaded) == ["app.css", "app.js"]
+        assert sorted(loaded) == ["app.css", "app.js", "views.css"]
         scripts = {"app.js": http.get("/web/app.js").text}
         imported = re.findall(r'from "\./([^"]+)"', scripts["app.js"])
         assert sorted(imported) == [

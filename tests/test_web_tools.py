@@ -162,16 +162,45 @@ async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: s
     await page.get_by_label("Task", exact=True).select_option(label="test-0001")
     await page.get_by_role("button", name="Reset").click()
     await expect(page.get_by_label("Task prompt")).to_contain_text("five-letter")
+    guess = page.locator("#action-form").get_by_label("Guess")
+    step = page.get_by_role("button", name="Step")
+    # A word the game does not know: its message is next to the Step button, in view.
+    await guess.fill("xyzzy")
+    await step.click()
+    reply = page.get_by_label("Latest reply")
+    await expect(reply).to_have_text("'xyzzy' is not in the word list; no guess was used")
+    await expect(reply).to_be_in_viewport()
+    await expect(page.locator('.facts [data-field="guesses_left"] dd')).to_have_text("6")
     # test-0001's word, from the environment's own list: the chosen task is the one played.
-    await page.locator("#action-form").get_by_label("Guess").fill(answers("test")[1])
-    await page.get_by_role("button", name="Step").click()
+    answer = answers("test")[1]
+    wrong = next(word for word in answers("test") if word[0] not in answer)
+    await guess.fill(wrong)
+    await step.click()
+    await expect(page.locator('.facts [data-field="guesses_left"] dd')).to_have_text("5")
+    await guess.fill(answer)
+    await step.click()
     await expect(page.locator("#done")).to_have_text("yes")
     await expect(page.locator("#total-reward")).to_have_text("1")
-    await expect(page.get_by_role("button", name="Step")).to_be_disabled()
-    # The board is a table, not only JSON: a row per guess, its pattern beside it.
+    await expect(step).to_be_disabled()
+    await expect(reply).to_have_text("solved in 2 guesses")
+    # The board is drawn as tiles, a row per guess, each letter marked by colour.
     board = page.get_by_role("table", name="board")
-    await expect(board.get_by_role("columnheader")).to_have_text(["guess", "pattern", "letters"])
-    await expect(board.locator("tbody tr").first.locator("td").nth(1)).to_have_text("GGGGG")
+    rows = board.locator("tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(rows.nth(0).locator(".tile")).to_have_text(list(wrong))
+    await expect(rows.nth(0).locator(".tile").first).to_have_attribute("data-mark", "absent")
+    await expect(rows.nth(1).locator(".tile")).to_have_text(list(answer))
+    marks = rows.nth(1).locator(".tile")
+    for index in range(5):
+        await expect(marks.nth(index)).to_have_attribute("data-mark", "correct")
+    green = await marks.first.evaluate("tile => getComputedStyle(tile).backgroundColor")
+    grey = (
+        await rows.nth(0)
+        .locator(".tile")
+        .first.evaluate("tile => getComputedStyle(tile).backgroundColor")
+    )
+    assert green != grey
+    await expect(rows.nth(1).locator("td").last).to_have_text("GGGGG")  # the pattern beside
     await page.screenshot(path=str(WORDLE_SCREENSHOT), full_page=True)
 
 

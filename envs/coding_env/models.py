@@ -1,6 +1,6 @@
 """What the coding environment's agents send and receive."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -9,6 +9,10 @@ from openenv import Action, Observation, State, TaskSpec
 Status = Literal[
     "ok", "error", "syntax_error", "timeout", "cpu_limit", "memory_limit", "output_limit"
 ]
+
+
+# Python source: the schema says so (contentMediaType), so forms offer a text area.
+PythonSource = Annotated[str, Field(json_schema_extra={"contentMediaType": "text/x-python"})]
 
 
 class CodingTask(TaskSpec):
@@ -24,7 +28,7 @@ class CodingTask(TaskSpec):
 class CodeAction(Action):
     """Python source to run; with ``submit`` it is graded against the task's tests."""
 
-    code: str = Field(max_length=100_000, description="A Python program (stdlib only).")
+    code: PythonSource = Field(max_length=100_000, description="A Python program (stdlib only).")
     submit: bool = Field(
         default=False, description="Grade it against the task's tests and end the episode."
     )

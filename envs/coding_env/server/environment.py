@@ -15,6 +15,7 @@ from coding_env.models import (
     CodingState,
     CodingTask,
     ExecutionResult,
+    PythonSource,
     TestOutcome,
 )
 from coding_env.server.grading import grade
@@ -114,7 +115,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodingState]):
         return self._state
 
     @tool
-    async def run_code(self, code: str) -> ToolOutput:
+    async def run_code(self, code: PythonSource) -> ToolOutput:
         """Run a Python program and see its exit status, stdout and stderr.
 
         Args:
@@ -129,7 +130,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodingState]):
         )
 
     @tool
-    async def submit(self, code: str) -> ToolOutput:
+    async def submit(self, code: PythonSource) -> ToolOutput:
         """Grade a solution with the task's tests and end the episode; reward = fraction passed.
 
         Args:

@@ -1,7 +1,7 @@
 """The page at ``/web``: play an environment by hand from a browser.
 
-The page is three static files shipped inside the package (``web/``): HTML, a
-style sheet and a script, with no build step and nothing fetched from other
+The page is a few static files shipped inside the package (``web/``): HTML,
+style sheets and script modules, with no build step and nothing fetched from other
 origins. The script reads ``/metadata`` and ``/schema``, builds a form from the
 action's JSON Schema and plays over ``/web/ws``, a session route like ``/ws``.
 
@@ -36,6 +36,7 @@ ASSETS = {
     "session.js": "text/javascript; charset=utf-8",
     "tasks.js": "text/javascript; charset=utf-8",
     "tools.js": "text/javascript; charset=utf-8",
+    "views.css": "text/css; charset=utf-8",
     "views.js": "text/javascript; charset=utf-8",
 }
 

@@ -8,7 +8,7 @@ import { addHistory, exportHistory } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
-import { renderTables } from "./views.js";
+import { messageOf, renderFrames, renderViews } from "./views.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -28,6 +28,7 @@ const ui = {
   step: $("step"),
   stepHint: $("step-hint"),
   error: $("error"),
+  outcome: $("outcome"),
   stepCount: $("step-count"),
   reward: $("reward"),
   totalReward: $("total-reward"),
@@ -121,39 +122,17 @@ function clearEpisode(message) {
   ui.stepCount.textContent = ui.reward.textContent = ui.totalReward.textContent = "–";
   ui.done.textContent = "–";
   ui.observation.textContent = message;
+  ui.outcome.textContent = "";
+  renderViews($("views"), {});
+  renderFrames($("frames"), {});
   ui.state.textContent = "–";
-}
-
-// An observation's image fields (PNG/JPEG data URLs, such as a Gymnasium `frame`)
-// are shown as images, and left out of the JSON beside them.
-function splitImages(observation) {
-  const fields = {};
-  const images = [];
-  for (const [name, value] of Object.entries(observation || {})) {
-    if (typeof value === "string" && /^data:image\/(png|jpeg|gif|webp);base64,/.test(value)) {
-      images.push({ name, src: value });
-    } else {
-      fields[name] = value;
-    }
-  }
-  return { fields, images };
 }
 
 function showObservation(data) {
   const metadata = data.metadata && Object.keys(data.metadata).length ? { metadata: data.metadata } : {};
-  const { fields, images } = splitImages(data.observation);
-  const frames = $("frames");
-  frames.replaceChildren(
-    ...images.map(({ name, src }) => {
-      const image = document.createElement("img");
-      image.className = "frame";
-      image.alt = `${name} (rendered)`;
-      image.src = src;
-      return image;
-    }),
-  );
-  frames.hidden = images.length === 0;
-  renderTables($("views"), fields);
+  const fields = renderFrames($("frames"), data.observation);
+  renderViews($("views"), fields);
+  ui.outcome.textContent = messageOf(fields);
   ui.observation.textContent = pretty({ ...fields, ...metadata });
   ui.stepCount.textContent = String(page.steps);
   ui.reward.textContent = formatNumber(data.reward);
@@ -445,7 +424,7 @@ async function main() {
     .then((listed) => page.tools.show(listed.tools || []))
     .catch(() => page.tools.show([])); // an app without the catalog routes has no tools to show
   if (ui.fields.querySelector("textarea")) {
-    ui.stepHint.textContent = "Enter in a field steps (Ctrl+Enter in a JSON box)";
+    ui.stepHint.textContent = "Enter in a field steps (Ctrl+Enter in a text box)";
   }
   connect();
 }

@@ -1,7 +1,7 @@
 // A form generated from an action's JSON Schema, as pydantic v2 emits it.
 //
-// Strings, numbers, integers and booleans get their own inputs, enums and
-// consts a select; arrays, nested objects and unions a JSON text area that is
+// Strings, numbers, integers and booleans get their own inputs (a text area for
+// text that spans lines), enums and consts a select; arrays, nested objects and unions a JSON text area that is
 // checked in the browser before anything is sent. "$ref" into "$defs" and
 // "anyOf: [X, {type: null}]" (pydantic's Optional[X]) are resolved first.
 
@@ -63,6 +63,18 @@ export function unwrapNullable(schema, root) {
   return { schema: node, nullable: false };
 }
 
+// Text that spans lines (a program, a document): a text area instead of one line.
+// Said by the schema (`contentMediaType: "text/..."`, `format: "textarea"`) or
+// implied by a large `maxLength`.
+function multiline(schema) {
+  const media = schema.contentMediaType;
+  return (
+    schema.format === "textarea" ||
+    (typeof media === "string" && media.startsWith("text/")) ||
+    (typeof schema.maxLength === "number" && schema.maxLength > 1000)
+  );
+}
+
 function kindOf(schema, nullable) {
   if (Array.isArray(schema.enum) || "const" in schema) return "select";
   switch (schema.type) {
@@ -72,7 +84,7 @@ function kindOf(schema, nullable) {
     case "number":
       return schema.type;
     case "string":
-      return "text";
+      return multiline(schema) ? "multiline" : "text";
     default:
       return "json"; // arrays, objects, unions, anything without a single simple type
   }
@@ -100,6 +112,8 @@ function describeType(schema, kind) {
     base = "boolean";
   } else if (kind === "text") {
     base = "string";
+  } else if (kind === "multiline") {
+    base = "text";
   }
   return [base, ...bounds].join(", ");
 }
@@ -210,6 +224,11 @@ export class ActionForm {
       if (hasValue(preset)) input.value = String(preset);
       return input;
     }
+    if (kind === "multiline") {
+      const area = element("textarea", { rows: "8", spellcheck: "false", class: "code" });
+      if (hasValue(preset)) area.value = String(preset);
+      return area;
+    }
     const area = element("textarea", { rows: "3", spellcheck: "false" });
     area.placeholder = schema.type === "array" ? "[ ]" : schema.type === "object" ? "{ }" : "JSON";
     if (hasValue(preset)) area.value = JSON.stringify(preset);
@@ -228,6 +247,8 @@ export class ActionForm {
       if (count >= 1 && count <= limit) values = Array.from({ length: count }, (_, i) => schema.minimum + i);
     } else if (kind === "select" && field.options.length <= limit) {
       values = field.options;
+    } else if (kind === "checkbox") {
+      values = [true, false];
     }
     return values === null ? null : { name: field.name, values };
   }
@@ -237,6 +258,8 @@ export class ActionForm {
     const field = this.fields.get(name);
     if (field.kind === "select") {
       field.input.value = String(field.options.findIndex((o) => JSON.stringify(o) === JSON.stringify(value)));
+    } else if (field.kind === "checkbox") {
+      field.input.checked = value === true;
     } else {
       field.input.value = String(value);
     }
@@ -272,6 +295,7 @@ export class ActionForm {
         if (input.validity.badInput) throw new Error("Enter a number.");
         return input.value === "" ? empty() : Number(input.value);
       case "text":
+      case "multiline":
         if (input.value === "") return required ? (nullable ? null : "") : undefined;
         return input.value;
       default: {

@@ -1,0 +1,194 @@
+"""``/web``'s connection (capacity, drops, closes), keyboard, layout and API key, in Chromium."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, Page, expect
+from tcp_proxy import TcpProxy
+from web_page_kit import (
+    NARROW,
+    WIDE,
+    active_sessions,
+    chromium,
+    echo_app,
+    idle,
+    no_horizontal_overflow,
+    observation,
+    page_opener,
+    reset,
+    state,
+    step_echo,
+    wait_for_sessions,
+)
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import (
+    ConcurrencyConfig,
+    create_app,
+)
+from openenv.testing import run_server
+
+# Every test here shares the browser, so all of them run on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """One headless Chromium, shared by this module's tests."""
+    async with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def echo_url() -> Iterator[str]:
+    with run_server(echo_app()) as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Page]]]:
+    async with page_opener(browser) as open_page:
+        yield open_page
+
+
+# -- the connection ---------------------------------------------------------------------
+
+
+async def test_full_server_shows_the_capacity_message(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    with run_server(echo_app(max_envs=1)) as url:
+        first = await new_page(url)
+        await reset(first)
+        second = await new_page(url)
+        banner = second.locator("#connection-banner")
+        await expect(banner).to_contain_text("Server at capacity, try again")
+        await expect(banner).to_contain_text("all 1 sessions are in use")
+        await expect(second.locator("#status")).to_have_text("Server at capacity.")
+        await expect(second.get_by_role("button", name="Reset")).to_be_disabled()
+        assert await active_sessions(url) == 1
+
+        await first.context.close()
+        await wait_for_sessions(url, 0)
+        await second.get_by_role("button", name="Try again").click()
+        await expect(banner).to_be_hidden()
+        await reset(second)
+        await step_echo(second, "room now")
+
+
+async def test_dropped_socket_offers_reconnect(
+    echo_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    with TcpProxy(echo_url) as proxy:
+        page = await new_page(proxy.url)
+        await reset(page)
+        await step_echo(page, "before")
+        assert proxy.cut() >= 1
+        banner = page.locator("#connection-banner")
+        await expect(banner).to_contain_text("The connection to the server was lost")
+        await expect(page.locator("#status")).to_have_text("Disconnected.")
+        await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+        await expect(page.get_by_role("button", name="Reset")).to_be_disabled()
+
+        await page.get_by_role("button", name="Reconnect").click()
+        await expect(page.locator("#status")).to_have_text(
+            "Connected: a new session. Press Reset to start an episode."
+        )
+        await expect(banner).to_be_hidden()
+        await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
+        await expect(page.get_by_role("button", name="Reset")).to_be_focused()
+        await reset(page)
+        await step_echo(page, "after")
+        assert (await state(page))["step_count"] == 1  # a fresh environment
+
+
+async def test_server_closing_the_session_says_why(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    app = create_app(
+        EchoEnvironment,
+        EchoAction,
+        EchoObservation,
+        ConcurrencyConfig(session_timeout=0.2),
+        reap_interval=0.05,
+    )
+    with run_server(app) as url:
+        page = await new_page(url)
+        await expect(page.locator("#connection-banner")).to_contain_text(
+            "Disconnected: session closed after being idle too long."
+        )
+        await expect(page.get_by_role("button", name="Reconnect")).to_be_visible()
+
+
+# -- keyboard and layout -------------------------------------------------------------------
+
+
+async def test_keyboard_alone_plays(
+    echo_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(echo_url)
+    await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
+    await page.locator("body").focus()
+    for _ in range(15):  # Tab reaches Reset within a few presses
+        await page.keyboard.press("Tab")
+        if await page.evaluate("document.activeElement.id") == "reset":
+            break
+    await expect(page.get_by_role("button", name="Reset")).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#status")).to_have_text(
+        "Episode started: fill in the action and press Step."
+    )
+    await idle(page)
+    await expect(
+        page.get_by_role("button", name="Reset")
+    ).to_be_focused()  # focus survives the exchange
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("Message")).to_be_focused()
+    await page.keyboard.type("typed")
+    await page.keyboard.press("Enter")  # Enter in the form steps
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(1)
+    await idle(page)
+    assert (await observation(page))["echoed_message"] == "typed"
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_role("button", name="Step")).to_be_focused()
+    await page.keyboard.press("Space")
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(2)
+    await idle(page)
+    await page.get_by_label("Seed").press("Enter")  # Enter in the reset form resets
+    await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(0)
+
+
+@pytest.mark.parametrize("viewport", [NARROW, WIDE], ids=["390px", "1280px"])
+async def test_no_horizontal_overflow(
+    viewport: dict[str, int], echo_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(echo_url, viewport=viewport)
+    await reset(page)
+    await step_echo(page, "x" * 300)  # one long unbroken word in the observation, state and history
+    await step_echo(page, "a much longer message, " * 12)
+    await expect(page.locator("#reward")).to_have_text("27.6")
+    assert await no_horizontal_overflow(page)
+    assert await page.get_by_role("button", name="Step").is_visible()
+
+
+async def test_page_plays_on_a_server_with_an_api_key(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    factory = functools.partial(EchoEnvironment, max_steps=3)
+    app = create_app(factory, EchoAction, EchoObservation, api_key="page-key")
+    with run_server(app) as url:
+        refused = await new_page(url)  # no key: the page loads but says what it needs
+        await expect(refused.locator("#error")).to_contain_text("needs an API key")
+        page = await new_page(url, query="?api_key=page-key")
+        await expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
+        await reset(page)
+        await step_echo(page, "secret")
+        assert await observation(page) == {"echoed_message": "secret", "message_length": 6}
