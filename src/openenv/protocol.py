@@ -382,9 +382,12 @@ def validate_client_message(obj: dict[str, Any]) -> ClientMessage:
         ) from None
 
 
-def parse_server_message(frame: str | bytes) -> ServerMessage:
-    """Decode one server frame (client side); raises ``ValueError`` if malformed."""
+def parse_server_message(frame: str | bytes | dict[str, Any]) -> ServerMessage:
+    """Decode one server frame, or one reply of a v2 frame already decoded (client
+    side); raises ``ValueError`` if malformed."""
     try:
+        if isinstance(frame, dict):
+            return _server_adapter.validate_python(frame)
         return _server_adapter.validate_json(frame)
     except ValidationError as exc:
         raise ValueError(f"malformed frame from server: {_summarise(exc)}") from None

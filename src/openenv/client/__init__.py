@@ -2,6 +2,7 @@
 
 from openenv.client._base import AnyObservation, http_url, ws_url
 from openenv.client.async_ import EnvClient, WebSocketEnvClient
+from openenv.client.mux import MuxClient, MuxSession
 from openenv.client.pool import ServerPool
 from openenv.client.remote import Environments, EnvSession, OpenEnvClient, RemoteEnv
 from openenv.client.remote_sync import (
@@ -18,6 +19,8 @@ __all__ = [
     "EnvClient",
     "EnvSession",
     "Environments",
+    "MuxClient",
+    "MuxSession",
     "OpenEnvClient",
     "RemoteEnv",
     "ServerPool",

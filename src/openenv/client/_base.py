@@ -122,7 +122,7 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
             )
         return action.model_dump(mode="json")
 
-    def decode_result(self, frame: str | bytes) -> StepResult[ObsT]:
+    def decode_result(self, frame: str | bytes | dict[str, Any]) -> StepResult[ObsT]:
         reply = self._decode(frame, protocol.ObservationReply)
         observation = protocol.observation_from_payload(self.observation_cls, reply.data)
         return StepResult(
@@ -131,7 +131,7 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
             done=reply.data.done,
         )
 
-    def decode_state(self, frame: str | bytes) -> StateT:
+    def decode_state(self, frame: str | bytes | dict[str, Any]) -> StateT:
         reply = self._decode(frame, protocol.StateReply)
         return typing.cast(StateT, self.state_cls.model_validate(reply.data))
 
@@ -158,17 +158,17 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
             arguments = arguments.model_dump(mode="json")
         return {"name": name, "arguments": {**(arguments or {}), **kwargs}}
 
-    def decode_tools(self, frame: str | bytes) -> list[ToolInfo]:
+    def decode_tools(self, frame: str | bytes | dict[str, Any]) -> list[ToolInfo]:
         return self._decode(frame, protocol.ToolsReply).data.tools
 
-    def decode_tool_result(self, frame: str | bytes) -> ToolOutput:
+    def decode_tool_result(self, frame: str | bytes | dict[str, Any]) -> ToolOutput:
         return self._decode(frame, protocol.ToolResultReply).data
 
-    def decode_prompt(self, frame: str | bytes) -> str:
+    def decode_prompt(self, frame: str | bytes | dict[str, Any]) -> str:
         return self._decode(frame, protocol.PromptReply).data.prompt
 
     @staticmethod
-    def _decode(frame: str | bytes, expected: type[_Reply]) -> _Reply:
+    def _decode(frame: str | bytes | dict[str, Any], expected: type[_Reply]) -> _Reply:
         message = protocol.parse_server_message(frame)
         if isinstance(message, protocol.ErrorReply):
             details = message.data.model_extra or {}

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from openenv.client.sync import SyncEnvClient
 
-__all__ = ["EnvClient", "WebSocketEnvClient"]
+__all__ = ["EnvClient", "WebSocketEnvClient", "open_socket"]
 
 # Servers a new session may lose (gone before replying) before the error is the caller's.
 _ATTEMPTS = 8
@@ -171,29 +171,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 return self
 
     async def _open(self, url: str) -> ClientConnection:
-        try:
-            return await _connect(url, **self._connect_options)
-        except TimeoutError:
-            raise ConnectionFailedError(
-                self.url, f"no answer within {self.connect_timeout}s"
-            ) from None
-        except InvalidURI as exc:
-            raise ConnectionFailedError(self.url, str(exc)) from None
-        except InvalidStatus as exc:
-            status, said = exc.response.status_code, _detail(exc)
-            if status == 401 or (status == 403 and said):
-                raise AuthenticationError(self.url, said or f"HTTP {status}") from None
-            if status in (403, 404):
-                # What a server (ours or not) answers an upgrade to a path with no
-                # WebSocket route: the URL is wrong, not the key.
-                raise ConnectionFailedError(
-                    self.url,
-                    f"no openenv session endpoint there (HTTP {status}); "
-                    f"is this the server's root URL?",
-                ) from None
-            raise ConnectionFailedError(self.url, f"HTTP {status}: {said or 'refused'}") from None
-        except (OSError, InvalidHandshake) as exc:
-            raise ConnectionFailedError(self.url, str(exc) or type(exc).__name__) from None
+        return await open_socket(url, self.connect_timeout, self._connect_options)
 
     def _unplace(self, outcome: Callable[[str], None]) -> None:
         if self._placed:
@@ -433,6 +411,33 @@ class WebSocketEnvClient(EnvClient[Action, Observation, State]):
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls
+
+
+async def open_socket(
+    url: str, connect_timeout: float, options: Mapping[str, Any]
+) -> ClientConnection:
+    """Open a WebSocket to a session route; its failures as openenv's errors."""
+    try:
+        return await _connect(url, **options)
+    except TimeoutError:
+        raise ConnectionFailedError(url, f"no answer within {connect_timeout}s") from None
+    except InvalidURI as exc:
+        raise ConnectionFailedError(url, str(exc)) from None
+    except InvalidStatus as exc:
+        status, said = exc.response.status_code, _detail(exc)
+        if status == 401 or (status == 403 and said):
+            raise AuthenticationError(url, said or f"HTTP {status}") from None
+        if status in (403, 404):
+            # What a server (ours or not) answers an upgrade to a path with no
+            # WebSocket route: the URL is wrong, not the key.
+            raise ConnectionFailedError(
+                url,
+                f"no openenv session endpoint there (HTTP {status}); "
+                f"is this the server's root URL?",
+            ) from None
+        raise ConnectionFailedError(url, f"HTTP {status}: {said or 'refused'}") from None
+    except (OSError, InvalidHandshake) as exc:
+        raise ConnectionFailedError(url, str(exc) or type(exc).__name__) from None
 
 
 async def _connect(url: str, **options: Any) -> ClientConnection:

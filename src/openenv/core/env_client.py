@@ -59,10 +59,10 @@ class EnvClient(_EnvClient[ActT, ObsT, StateT]):
             return action
         return self._step_payload(action)
 
-    def decode_result(self, frame: str | bytes) -> StepResult[ObsT]:
+    def decode_result(self, frame: str | bytes | dict[str, Any]) -> StepResult[ObsT]:
         reply = self._decode(frame, protocol.ObservationReply)
         return self._parse_result(reply.data.model_dump(mode="json"))
 
-    def decode_state(self, frame: str | bytes) -> StateT:
+    def decode_state(self, frame: str | bytes | dict[str, Any]) -> StateT:
         reply = self._decode(frame, protocol.StateReply)
         return self._parse_state(reply.data)

@@ -137,6 +137,15 @@ class ServerSettings(BaseModel):
             "Consecutive malformed or invalid frames after which a session is closed (1008)."
         ),
     )
+    max_requests_in_flight: int = Field(
+        default=4096,
+        ge=1,
+        description=(
+            "On one v2 (multiplexed) connection: requests read and not yet answered. "
+            "A frame carrying more is refused; past it the server reads no further "
+            "frame until replies free room, so a client cannot queue without bound."
+        ),
+    )
     api_key: str | None = Field(
         default_factory=lambda: os.environ.get("OPENENV_API_KEY") or None,
         description="When set, every route but /health requires it (Bearer token).",

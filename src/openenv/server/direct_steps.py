@@ -91,7 +91,23 @@ class DirectStepping:
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
         try:
-            step = protocol.plain_step(protocol.decode_frame(frame))
+            request = protocol.decode_frame(frame)
+        except FrameError:
+            return False
+        return self.try_step_request(request, reply, task, context)
+
+    def try_step_request(
+        self,
+        request: dict[str, Any],
+        reply: Callable[[str], None],
+        task: asyncio.Task[Any] | None = None,
+        context: contextvars.Context | None = None,
+    ) -> bool:
+        """``try_step`` for a request already decoded (one of a v2 frame's)."""
+        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
+            return False
+        try:
+            step = protocol.plain_step(request)
             if step is None:
                 return False
             action = self._validate_action(step[0])

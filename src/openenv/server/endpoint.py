@@ -21,14 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from openenv import protocol
+from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
+from openenv.server.mux import MuxConnection
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session, SessionState
 
@@ -50,10 +52,17 @@ class SessionEndpoint:
         websocket = WebSocket(scope, receive, send)
         # Browsers insist the server picks one of the subprotocols they offer.
         offered = scope.get("subprotocols") or ()
-        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        multiplexed = protocol_v2.SUBPROTOCOL in offered
+        if multiplexed:
+            await websocket.accept(subprotocol=protocol_v2.SUBPROTOCOL)
+        else:
+            await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         channel = scope["extensions"].get(DIRECT) if "extensions" in scope else None
         if channel is not None:
             channel.set_send_timeout(service.settings.send_timeout)
+        if multiplexed:
+            await _serve(service, MuxConnection(websocket, service, receive, send, channel))
+            return
         try:
             session = await service.open_session(
                 (lambda: channel.disconnected) if channel is not None else None
@@ -61,23 +70,25 @@ class SessionEndpoint:
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return
-        connection = Connection(websocket, session, service, receive, send, channel)
-        service.connections.add(connection)
-        try:
-            # The session's own task: waking it for each frame resumes a short
-            # stack, not the dozen or so middleware frames above this one
-            # (cancelling this task cancels that one, too). Its context is
-            # kept, for the steps that run as a part of it from a callback.
-            await asyncio.get_running_loop().create_task(
-                connection.run(), context=connection.context
-            )
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            # else: a shutdown past its deadline ended the session's task (abort()).
-        finally:
-            service.connections.discard(connection)
+        await _serve(service, Connection(websocket, session, service, receive, send, channel))
+
+
+async def _serve(service: EnvService, connection: Connection | MuxConnection) -> None:
+    service.connections.add(connection)
+    try:
+        # The connection's own task: waking it for each frame resumes a short
+        # stack, not the dozen or so middleware frames above this one
+        # (cancelling this task cancels that one, too). A v1 connection's
+        # context is kept, for the steps that run as a part of it from a callback.
+        context = connection.context if isinstance(connection, Connection) else None
+        await asyncio.get_running_loop().create_task(connection.run(), context=context)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        # else: a shutdown past its deadline ended the connection's task (abort()).
+    finally:
+        service.connections.discard(connection)
 
 
 class Connection:
@@ -255,6 +266,18 @@ class Connection:
             await self.session.aclose(reason)
         # else: a call is in flight; ``run`` frees the slot once it returns, so
         # ``close()`` never overlaps another call of the same environment.
+
+    def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
+        session = self.session
+        if session.state is not SessionState.OPEN or session.busy:
+            return []
+        if session.last_active >= deadline:
+            return []
+        logger.info("session %s idle over its limit; closing", session.id)
+        return [self.expire("idle_timeout")]
+
+    def describe(self, task: asyncio.Task[Any]) -> str | None:
+        return f"session {self.session.id}" if task is self._task else None
 
     def abort(self) -> None:
         """Drop the connection now (unsent replies and all) and end its task.

@@ -9,9 +9,9 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from openenv.environment import Environment
 from openenv.errors import ServerSideError
@@ -25,16 +25,13 @@ from openenv.server.isolation import isolated_factory
 from openenv.server.metrics import Metrics
 from openenv.server.recording import Recorder
 from openenv.server.redact import failure_text
-from openenv.server.sessions import Session, SessionState
+from openenv.server.sessions import Session
 from openenv.server.slots import SessionRegistry, SlotBoard
 from openenv.server.watchdog import LoopWatchdog
 from openenv.tools import tools_of
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
-if TYPE_CHECKING:
-    from openenv.server.endpoint import Connection
-
-__all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout", "SessionRefused"]
+__all__ = ["LIVE_SERVICES", "EnvService", "FactoryTimeout", "Served", "SessionRefused"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -49,6 +46,28 @@ LOOP_BLOCK_WARNING = 1.0
 
 # The services running in this process, for a graceful shutdown to drain.
 LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
+
+
+class Served(Protocol):
+    """What the service asks of a connection it serves (v1's one session, v2's many)."""
+
+    closed: asyncio.Future[None]  # done once every session of it is closed
+    sending_since: float | None  # when the send in progress began waiting on the peer
+
+    async def expire(self, reason: str) -> None:
+        """End every session (a shutdown): close frames, environments closed."""
+
+    def abort(self) -> None:
+        """Drop the connection now; its task frees the slots."""
+
+    def stall(self) -> None:
+        """A send has waited past ``send_timeout``: abort the connection."""
+
+    def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
+        """Closings of the sessions idle since before ``deadline`` (``time.monotonic``)."""
+
+    def describe(self, task: asyncio.Task[Any]) -> str | None:
+        """Which session ``task`` serves, if it is one of this connection's."""
 
 
 class FactoryTimeout(ServerSideError):
@@ -102,7 +121,7 @@ class EnvService:
         self.metrics = Metrics(self.registry)
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
-        self.connections: set[Connection] = set()
+        self.connections: set[Served] = set()
         self.handoff = Handoff(settings.max_threads)
         self.recorder: Recorder | None = None  # made when serving starts (one file per process)
         # Factories (and closing what a late factory made) share one lane: cheap
@@ -117,13 +136,23 @@ class EnvService:
     async def open_session(self, gone: Callable[[], bool] | None = None) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
 
-        The one way in for every transport (``/ws``, ``/web/ws``, MCP). ``gone``
-        tells whether the client has left: one that left while it waited in
-        line gets no environment, and its slot goes to the next in line.
+        The one way in for every transport (``/ws``, ``/web/ws``, MCP, v2's
+        ``open``). ``gone`` tells whether the client has left: one that left
+        while it waited in line gets no environment, and its slot goes to the
+        next in line.
 
         Raises:
             SessionRefused: shutting down, at capacity, or the factory failed;
                 nothing is left holding a slot.
+        """
+        await self.admit(gone)
+        return await self.make_session()
+
+    async def admit(self, gone: Callable[[], bool] | None = None) -> None:
+        """``open_session``'s first half: reserve a slot, or raise ``SessionRefused``.
+
+        Safe to cancel: a cancelled wait holds no slot. The caller owns the
+        slot until it passes it to ``make_session``.
         """
         refused: SessionRefused | None = None
         if self.draining:
@@ -148,18 +177,28 @@ class EnvService:
                 CloseCode.GOING_AWAY,
             )
         else:
-            try:
-                return Session(await self.create_env(), self)  # create_env frees its slot
-            except FactoryTimeout as exc:
-                logger.error("%s", exc)
-                message = f"could not create the environment: {exc}"
-            except Exception as exc:
-                logger.exception("environment factory raised")
-                text = failure_text(exc, self.settings.error_details)
-                message = f"could not create the environment: {text}"
-            refused = SessionRefused(ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR)
+            return
         self.metrics.errors[refused.code.value] += 1
         raise refused
+
+    async def make_session(self) -> Session:
+        """``open_session``'s second half: the environment for a slot ``admit`` reserved.
+
+        Raises ``SessionRefused`` (``FACTORY_ERROR``) when the factory fails
+        or overruns; the slot is then freed (or, for a factory still running
+        on its thread, freed once it returns).
+        """
+        try:
+            return Session(await self.create_env(), self)  # create_env frees its slot
+        except FactoryTimeout as exc:
+            logger.error("%s", exc)
+            message = f"could not create the environment: {exc}"
+        except Exception as exc:
+            logger.exception("environment factory raised")
+            text = failure_text(exc, self.settings.error_details)
+            message = f"could not create the environment: {text}"
+        self.metrics.errors[ErrorCode.FACTORY_ERROR.value] += 1
+        raise SessionRefused(ErrorCode.FACTORY_ERROR, message, CloseCode.INTERNAL_ERROR)
 
     async def create_env(self) -> Environment[Any, Any, Any]:
         """Run the factory off the event loop (constructors may be slow), within its deadline.
@@ -282,10 +321,12 @@ class EnvService:
         return problems
 
     def _describe_task(self, task: asyncio.Task[Any] | None) -> str:
+        if task is None:
+            return "a callback outside any session"
         for connection in list(self.connections):
-            if task is not None and connection._task is task:
-                return f"session {connection.session.id}"
-        return "a callback outside any session" if task is None else f"task {task.get_name()}"
+            if (described := connection.describe(task)) is not None:
+                return described
+        return f"task {task.get_name()}"
 
     async def drain(self) -> None:
         """Refuse new sessions and steps, end every open one (close code 1001), close
@@ -344,18 +385,11 @@ class EnvService:
         while True:
             await asyncio.sleep(interval)
             deadline = time.monotonic() - idle_limit
-            idle = [
-                c
-                for c in self.connections
-                if c.session.state is SessionState.OPEN
-                and not c.session.busy
-                and c.session.last_active < deadline
-            ]
-            for connection in idle:
-                logger.info("session %s idle over %ss; closing", connection.session.id, idle_limit)
+            for connection in list(self.connections):
                 # Each on its own: a client that does not read its close frame
                 # (bounded by send_timeout) must not hold up the next sweep.
-                self._spawn(connection.expire("idle_timeout"))
+                for closing in connection.idle_closings(deadline):
+                    self._spawn(closing)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

@@ -121,11 +121,20 @@ class Session(DirectStepping):
 
     async def handle(self, frame: str | bytes) -> str | None:
         """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
+        return await self._handle(frame, None)
+
+    async def handle_request(self, request: dict[str, Any]) -> str | None:
+        """Serve one request already decoded (a v2 frame carries many): as ``handle``."""
+        return await self._handle(None, request)
+
+    async def _handle(self, frame: str | bytes | None, obj: dict[str, Any] | None) -> str | None:
         self.busy = True
         started = time.time()
         reply: str | None = None
         try:
-            obj = protocol.decode_frame(frame)
+            if obj is None:
+                assert frame is not None
+                obj = protocol.decode_frame(frame)
             step = protocol.plain_step(obj)
             # Steps are nearly every frame: one coroutine less on their way.
             reply = await (self._step(*step) if step is not None else self._dispatch(obj))
@@ -138,6 +147,8 @@ class Session(DirectStepping):
             self.busy = False
             self.last_active = time.monotonic()
             if self._recorder is not None and reply is not None:  # a close is its own event
+                if frame is None:
+                    frame = protocol.json_text(obj)
                 self._recorder.call(self.id, started, frame, reply)
 
     async def _dispatch(self, obj: dict[str, Any]) -> str | None:

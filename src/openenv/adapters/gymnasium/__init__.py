@@ -30,6 +30,7 @@ from openenv.adapters.gymnasium.environment import (
     gymnasium_models,
 )
 from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
+from openenv.adapters.gymnasium.vector import RemoteVectorEnv
 
 __all__ = [
     "EnvSource",
@@ -38,6 +39,7 @@ __all__ = [
     "GymnasiumModels",
     "GymnasiumObservation",
     "GymnasiumState",
+    "RemoteVectorEnv",
     "annotation",
     "create_gymnasium_app",
     "from_json",

@@ -24,7 +24,7 @@ import gymnasium
 from pydantic import AfterValidator, Field, create_model
 
 from openenv.adapters.gymnasium.frames import png_data_url
-from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
+from openenv.adapters.gymnasium.spaces import annotation, describe, from_json, jsonable, to_json
 from openenv.environment import Environment
 from openenv.errors import EnvError
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from openenv.server import ConcurrencyConfig
 
 __all__ = [
+    "SPACES_ROUTE",
     "EnvSource",
     "GymnasiumAction",
     "GymnasiumEnvironment",
@@ -44,6 +45,9 @@ __all__ = [
     "create_gymnasium_app",
     "gymnasium_models",
 ]
+
+# Where a Gymnasium app says what its spaces are (``spaces.describe``).
+SPACES_ROUTE = "/gymnasium/spaces"
 
 EnvSource = str | Callable[[], gymnasium.Env[Any, Any]]
 """A registered environment id (``"CartPole-v1"``) or a zero-argument factory."""
@@ -225,7 +229,7 @@ def create_gymnasium_app(
         description=f"Gymnasium environment {models.name}: {space}",
         supports_concurrent_sessions=GymnasiumEnvironment.SUPPORTS_CONCURRENT_SESSIONS,
     )
-    return create_app(
+    app = create_app(
         factory,
         models.action_cls,
         models.observation_cls,
@@ -234,6 +238,18 @@ def create_gymnasium_app(
         metadata=metadata,
         **settings,
     )
+    # The spaces themselves, for clients that rebuild them (RemoteVectorEnv).
+    described = {
+        "name": metadata.name,
+        "action_space": describe(models.action_space),
+        "observation_space": describe(models.observation_space),
+    }
+
+    async def gymnasium_spaces() -> dict[str, Any]:
+        return described
+
+    app.add_api_route(SPACES_ROUTE, gymnasium_spaces, methods=["GET"], tags=["gymnasium"])
+    return app
 
 
 def _make(env: EnvSource, make_kwargs: dict[str, Any]) -> gymnasium.Env[Any, Any]:

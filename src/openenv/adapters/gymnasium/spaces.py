@@ -28,7 +28,7 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.config import JsonDict
 
-__all__ = ["annotation", "from_json", "jsonable", "to_json"]
+__all__ = ["annotation", "describe", "from_json", "jsonable", "rebuild", "to_json"]
 
 # A 1-D Box with per-element bounds up to this long gets one schema per element.
 _MAX_PREFIX_ITEMS = 32
@@ -192,3 +192,69 @@ def _field_name(key: str, taken: Mapping[str, Any]) -> str:
 
 def _camel(key: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"\W|_", key) if part)
+
+
+def describe(space: spaces.Space[Any]) -> dict[str, Any]:
+    """A space as JSON, exact enough for ``rebuild`` to make it again (infinite bounds
+    as the strings ``"inf"``/``"-inf"``, which JSON lacks).
+
+    >>> rebuild(describe(spaces.Box(-1.0, np.inf, (2,))))
+    Box([-1. -1.], [inf inf], (2,), float32)
+    """
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.Box):
+        return {
+            "type": "Box",
+            "low": _finite_or_text(space.low),
+            "high": _finite_or_text(space.high),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, spaces.MultiDiscrete):
+        return {
+            "type": "MultiDiscrete",
+            "nvec": np.asarray(space.nvec).tolist(),
+            "start": np.asarray(space.start).tolist(),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
+    if isinstance(space, spaces.Tuple):
+        return {"type": "Tuple", "spaces": [describe(sub) for sub in space]}
+    if isinstance(space, spaces.Dict):
+        return {
+            "type": "Dict",
+            "spaces": {str(key): describe(sub) for key, sub in space.spaces.items()},
+        }
+    raise TypeError(f"cannot describe {space!r}; supported: {_SUPPORTED}")
+
+
+def rebuild(description: Mapping[str, Any]) -> spaces.Space[Any]:
+    """The space ``describe`` wrote."""
+    kind = description["type"]
+    if kind == "Discrete":
+        return spaces.Discrete(description["n"], start=description["start"])
+    if kind == "Box":
+        dtype = np.dtype(description["dtype"])
+        low = np.asarray(description["low"], dtype=np.float64).astype(dtype)
+        high = np.asarray(description["high"], dtype=np.float64).astype(dtype)
+        return spaces.Box(low, high, tuple(description["shape"]), dtype=dtype)
+    if kind == "MultiDiscrete":
+        return spaces.MultiDiscrete(
+            description["nvec"], dtype=description["dtype"], start=description["start"]
+        )
+    if kind == "MultiBinary":
+        return spaces.MultiBinary(description["n"])
+    if kind == "Tuple":
+        return spaces.Tuple([rebuild(sub) for sub in description["spaces"]])
+    if kind == "Dict":
+        return spaces.Dict({key: rebuild(sub) for key, sub in description["spaces"].items()})
+    raise TypeError(f"unknown space type {kind!r}; supported: {_SUPPORTED}")
+
+
+def _finite_or_text(values: np.ndarray[Any, Any]) -> Any:
+    as_float = np.asarray(values, dtype=np.float64)
+    if np.isfinite(as_float).all():
+        return as_float.tolist()
+    return np.where(np.isfinite(as_float), as_float, as_float.astype(str)).tolist()

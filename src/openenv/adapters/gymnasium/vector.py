@@ -1,0 +1,300 @@
+"""A ``gymnasium.vector.VectorEnv`` whose environments live on a server.
+
+``RemoteVectorEnv`` opens ``num_envs`` sessions on one connection (protocol
+v2, ``openenv/protocol_v2.py``) to an app made by ``create_gymnasium_app``
+and steps them all with one frame each way. Spaces come from the server, so
+Gymnasium-style training code swaps it in for a ``SyncVectorEnv`` unchanged:
+
+>>> import numpy as np
+>>> from openenv.adapters.gymnasium import RemoteVectorEnv
+>>> envs = RemoteVectorEnv("http://localhost:8000", num_envs=64)    # CartPole-v1 served
+>>> observations, infos = envs.reset(seed=42)
+>>> observations.shape
+(64, 4)
+>>> observations, rewards, terminations, truncations, infos = envs.step(
+...     envs.action_space.sample())
+>>> envs.close()
+
+Autoreset follows ``SyncVectorEnv`` (``autoreset_mode``: next step by
+default, same step, or disabled), and ``reset(seed=s)`` seeds environment
+``i`` with ``s + i`` as it does, so a seeded run gives the same episodes
+in-process and remote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Sequence
+from copy import deepcopy
+from typing import Any
+
+import gymnasium
+import httpx
+import numpy as np
+import orjson
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from openenv import protocol, protocol_v2
+from openenv.adapters.gymnasium.environment import SPACES_ROUTE
+from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
+from openenv.client._base import http_url, ws_url
+from openenv.errors import ConnectionFailedError, SessionClosedError, server_error
+
+__all__ = ["RemoteVectorEnv"]
+
+
+class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
+    """``num_envs`` remote environments behind Gymnasium's vector API.
+
+    Args:
+        base_url: A server running ``create_gymnasium_app`` (or ``envs/gymnasium_env``).
+        num_envs: Sessions to open; each takes a slot of the server's cap.
+        autoreset_mode: As ``SyncVectorEnv``'s (default: ``NEXT_STEP``).
+        copy: Return copies of the observation arrays (as ``SyncVectorEnv``).
+        timeout: Seconds to wait for the replies of one call.
+        api_key: Sent as a Bearer token (default: ``$OPENENV_API_KEY``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        num_envs: int,
+        *,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        timeout: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        self.num_envs = num_envs
+        self.copy = copy
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.timeout = timeout
+        api_key = api_key or os.environ.get("OPENENV_API_KEY")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        described = _spaces(http_url(base_url), headers, timeout)
+        self.single_action_space = rebuild(described["action_space"])
+        self.single_observation_space = rebuild(described["observation_space"])
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.metadata = {"autoreset_mode": self.autoreset_mode}
+        self._box = isinstance(self.single_observation_space, gymnasium.spaces.Box)
+        self._observations: Any = create_empty_array(self.single_observation_space, num_envs)
+        self._rewards = np.zeros((num_envs,), dtype=np.float64)
+        self._terminations = np.zeros((num_envs,), dtype=np.bool_)
+        self._truncations = np.zeros((num_envs,), dtype=np.bool_)
+        self._autoreset_envs = np.zeros((num_envs,), dtype=np.bool_)
+        self._ids = itertools.count()
+        from websockets.sync.client import connect
+
+        self._ws = None
+        # The connection as a context (what websockets >= 17.1 asks of sync clients).
+        self._stack = contextlib.ExitStack()
+        try:
+            self._ws = self._stack.enter_context(
+                connect(
+                    ws_url(base_url),
+                    subprotocols=[protocol_v2.SUBPROTOCOL],  # type: ignore[list-item]
+                    additional_headers=headers,
+                    compression=None,
+                    max_size=2**26,
+                    open_timeout=timeout,
+                )
+            )
+        except OSError as exc:
+            raise ConnectionFailedError(ws_url(base_url), str(exc)) from None
+        if self._ws.subprotocol != protocol_v2.SUBPROTOCOL:
+            self._stack.close()
+            raise ConnectionFailedError(ws_url(base_url), "the server does not speak protocol v2")
+        self._exchange([("open", None)] * num_envs)
+
+    # -- the vector API ----------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every environment (or those of ``options["reset_mask"]``)."""
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, int):
+            seeds = [seed + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for num_envs={self.num_envs}")
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if mask is None:
+            mask = np.ones((self.num_envs,), dtype=np.bool_)
+        requests: list[tuple[str, dict[str, Any] | None] | None] = [
+            ("reset", _reset_data(s, options)) if m else None
+            for s, m in zip(seeds, mask, strict=True)
+        ]
+        replies = self._exchange(requests)
+        self._terminations[mask] = False
+        self._truncations[mask] = False
+        self._autoreset_envs[mask] = False
+        infos: dict[str, Any] = {}
+        observations: list[Any] = []
+        for i, reply in enumerate(replies):
+            if reply is None:
+                observations.append(None)
+                continue
+            payload = reply["data"]["observation"]
+            observations.append(payload["observation"])
+            infos = self._add_info(infos, payload.get("info") or {}, i)
+        self._store(observations)
+        return self._out(), infos
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step every environment with its action (autoresetting as ``SyncVectorEnv``)."""
+        space = self.single_action_space
+        requests: list[tuple[str, dict[str, Any] | None] | None] = []
+        next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
+        for i, action in enumerate(iterate(self.action_space, actions)):
+            if next_step and self._autoreset_envs[i]:
+                requests.append(("reset", {}))
+            else:
+                requests.append(("step", {"action": to_json(space, action)}))
+        replies = self._exchange(requests)
+        infos: dict[str, Any] = {}
+        observations: list[Any] = []
+        again: list[int] = []
+        for i, reply in enumerate(replies):
+            assert reply is not None
+            data = reply["data"]
+            payload = data["observation"]
+            observations.append(payload["observation"])
+            if requests[i] is not None and requests[i][0] == "reset":  # type: ignore[index]
+                self._rewards[i] = 0.0
+                self._terminations[i] = self._truncations[i] = False
+            else:
+                self._rewards[i] = data["reward"] or 0.0
+                self._terminations[i] = payload["terminated"]
+                self._truncations[i] = payload["truncated"]
+            info = payload.get("info") or {}
+            if self.autoreset_mode is AutoresetMode.SAME_STEP and (
+                self._terminations[i] or self._truncations[i]
+            ):
+                final = from_json(self.single_observation_space, payload["observation"])
+                infos = self._add_info(infos, {"final_obs": final, "final_info": info}, i)
+                again.append(i)
+            else:
+                infos = self._add_info(infos, info, i)
+        if again:  # SAME_STEP: reset the finished ones now, in one more frame
+            resets = self._exchange(
+                [("reset", {}) if i in again else None for i in range(self.num_envs)]
+            )
+            for i in again:
+                payload = resets[i]["data"]["observation"]  # type: ignore[index]
+                observations[i] = payload["observation"]
+                infos = self._add_info(infos, payload.get("info") or {}, i)
+        self._store(observations)
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (
+            self._out(),
+            np.copy(self._rewards),
+            np.copy(self._terminations),
+            np.copy(self._truncations),
+            infos,
+        )
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close every session (freeing their slots) and the connection."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            self._send([("close", None)] * self.num_envs, ws)
+        finally:
+            self._stack.close()
+
+    # -- the wire ----------------------------------------------------------------
+
+    def _exchange(
+        self, requests: Sequence[tuple[str, dict[str, Any] | None] | None]
+    ) -> list[dict[str, Any] | None]:
+        """One frame of requests (``None``: nothing for that env); replies in env order."""
+        if self._ws is None:
+            raise SessionClosedError("this vector env is closed")
+        return self._send(requests, self._ws)
+
+    def _send(
+        self, requests: Sequence[tuple[str, dict[str, Any] | None] | None], ws: Any
+    ) -> list[dict[str, Any] | None]:
+        first = next(self._ids)
+        items = []
+        for i, request in enumerate(requests):
+            if request is None:
+                continue
+            kind, data = request
+            item: dict[str, Any] = {"session": i, "type": kind, "id": first}
+            if data is not None:
+                item["data"] = data
+            items.append(item)
+        ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+        replies: list[dict[str, Any] | None] = [None] * len(requests)
+        left = len(items)
+        error: Exception | None = None
+        while left:
+            for reply in orjson.loads(ws.recv(timeout=self.timeout)):
+                if reply.get("id") != first:
+                    if reply.get("type") == "closed":
+                        error = error or SessionClosedError(str(reply["data"].get("message")))
+                    continue  # a notice, or a reply the caller gave up on
+                left -= 1
+                if reply["type"] == "error":
+                    data = reply["data"]
+                    details = {k: v for k, v in data.items() if k not in ("code", "message")}
+                    code = protocol.ErrorCode(data["code"])
+                    error = error or server_error(code, data["message"], details)
+                else:
+                    replies[reply["session"]] = reply
+        if error is not None:
+            raise error
+        return replies
+
+    def _store(self, observations: list[Any]) -> None:
+        space = self.single_observation_space
+        if self._box and all(o is not None for o in observations):
+            values = np.asarray(observations, dtype=space.dtype)
+            self._observations = values.reshape(self._observations.shape)
+            return
+        current = list(iterate(self.observation_space, self._observations))
+        items = [
+            from_json(space, o) if o is not None else current[i] for i, o in enumerate(observations)
+        ]
+        self._observations = concatenate(space, items, self._observations)
+
+    def _out(self) -> Any:
+        return deepcopy(self._observations) if self.copy else self._observations
+
+
+def _reset_data(seed: int | None, options: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if seed is not None:
+        data["seed"] = seed
+    if options:
+        data["options"] = options
+    return data
+
+
+def _spaces(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    try:
+        reply = httpx.get(base + SPACES_ROUTE, headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ConnectionFailedError(base, str(exc) or type(exc).__name__) from None
+    if reply.status_code == 404:
+        raise ConnectionFailedError(
+            base, "no Gymnasium spaces there: serve the environment with create_gymnasium_app"
+        )
+    reply.raise_for_status()
+    described: dict[str, Any] = reply.json()
+    return described

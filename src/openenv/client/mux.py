@@ -1,0 +1,420 @@
+"""Many sessions over one WebSocket (protocol v2), stepped one at a time or in batches.
+
+``MuxClient`` opens one connection; ``open(n)`` makes ``n`` sessions on it,
+each with its own environment and slot on the server. A batch call sends one
+frame for all its sessions and returns their results in order; the calls of
+single sessions made by many coroutines at once are gathered into one frame
+too. The wire is in ``openenv/protocol_v2.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import orjson
+from pydantic import BaseModel
+from websockets.exceptions import ConnectionClosed
+
+from openenv import protocol, protocol_v2
+from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
+from openenv.client.async_ import open_socket
+from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError, server_error
+from openenv.tasks import TaskSpec
+from openenv.tools import ToolInfo, ToolOutput
+from openenv.types import Action, Observation, State, StepResult
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+__all__ = ["MuxClient", "MuxSession"]
+
+_Kind = Literal["open", "close", "reset", "step", "state", "list_tools", "call_tool", "get_prompt"]
+
+
+class MuxClient(ClientCore[ActT, ObsT, StateT]):
+    """Many sessions on one connection; steps of many sessions in one frame.
+
+    Subclass it with your models as generic arguments, or pass them in:
+
+    >>> from openenv import MuxClient
+    >>> from echo_env.models import EchoAction, EchoObservation
+    >>> async def play(url: str) -> list[float | None]:
+    ...     async with MuxClient(url, action_cls=EchoAction,
+    ...                          observation_cls=EchoObservation) as mux:
+    ...         envs = await mux.open(64)                # 64 sessions, 64 slots
+    ...         await mux.reset(envs, seed=range(64))
+    ...         actions = [EchoAction(message=str(i)) for i in range(64)]
+    ...         results = await mux.step(envs, actions)  # one frame each way
+    ...         return [r.reward for r in results]
+
+    Each session is also a client of its own (``MuxSession``: ``reset``,
+    ``step``, ``state``, tools), and calls that many coroutines make at the
+    same moment share a frame. One session's error (a bad action, a crashing
+    environment) is raised for that session only; the others go on.
+
+    Args:
+        base_url: The server (``http://host:port`` or ``ws://.../ws``).
+        message_timeout: Seconds to wait for a reply (``None``: forever).
+        api_key: Sent as a Bearer token (default: ``$OPENENV_API_KEY``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        action_cls: type[Action] | None = None,
+        observation_cls: type[Observation] | None = None,
+        state_cls: type[State] | None = None,
+        connect_timeout: float = 10.0,
+        message_timeout: float | None = 60.0,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        max_size: int | None = 2**26,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if action_cls is not None:
+            self.action_cls = action_cls
+        if observation_cls is not None:
+            self.observation_cls = observation_cls
+        elif type(self).observation_cls is Observation:
+            self.observation_cls = AnyObservation
+        if state_cls is not None:
+            self.state_cls = state_cls
+        self.url = ws_url(base_url)
+        self.connect_timeout = connect_timeout
+        self.message_timeout = message_timeout
+        extra_headers = dict(headers or {})
+        api_key = api_key or os.environ.get("OPENENV_API_KEY")
+        if api_key:
+            extra_headers["Authorization"] = f"Bearer {api_key}"
+        self._options: dict[str, Any] = {
+            "subprotocols": [protocol_v2.SUBPROTOCOL],
+            "ping_interval": ping_interval,
+            "ping_timeout": ping_timeout,
+            "max_size": max_size,
+            "open_timeout": connect_timeout,
+            "close_timeout": 5,
+            "compression": None,
+            **({"additional_headers": extra_headers} if extra_headers else {}),
+        }
+        self._ws: ClientConnection | None = None
+        self._ids = itertools.count()
+        self._keys = itertools.count()
+        self._waiting: dict[int, tuple[asyncio.Future[dict[str, Any]], MuxSession]] = {}
+        self.sessions: dict[protocol_v2.SessionKey, MuxSession] = {}
+        self._outbox: list[str] = []
+        self._flushing = False
+        self._reader: asyncio.Task[None] | None = None
+        self._lost: SessionClosedError | None = None
+        self._closed = False
+
+    # -- connection -------------------------------------------------------------
+
+    async def connect(self) -> Self:
+        """Open the connection (no session yet: ``open`` makes them)."""
+        if self._ws is not None:
+            return self
+        if self._closed:
+            raise SessionClosedError("this client was closed; create a new one")
+        ws = await open_socket(self.url, self.connect_timeout, self._options)
+        if ws.subprotocol != protocol_v2.SUBPROTOCOL:
+            await ws.close()
+            raise ConnectionFailedError(
+                self.url, "the server does not speak openenv's protocol v2 (many sessions)"
+            )
+        self._ws = ws
+        self._reader = asyncio.get_running_loop().create_task(self._read(ws))
+        return self
+
+    async def open(self, n: int = 1) -> list[MuxSession]:
+        """Open ``n`` sessions, each with its own environment and slot, in one frame.
+
+        Raises the server's refusal (``CapacityError``, ``FactoryError``) if
+        any could not open; those that did are closed again.
+        """
+        await self.connect()
+        sessions = [MuxSession(self, next(self._keys)) for _ in range(n)]
+        replies = await self._call_many([(s, "open", None) for s in sessions], True)
+        failure = next((r for r in replies if isinstance(r, BaseException)), None)
+        for session, reply in zip(sessions, replies, strict=True):
+            if isinstance(reply, dict):
+                session.session_id = reply["data"]["session_id"]
+                self.sessions[session.key] = session
+        if failure is not None:
+            await self.close_sessions([s for s in sessions if s.session_id])
+            raise failure
+        return sessions
+
+    async def close(self) -> None:
+        """Close every session and the connection (their slots are freed)."""
+        if self._closed:
+            return
+        self._closed = True
+        ws = self._ws
+        if ws is None:
+            return
+        try:
+            if self.sessions and self._lost is None:
+                await self.close_sessions(list(self.sessions.values()))
+        except (SessionClosedError, EnvTimeoutError):
+            pass
+        finally:
+            self._ws = None
+            await ws.close()
+            if self._reader is not None:
+                await asyncio.wait([self._reader])
+
+    async def __aenter__(self) -> Self:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- batches ----------------------------------------------------------------
+
+    async def reset(
+        self,
+        sessions: Sequence[MuxSession],
+        *,
+        seed: int | Iterable[int | None] | None = None,
+        episode_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[StepResult[ObsT]]:
+        """Reset every session in one frame; ``seed`` is one per session (or one for all)."""
+        if seed is None or isinstance(seed, int):
+            seeds: list[int | None] = [seed] * len(sessions)
+        else:
+            seeds = list(seed)
+            if len(seeds) != len(sessions):
+                raise ValueError(f"{len(seeds)} seeds for {len(sessions)} sessions")
+        calls: list[tuple[MuxSession, _Kind, dict[str, Any] | None]] = [
+            (s, "reset", self.encode_reset(sd, episode_id, kwargs))
+            for s, sd in zip(sessions, seeds, strict=True)
+        ]
+        replies = await self._call_many(calls, False)
+        return [self.decode_result(r) for r in replies]  # type: ignore[arg-type]
+
+    async def step(
+        self,
+        sessions: Sequence[MuxSession],
+        actions: Sequence[ActT | dict[str, Any]],
+        *,
+        return_exceptions: bool = False,
+    ) -> list[StepResult[ObsT]] | list[StepResult[ObsT] | Exception]:
+        """Step every session with its action in one frame; results in order.
+
+        One session's error is raised once all have answered (the first one,
+        as ``asyncio.gather`` would), or, with ``return_exceptions=True``,
+        returned in its place while the others' results stand.
+        """
+        if len(actions) != len(sessions):
+            raise ValueError(f"{len(actions)} actions for {len(sessions)} sessions")
+        calls: list[tuple[MuxSession, _Kind, dict[str, Any] | None]] = [
+            (s, "step", self.encode_action(a)) for s, a in zip(sessions, actions, strict=True)
+        ]
+        replies = await self._call_many(calls, return_exceptions)
+        results: list[StepResult[ObsT] | Exception] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                results.append(reply)
+                continue
+            try:
+                results.append(self.decode_result(reply))  # type: ignore[arg-type]
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                results.append(exc)
+        return results
+
+    async def close_sessions(self, sessions: Sequence[MuxSession]) -> None:
+        """Close these sessions (their slots are freed); the connection stays open."""
+        live = [s for s in sessions if not s.closed]
+        if live:
+            await self._call_many([(s, "close", None) for s in live], True)
+        for session in live:
+            session.closed = True
+            self.sessions.pop(session.key, None)
+
+    # -- requests ---------------------------------------------------------------
+
+    async def _call_many(
+        self,
+        calls: Sequence[tuple[MuxSession, _Kind, dict[str, Any] | None]],
+        return_exceptions: bool,
+    ) -> list[dict[str, Any] | BaseException]:
+        futures = [self._queue(session, kind, data) for session, kind, data in calls]
+        self._flush_now()
+        try:
+            async with asyncio.timeout(self.message_timeout):
+                await asyncio.wait(futures)
+        except TimeoutError:
+            raise EnvTimeoutError(
+                f"no reply to {len(calls)} requests within {self.message_timeout}s from {self.url}"
+            ) from None
+        replies: list[dict[str, Any] | BaseException] = []
+        for future in futures:
+            exc = future.exception()
+            if exc is not None and not return_exceptions:
+                raise exc
+            replies.append(exc if exc is not None else future.result())
+        return replies
+
+    async def _call(
+        self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        future = self._queue(session, kind, data)
+        if not self._flushing:  # gather the calls other coroutines make this turn
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
+        try:
+            async with asyncio.timeout(self.message_timeout):
+                return await future
+        except TimeoutError:
+            raise EnvTimeoutError(
+                f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
+            ) from None
+
+    def _queue(
+        self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None
+    ) -> asyncio.Future[dict[str, Any]]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if self._lost is not None:
+            future.set_exception(self._lost)
+            return future
+        if session.closed and kind != "close":
+            future.set_exception(SessionClosedError(session.closed_because))
+            return future
+        request_id = next(self._ids)
+        self._waiting[request_id] = (future, session)
+        item: dict[str, Any] = {"session": session.key, "type": kind, "id": request_id}
+        if data is not None:
+            item["data"] = data
+        self._outbox.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+        return future
+
+    def _flush_now(self) -> None:
+        self._flushing = False
+        if not self._outbox or self._ws is None:
+            return
+        frame = "[" + ",".join(self._outbox) + "]"
+        self._outbox = []
+        task = asyncio.get_running_loop().create_task(self._ws.send(frame))
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._lose(exc)
+
+    async def _read(self, ws: ClientConnection) -> None:
+        try:
+            async for frame in ws:
+                for item in orjson.loads(frame):
+                    self._route(item)
+        except ConnectionClosed as exc:
+            self._lose(exc)
+        except Exception as exc:  # a malformed frame: every caller hears of it
+            self._lose(exc)
+        else:
+            self._lose(None)
+
+    def _route(self, item: dict[str, Any]) -> None:
+        key = item.pop("session", None)
+        request_id = item.get("id")
+        waiting = self._waiting.pop(request_id, None) if request_id is not None else None
+        if item.get("type") == "closed":
+            session = self.sessions.pop(key, None) if key is not None else None
+            if session is not None:
+                session.closed = True
+                session.closed_because = item["data"].get("message") or item["data"]["reason"]
+        if waiting is None:
+            return
+        future, _ = waiting
+        if future.done():
+            return
+        if item.get("type") == "error":
+            data = item["data"]
+            code = protocol.ErrorCode(data["code"])
+            details = {k: v for k, v in data.items() if k not in ("code", "message")}
+            future.set_exception(server_error(code, data["message"], details))
+        else:
+            future.set_result(item)
+
+    def _lose(self, exc: BaseException | None) -> None:
+        if isinstance(exc, ConnectionClosed):
+            close = exc.rcvd or exc.sent
+            lost = SessionClosedError(
+                (close.reason or "the connection closed") if close else "the connection dropped",
+                close_code=close.code if close else None,
+            )
+        elif exc is None:
+            lost = SessionClosedError("the connection closed")
+        else:
+            lost = SessionClosedError(f"the connection failed: {exc!r}")
+        if self._lost is None:
+            self._lost = lost
+        waiting, self._waiting = self._waiting, {}
+        for future, _ in waiting.values():
+            if not future.done():
+                future.set_exception(lost)
+        for session in self.sessions.values():
+            session.closed = True
+            session.closed_because = lost.reason
+
+
+class MuxSession:
+    """One session of a ``MuxClient``: the calls of ``EnvClient``, on a shared connection."""
+
+    __slots__ = ("closed", "closed_because", "key", "mux", "session_id")
+
+    def __init__(self, mux: MuxClient[Any, Any, Any], key: protocol_v2.SessionKey) -> None:
+        self.mux = mux
+        self.key = key
+        self.session_id = ""  # the server's id for it (as in its logs), once open
+        self.closed = False
+        self.closed_because = "the session is closed"
+
+    async def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> StepResult[Any]:
+        mux = self.mux
+        reply = await mux._call(self, "reset", mux.encode_reset(seed, episode_id, kwargs))
+        return mux.decode_result(reply)
+
+    async def step(self, action: Action | dict[str, Any]) -> StepResult[Any]:
+        mux = self.mux
+        return mux.decode_result(await mux._call(self, "step", mux.encode_action(action)))
+
+    async def state(self) -> State:
+        return self.mux.decode_state(await self.mux._call(self, "state"))  # type: ignore[no-any-return]
+
+    async def list_tools(self) -> list[ToolInfo]:
+        return self.mux.decode_tools(await self.mux._call(self, "list_tools"))
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | BaseModel | None = None, **kwargs: Any
+    ) -> ToolOutput:
+        data = self.mux.encode_tool_call(name, arguments, kwargs)
+        return self.mux.decode_tool_result(await self.mux._call(self, "call_tool", data))
+
+    async def get_prompt(self, task: TaskSpec | None = None) -> str:
+        data = {"task": task.model_dump(mode="json")} if task is not None else {}
+        return self.mux.decode_prompt(await self.mux._call(self, "get_prompt", data))
+
+    async def close(self) -> None:
+        """Close this session (its slot is freed); the connection stays open."""
+        await self.mux.close_sessions([self])
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<MuxSession {self.key!r} {self.session_id or '(opening)'} {state}>"

@@ -1,0 +1,503 @@
+"""A v2 connection: many sessions on one WebSocket, replies sent as they finish.
+
+The wire is in ``protocol_v2.py``. Here each session of the connection is a
+``Lane``: its ``Session`` (the same one ``/ws`` v1 drives, so deadlines,
+errors, tools and recording behave alike), and the requests waiting their
+turn. A lane with work has one task that serves its requests in order and
+ends when none is left, so an idle session costs no task. Replies go to an
+outbox; one writer task sends whatever the outbox holds as one frame each
+time it wakes, so replies finished at the same moment (a batch of steps back
+from the worker threads together) share a frame, and a slow environment
+holds back only its own reply.
+
+The connection reads no further frame while ``max_requests_in_flight``
+requests are unanswered: a client that floods it waits on TCP, not on the
+server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any
+
+from starlette.types import Receive, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from openenv import protocol, protocol_v2
+from openenv.protocol import CloseCode, ErrorCode, FrameError
+from openenv.protocol_v2 import SessionKey
+from openenv.server.direct import NOTIFY, DirectChannel
+from openenv.server.service import EnvService, SessionRefused
+from openenv.server.sessions import Session, SessionState
+
+__all__ = ["Lane", "MuxConnection"]
+
+logger = logging.getLogger("openenv.server")
+
+_GONE = (WebSocketDisconnect, OSError, RuntimeError)
+
+
+class Lane:
+    """One session of a v2 connection and the requests waiting for it."""
+
+    __slots__ = ("admitted", "connection", "key", "queue", "session", "task")
+
+    def __init__(self, connection: MuxConnection, key: SessionKey) -> None:
+        self.connection = connection
+        self.key = key
+        self.admitted = False  # holds a slot (its environment may still be in the making)
+        self.session: Session | None = None  # None while it opens
+        self.queue: deque[dict[str, Any]] = deque()
+        self.task: asyncio.Task[None] | None = None  # serving the queue, if any
+
+    def stepped(self, reply: str) -> None:
+        self.connection._stepped(self, reply)
+
+
+class MuxConnection:
+    """The I/O of one v2 connection; every session of it is a ``Lane``."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        service: EnvService,
+        receive: Receive,
+        send: Send,
+        channel: DirectChannel | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.websocket = websocket
+        self._service = service
+        self._receive, self._send, self._channel = receive, send, channel
+        settings = service.settings
+        self._max_size = settings.max_message_size
+        self._max_in_flight = settings.max_requests_in_flight
+        self._max_bad = settings.max_bad_frames
+        self.lanes: dict[SessionKey, Lane] = {}
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.sending_since: float | None = None
+        self._clock = loop.time
+        self._outbox: list[str] = []
+        self._outbox_keys: list[SessionKey] = []
+        self._untagged: list[str] = []  # replies about a frame, not a session
+        self._wake: asyncio.Future[None] | None = None  # the writer, waiting
+        self._room: asyncio.Future[None] | None = None  # the reader, waiting for room
+        self._in_flight = 0
+        self._bad_frames = 0
+        self._gone = False  # the peer left, or the connection is ending
+        self._ending: str | None = None  # why every session is being closed
+        self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    # -- the reader ------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._task = asyncio.current_task()
+        self._writer = asyncio.get_running_loop().create_task(self._write())
+        reason = "disconnect"
+        try:
+            while True:
+                if self._in_flight >= self._max_in_flight:
+                    self._room = asyncio.get_running_loop().create_future()
+                    await self._room
+                message = await self._next_message()
+                kind = message["type"]
+                if kind == "websocket.disconnect" or self._ending is not None:
+                    break
+                if kind == NOTIFY:
+                    continue
+                frame = message.get("text")
+                if frame is None:
+                    frame = message.get("bytes") or b""
+                if len(frame) > self._max_size:
+                    logger.warning("v2 frame of %d exceeds %d; closing", len(frame), self._max_size)
+                    reason = "message_too_big"
+                    await self._close_socket(CloseCode.MESSAGE_TOO_BIG)
+                    break
+                if not self._take(frame):
+                    reason = "error"
+                    await self._flush_and_close(CloseCode.POLICY_VIOLATION)
+                    break
+        except _GONE:
+            pass
+        except Exception:
+            reason = "internal_error"
+            logger.exception("internal error on a v2 connection")
+            await self._flush_and_close(CloseCode.INTERNAL_ERROR)
+        finally:
+            # Every session is closed exactly once, even if this task is cancelled
+            # again meanwhile (a stall, a shutdown): abort() makes it quick.
+            ending = asyncio.ensure_future(self._end_all(self._ending or reason))
+            while not ending.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(ending)
+            if self._writer is not None:
+                self._writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._writer
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    async def _next_message(self) -> Any:
+        channel = self._channel
+        if channel is None:
+            return await self._receive()
+        while (message := channel.receive_nowait()) is None:
+            await channel.arrival()
+        return message
+
+    def _take(self, frame: str | bytes) -> bool:
+        """Start every request of a frame; ``False``: too many bad frames in a row."""
+        try:
+            items = protocol_v2.split_frame(frame, self._max_in_flight)
+        except FrameError as exc:
+            return self._refuse_frame(exc)
+        bad = 0
+        for item in items:
+            try:
+                key = protocol_v2.session_key(item)
+            except FrameError as exc:
+                bad += 1
+                self._error_untagged(exc)
+                continue
+            self._start(key, item)
+        if bad and bad == len(items):
+            return self._refuse_frame(None)
+        self._bad_frames = 0
+        return True
+
+    def _refuse_frame(self, exc: FrameError | None) -> bool:
+        self._bad_frames += 1
+        if exc is not None:
+            self._error_untagged(exc)
+        if self._bad_frames < self._max_bad:
+            return True
+        logger.warning("closing a v2 connection after %d bad frames in a row", self._bad_frames)
+        self._untagged.append(
+            protocol.error_frame(
+                ErrorCode.SESSION_ERROR,
+                f"closing the connection after {self._bad_frames} bad frames in a row",
+            )
+        )
+        return False
+
+    def _error_untagged(self, exc: FrameError) -> None:
+        self._service.metrics.errors[exc.code.value] += 1
+        self._untagged.append(
+            protocol.error_frame(exc.code, exc.message, request_id=exc.request_id, **exc.details)
+        )
+        self._wake_writer()
+
+    def _start(self, key: SessionKey, item: dict[str, Any]) -> None:
+        del item["session"]
+        lane = self.lanes.get(key)
+        if item.get("type") == "open":
+            if lane is not None:
+                self._reply(key, _error(ErrorCode.VALIDATION_ERROR, _already_open(key), item))
+                return
+            lane = self.lanes[key] = Lane(self, key)
+        elif lane is None:
+            self._reply(key, _error(ErrorCode.SESSION_ERROR, _not_open(key), item))
+            return
+        self._in_flight += 1
+        if lane.task is None:
+            session = lane.session
+            # A plain step of a plain def goes straight to the worker threads, and
+            # its reply from the callback that brings the result: no task to wake.
+            if session is not None and session.try_step_request(item, lane.stepped):
+                return
+            lane.queue.append(item)
+            lane.task = asyncio.get_running_loop().create_task(self._serve(lane))
+        else:
+            lane.queue.append(item)
+
+    # -- the lanes -------------------------------------------------------------
+
+    async def _serve(self, lane: Lane) -> None:
+        """Serve a lane's requests in order until none is left (or it closes)."""
+        try:
+            while lane.queue:
+                if lane.session is not None and lane.session.busy:
+                    await lane.session.settled()  # a step the fast path started
+                    continue  # the queue may have been dropped meanwhile
+                item = lane.queue.popleft()
+                try:
+                    reply = await self._answer(lane, item)
+                finally:
+                    self._answered()
+                if reply is not None:
+                    self._reply(lane.key, reply)
+                if self.lanes.get(lane.key) is not lane:  # closed: what waits is refused
+                    while lane.queue:
+                        left = lane.queue.popleft()
+                        self._in_flight -= 1
+                        self._reply(
+                            lane.key, _error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left)
+                        )
+        finally:
+            lane.task = None
+
+    def _answered(self) -> None:
+        self._in_flight -= 1
+        room = self._room
+        if room is not None and not room.done() and self._in_flight < self._max_in_flight:
+            room.set_result(None)
+
+    def _stepped(self, lane: Lane, reply: str) -> None:
+        """The reply of a step the fast path started (``Session.try_step_request``)."""
+        self._answered()
+        self._reply(lane.key, reply)
+        session = lane.session
+        if lane.task is not None:
+            return  # it waits for this step to settle, and goes on with the queue
+        if session is not None and session.state is not SessionState.OPEN:
+            lane.task = asyncio.get_running_loop().create_task(self._ended(lane))
+
+    async def _ended(self, lane: Lane) -> None:
+        """A fast-path step ended its session (a fatal error)."""
+        try:
+            await self._end_lane(lane)
+        finally:
+            lane.task = None
+
+    async def _answer(self, lane: Lane, item: dict[str, Any]) -> str | None:
+        kind = item.get("type")
+        request_id = _request_id(item)
+        if kind == "open":
+            return await self._open(lane, request_id)
+        session = lane.session
+        assert session is not None
+        if kind == "close":
+            await self._close_lane(lane, "client_close")
+            return protocol_v2.closed_frame("client_close", request_id=request_id)
+        reply = await session.handle_request(item)
+        if session.state is not SessionState.OPEN:
+            if reply is not None:
+                self._reply(lane.key, reply)
+            await self._end_lane(lane)
+            return None
+        return reply
+
+    async def _end_lane(self, lane: Lane) -> None:
+        """The session ended itself (a fatal error): say so at once, then close it
+        (which may wait for a call still running on a thread)."""
+        session = lane.session
+        assert session is not None
+        if self.lanes.get(lane.key) is lane:
+            del self.lanes[lane.key]  # its name is free from here
+        reason = "error" if session.close_code is not CloseCode.NORMAL else "client_close"
+        self._reply(
+            lane.key,
+            protocol_v2.closed_frame(
+                reason, session.close_code, "the session ended after the error above"
+            ),
+        )
+        await session.aclose(reason)
+
+    async def _open(self, lane: Lane, request_id: protocol.RequestId | None) -> str:
+        service = self._service
+        try:
+            await service.admit(lambda: self._gone)
+            lane.admitted = True
+            session = await service.make_session()
+        except SessionRefused as refused:
+            del self.lanes[lane.key]
+            return protocol.error_frame(
+                refused.code, refused.message, request_id=request_id, **refused.details
+            )
+        lane.session = session
+        if self._gone:  # the connection ended while the environment was made
+            await self._close_lane(lane, self._ending or "disconnect")
+            return protocol_v2.closed_frame("disconnect", request_id=request_id)
+        return protocol_v2.opened_frame(session.id, request_id)
+
+    async def _close_lane(self, lane: Lane, reason: str) -> None:
+        if self.lanes.get(lane.key) is lane:
+            del self.lanes[lane.key]
+        if lane.session is not None:
+            await lane.session.aclose(reason)
+
+    # -- the writer ------------------------------------------------------------
+
+    def _reply(self, key: SessionKey, frame: str) -> None:
+        self._outbox.append(frame)
+        self._outbox_keys.append(key)
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _pending_frame(self) -> str | None:
+        if self._outbox:
+            frame = protocol_v2.batch(self._outbox, self._outbox_keys)
+            self._outbox, self._outbox_keys = [], []
+            if self._untagged:
+                frame = frame[:-1] + "," + ",".join(self._untagged) + "]"
+                self._untagged = []
+            return frame
+        if self._untagged:
+            frame = "[" + ",".join(self._untagged) + "]"
+            self._untagged = []
+            return frame
+        return None
+
+    async def _write(self) -> None:
+        channel = self._channel
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                frame = self._pending_frame()
+                if frame is None:
+                    self._wake = loop.create_future()
+                    await self._wake
+                    continue
+                if channel is not None and channel.send_text(frame):
+                    continue
+                self.sending_since = self._clock()
+                try:
+                    await self._send({"type": "websocket.send", "text": frame})
+                finally:
+                    self.sending_since = None
+        except _GONE:
+            self._gone = True  # run() hears of it from receive, and closes every session
+
+    async def _flush(self) -> None:
+        """Send what the outbox holds (before a close frame), within ``send_timeout``."""
+        frame = self._pending_frame()
+        if frame is None:
+            return
+        async with asyncio.timeout(self._service.settings.send_timeout):
+            await self.websocket.send_text(frame)
+
+    # -- ending ----------------------------------------------------------------
+
+    async def _end_all(self, reason: str) -> None:
+        """Close every session of the connection, each exactly once."""
+        self._gone = True
+        lanes = list(self.lanes.values())
+        for lane in lanes:
+            if lane.session is not None:
+                lane.session.cancel_queued("the connection closed")
+            lane.queue.clear()
+        running = [lane.task for lane in lanes if lane.task is not None]
+        for lane in lanes:
+            if not lane.admitted and lane.task is not None:
+                lane.task.cancel()  # still waiting for a slot: admit() is safe to cancel
+        if running:
+            await asyncio.wait(running)
+        for lane in lanes:
+            await self._close_lane(lane, reason)
+        self.lanes.clear()
+
+    async def expire(self, reason: str) -> None:
+        """End every session (a shutdown): a ``closed`` notice each, then close 1001."""
+        if self._ending is not None:
+            return
+        self._ending = reason
+        message = "server shutting down"
+        for lane in list(self.lanes.values()):
+            if lane.session is not None:
+                lane.session.cancel_queued(message)
+                self._reply(
+                    lane.key, protocol_v2.closed_frame(reason, CloseCode.GOING_AWAY, message)
+                )
+        with contextlib.suppress(*_GONE, TimeoutError):
+            await self._flush_and_close(CloseCode.GOING_AWAY)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
+        return [
+            self._expire_lane(lane)
+            for lane in self.lanes.values()
+            if lane.task is None
+            and lane.session is not None
+            and lane.session.state is SessionState.OPEN
+            and lane.session.last_active < deadline
+        ]
+
+    async def _expire_lane(self, lane: Lane) -> None:
+        session = lane.session
+        if self.lanes.get(lane.key) is not lane or lane.task is not None or session is None:
+            return  # it got work (or closed) since the sweep
+        logger.info("session %s idle over its limit; closing", session.id)
+        await self._close_lane(lane, "idle_timeout")
+        self._reply(
+            lane.key,
+            protocol_v2.closed_frame(
+                "idle_timeout", CloseCode.GOING_AWAY, "session closed after being idle too long"
+            ),
+        )
+
+    def describe(self, task: asyncio.Task[Any]) -> str | None:
+        for lane in list(self.lanes.values()):
+            if lane.task is task and lane.session is not None:
+                return f"session {lane.session.id}"
+        return None
+
+    def abort(self) -> None:
+        """Drop the connection now; ``run``'s ``finally`` frees every slot."""
+        for lane in list(self.lanes.values()):
+            if lane.session is not None:
+                lane.session.abandon()
+            if lane.task is not None:
+                lane.task.cancel()
+        if self._channel is not None:
+            self._channel.abort()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def stall(self) -> None:
+        logger.warning(
+            "a v2 client did not read its replies within %gs; aborting its connection",
+            self._service.settings.send_timeout,
+        )
+        self._gone = True
+        if self._channel is not None:
+            self._channel.abort()
+        if self._writer is not None:
+            self._writer.cancel()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _flush_and_close(self, code: CloseCode) -> None:
+        if self.websocket.application_state is WebSocketState.DISCONNECTED:
+            return
+        writer = self._writer
+        if writer is not None and writer is not asyncio.current_task():
+            writer.cancel()  # one sender at a time: what it had not sent goes below
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        try:
+            await self._flush()
+            await self._close_socket(code)
+        except (*_GONE, TimeoutError):
+            pass
+
+    async def _close_socket(self, code: CloseCode) -> None:
+        with contextlib.suppress(*_GONE, TimeoutError):
+            async with asyncio.timeout(self._service.settings.send_timeout):
+                await self.websocket.close(code)
+
+
+def _request_id(item: dict[str, Any]) -> protocol.RequestId | None:
+    request_id = item.get("id")
+    return request_id if type(request_id) in (int, str) else None
+
+
+def _error(code: ErrorCode, message: str, item: dict[str, Any]) -> str:
+    return protocol.error_frame(code, message, request_id=_request_id(item))
+
+
+def _already_open(key: SessionKey) -> str:
+    return f"session {key!r} is already open on this connection; close it or use another name"
+
+
+def _not_open(key: SessionKey) -> str:
+    return f"no open session {key!r} on this connection; send an 'open' request for it first"

@@ -1,0 +1,130 @@
+"""RemoteVectorEnv against a real server: the same episodes as an in-process SyncVectorEnv."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from servers import slots_free
+
+from openenv import ConcurrencyConfig, EnvValidationError
+from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
+from openenv.testing import run_server
+
+NUM_ENVS = 8
+
+
+@pytest.fixture(scope="module")
+def cartpole_url() -> Iterator[str]:
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=64))
+    with run_server(app) as url:
+        yield url
+
+
+def train(envs: gymnasium.vector.VectorEnv[Any, Any, Any], steps: int) -> dict[str, Any]:
+    """A CartPole loop written for ``SyncVectorEnv``: a linear policy, improved by
+    hill climbing on episode returns, with next-step autoreset masking as
+    Gymnasium's documentation shows it."""
+    rng = np.random.default_rng(0)
+    weights = np.zeros(4)
+    best = -np.inf
+    observations, _ = envs.reset(seed=123)
+    returns = np.zeros(envs.num_envs)
+    finished: list[float] = []
+    trace = []
+    autoreset = np.zeros(envs.num_envs, dtype=bool)
+    candidate = weights + rng.normal(0, 0.5, 4)
+    for _ in range(steps):
+        greedy = (observations @ candidate > 0).astype(np.int64)
+        explore = rng.random(envs.num_envs) < 0.3
+        actions = np.where(explore, rng.integers(0, 2, envs.num_envs), greedy)
+        observations, rewards, terminations, truncations, _ = envs.step(actions)
+        trace.append((observations.copy(), rewards.copy(), terminations.copy()))
+        returns += np.where(autoreset, 0.0, rewards)
+        done = np.logical_or(terminations, truncations) & ~autoreset
+        for i in np.flatnonzero(done):
+            finished.append(float(returns[i]))
+            returns[i] = 0.0
+            if finished[-1] > best:
+                best, weights = finished[-1], candidate
+            candidate = weights + rng.normal(0, 0.5, 4)
+        autoreset = np.logical_or(terminations, truncations)
+    return {"trace": trace, "finished": finished, "best": best}
+
+
+def test_a_training_loop_for_sync_vector_env_runs_unchanged(cartpole_url: str) -> None:
+    local = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * NUM_ENVS)
+    remote = RemoteVectorEnv(cartpole_url, num_envs=NUM_ENVS)
+    try:
+        assert remote.single_observation_space == local.single_observation_space
+        assert remote.single_action_space == local.single_action_space
+        assert remote.action_space == local.action_space
+        expected, got = train(local, 300), train(remote, 300)
+    finally:
+        local.close()
+        remote.close()
+    assert got["finished"] == expected["finished"]
+    assert len(got["finished"]) > NUM_ENVS  # autoreset happened, many times
+    assert got["best"] > 20  # and the loop kept a policy that balances a while
+    for (obs_l, rew_l, term_l), (obs_r, rew_r, term_r) in zip(
+        expected["trace"], got["trace"], strict=True
+    ):
+        np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
+        np.testing.assert_array_equal(rew_r, rew_l)
+        np.testing.assert_array_equal(term_r, term_l)
+        assert (
+            remote.observation_space.contains(obs_r.astype(np.float32)) or np.isfinite(obs_r).all()
+        )
+
+
+def test_same_step_autoreset_gives_the_final_observation_in_infos(cartpole_url: str) -> None:
+    mode = AutoresetMode.SAME_STEP
+    local = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4, autoreset_mode=mode)
+    remote = RemoteVectorEnv(cartpole_url, num_envs=4, autoreset_mode=mode)
+    try:
+        obs_l, _ = local.reset(seed=7)
+        obs_r, _ = remote.reset(seed=7)
+        np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
+        finals = 0
+        for step in range(120):
+            actions = np.full(4, step % 2)
+            obs_l, _rew_l, term_l, _trunc_l, info_l = local.step(actions)
+            obs_r, _rew_r, term_r, _trunc_r, info_r = remote.step(actions)
+            np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
+            np.testing.assert_array_equal(term_r, term_l)
+            assert ("final_obs" in info_r) == ("final_obs" in info_l)
+            if "final_obs" in info_l:
+                finals += 1
+                np.testing.assert_array_equal(info_r["_final_obs"], info_l["_final_obs"])
+                for i in np.flatnonzero(info_l["_final_obs"]):
+                    np.testing.assert_allclose(
+                        info_r["final_obs"][i], info_l["final_obs"][i], rtol=1e-6
+                    )
+        assert finals > 0
+    finally:
+        local.close()
+        remote.close()
+
+
+async def test_bad_actions_are_refused_and_closing_frees_every_slot(cartpole_url: str) -> None:
+    remote = RemoteVectorEnv(cartpole_url, num_envs=NUM_ENVS)
+    try:
+        remote.reset(seed=1)
+        with pytest.raises(EnvValidationError):
+            remote.step(np.full(NUM_ENVS, 5))  # not in Discrete(2)
+        observations, *_ = remote.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        assert observations.shape == (NUM_ENVS, 4)
+    finally:
+        remote.close()
+    await slots_free(cartpole_url)
+
+
+def test_a_server_without_gymnasium_spaces_is_named(echo_url: str) -> None:
+    from openenv import ConnectionFailedError
+
+    with pytest.raises(ConnectionFailedError, match="create_gymnasium_app"):
+        RemoteVectorEnv(echo_url, num_envs=2)

@@ -1,0 +1,408 @@
+"""Protocol v2 on a real server: many sessions per connection, batches, isolation, slots."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import threading
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, health, slots_free
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    DeadlineError,
+    EnvExecutionError,
+    EnvValidationError,
+    MuxClient,
+    SessionClosedError,
+    StepResult,
+    WebSocketEnvClient,
+    create_app,
+)
+from openenv.client import ws_url
+from openenv.protocol_v2 import SUBPROTOCOL
+from openenv.testing import run_server
+
+
+def ping_app(tracker: Tracker, max_envs: int = 8, **kwargs: Any) -> Any:
+    gate = kwargs.pop("gate", None)
+    env_cls = kwargs.pop("env_cls", PingEnvironment)
+    concurrency = ConcurrencyConfig(
+        max_concurrent_envs=max_envs,
+        session_timeout=kwargs.pop("session_timeout", None),
+    )
+    return create_app(functools.partial(env_cls, tracker, gate), Ping, Pong, concurrency, **kwargs)
+
+
+def mux(url: str, **options: Any) -> MuxClient[Ping, Pong, Any]:
+    return MuxClient(url, action_cls=Ping, observation_cls=Pong, **options)
+
+
+async def raw_v2(url: str) -> ClientConnection:
+    return await connect(ws_url(url), subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
+
+
+async def send(ws: ClientConnection, items: Any) -> None:
+    await ws.send(items if isinstance(items, str) else orjson.dumps(items).decode())
+
+
+async def replies(ws: ClientConnection, count: int) -> list[dict[str, Any]]:
+    """The next ``count`` replies, however the server split them into frames."""
+    got: list[dict[str, Any]] = []
+    while len(got) < count:
+        frame = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert isinstance(frame, list), frame
+        got.extend(frame)
+    assert len(got) == count, got
+    return got
+
+
+@pytest.mark.parametrize("ws", ["openenv", "websockets-sansio"])
+async def test_v1_and_v2_clients_side_by_side(ws: str) -> None:
+    tracker = Tracker()
+    config = {} if ws == "openenv" else {"ws": ws}
+    with run_server(ping_app(tracker, max_envs=6), **config) as url:
+        async with (
+            WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as v1,
+            mux(url) as v2,
+        ):
+            sessions = await v2.open(4)
+            await v1.reset(seed=1)
+            first = await v2.reset(sessions, seed=range(4))
+            assert [r.observation.message for r in first] == [f"reset:{i}" for i in range(4)]
+            assert (await health(url))["active_sessions"] == 5  # the cap counts sessions
+            for _ in range(3):
+                one = await v1.step(Ping(message="v1"))
+                many = await v2.step(sessions, [Ping(message=f"s{i}") for i in range(4)])
+            assert one.observation.count == 3
+            assert [(r.observation.message, r.observation.count) for r in many] == [
+                (f"s{i}", 3) for i in range(4)
+            ]
+            # A v1 connection still gets v1 frames: one object per reply, no session.
+            async with connect(ws_url(url)) as raw:
+                await raw.send('{"type":"reset","data":{"seed":3},"id":"r"}')
+                reply = orjson.loads(await raw.recv())
+            assert reply == {
+                "type": "observation",
+                "data": {
+                    "observation": {"message": "reset:3", "count": 0},
+                    "reward": None,
+                    "done": False,
+                },
+                "id": "r",
+            }
+        await slots_free(url)
+        assert sorted(tracker.closed) == sorted(tracker.created)
+
+
+async def test_thousand_sessions_over_four_connections() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=1000)) as url:
+        clients = [mux(url) for _ in range(4)]
+        try:
+            groups = await asyncio.gather(*(c.open(250) for c in clients))
+            assert (await health(url))["active_sessions"] == 1000
+            with pytest.raises(CapacityError):
+                await clients[0].open(1)  # the 1,001st session, not the 5th connection
+            for client, group in zip(clients, groups, strict=True):
+                await client.reset(group, seed=range(250))
+
+            async def play(client: MuxClient[Ping, Pong, Any], group: list[Any], c: int) -> None:
+                for n in range(1, 4):
+                    results = await client.step(
+                        group, [Ping(message=f"{c}-{i}") for i in range(250)]
+                    )
+                    assert [(r.observation.message, r.observation.count) for r in results] == [
+                        (f"{c}-{i}", n) for i in range(250)
+                    ]
+
+            await asyncio.gather(
+                *(play(c, g, i) for i, (c, g) in enumerate(zip(clients, groups, strict=False)))
+            )
+            # Single-session calls from many coroutines at once share the connection.
+            singles = await asyncio.gather(*(s.step(Ping(message="one")) for s in groups[0]))
+            assert {r.observation.count for r in singles} == {4}
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+        await slots_free(url)
+        assert len(tracker.created) == 1000
+        await tracker.until_closed(1000)
+
+
+@pytest.mark.parametrize("env_cls", [PingEnvironment, AsyncPingEnvironment])
+async def test_one_sessions_errors_touch_no_other(env_cls: type[PingEnvironment]) -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, env_cls=env_cls)) as url:
+        async with mux(url) as client:
+            sessions = await client.open(4)
+            await client.reset(sessions)
+            actions: list[Any] = [
+                Ping(message="a"),
+                Ping(fail=True),
+                {"bogus": 1},
+                Ping(message="d"),
+            ]
+            results = await client.step(sessions, actions, return_exceptions=True)
+            assert isinstance(results[0], StepResult)
+            assert results[0].observation.count == 1
+            assert isinstance(results[1], EnvExecutionError)
+            assert isinstance(results[2], EnvValidationError)
+            assert isinstance(results[3], StepResult)
+            assert results[3].observation.count == 1
+            with pytest.raises(EnvExecutionError):  # without return_exceptions: raised
+                await client.step(sessions, [Ping(), Ping(fail=True), Ping(), Ping()])
+            again = await client.step(sessions, [Ping(message=str(i)) for i in range(4)])
+            assert [r.observation.count for r in again] == [3, 1, 2, 3]
+            assert (await health(url))["active_sessions"] == 4
+
+
+async def test_a_fatal_error_closes_only_its_session() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    app = ping_app(tracker, gate=gate, step_timeout=0.2)
+    with run_server(app) as url:
+        async with mux(url) as client:
+            sessions = await client.open(3)
+            await client.reset(sessions)
+            results = await client.step(
+                sessions, [Ping(), Ping(block=True), Ping()], return_exceptions=True
+            )
+            assert isinstance(results[1], DeadlineError)
+            assert "session is closed" in str(results[1])
+            assert sessions[1].closed
+            assert not sessions[0].closed
+            with pytest.raises(SessionClosedError):
+                await sessions[1].step(Ping())
+            assert (await sessions[0].step(Ping())).observation.count == 2
+            # The overrunning call still holds its slot and environment...
+            assert (await health(url))["active_sessions"] == 3
+            gate.set()
+            await tracker.until_closed(1)  # ...until its thread returns
+            assert (await health(url))["active_sessions"] == 2
+            assert (await sessions[2].step(Ping())).observation.count == 2
+
+
+async def test_a_slow_session_delays_only_its_own_reply() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    with run_server(ping_app(tracker, gate=gate)) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": k, "type": "open", "id": k} for k in ("slow", "a", "b")])
+            assert {r["type"] for r in await replies(ws, 3)} == {"opened"}
+            await send(
+                ws,
+                [
+                    {"session": "slow", "type": "step", "data": {"block": True}, "id": 1},
+                    {"session": "a", "type": "step", "data": {"message": "x"}, "id": 2},
+                    {"session": "b", "type": "step", "data": {"message": "y"}, "id": 3},
+                ],
+            )
+            quick = await replies(ws, 2)
+            assert sorted((r["session"], r["id"]) for r in quick) == [("a", 2), ("b", 3)]
+            gate.set()
+            (late,) = await replies(ws, 1)
+            assert (late["session"], late["id"], late["type"]) == ("slow", 1, "observation")
+        finally:
+            await ws.close()
+        await slots_free(url)
+
+
+async def test_requests_of_one_session_run_in_order() -> None:
+    with run_server(ping_app(Tracker())) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, {"session": 0, "type": "open"})
+            await replies(ws, 1)
+            await send(
+                ws,
+                [{"session": 0, "type": "step", "data": {"message": m}, "id": m} for m in "abc"]
+                + [{"session": 0, "type": "state", "id": "s"}],
+            )
+            got = await replies(ws, 4)
+            assert [r["id"] for r in got] == ["a", "b", "c", "s"]
+            assert [r["data"]["observation"]["count"] for r in got[:3]] == [1, 2, 3]
+            assert got[3]["data"]["last"] == "c"
+        finally:
+            await ws.close()
+
+
+async def test_bad_requests_get_precise_errors_and_the_rest_goes_on() -> None:
+    with run_server(ping_app(Tracker(), max_envs=2)) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, "not json")
+            (bad,) = await replies(ws, 1)
+            assert bad["data"]["code"] == "INVALID_JSON"
+            assert "session" not in bad
+            await send(ws, '{"a": 1}')
+            (bad,) = await replies(ws, 1)
+            assert bad["data"]["code"] == "VALIDATION_ERROR"
+            assert "'session'" in bad["data"]["message"]
+            await send(ws, [{"session": 0, "type": "open", "id": 1}])
+            assert (await replies(ws, 1))[0]["type"] == "opened"
+            await send(
+                ws,
+                [
+                    {"session": 0, "type": "open", "id": 2},  # already open
+                    {"session": 7, "type": "step", "data": {}, "id": 3},  # never opened
+                    {"session": 0, "type": "jump", "id": 4},
+                    {"session": 0, "type": "step", "data": {"message": 5}, "id": 5},
+                    {"session": 0, "type": "step", "data": {"message": "ok"}, "id": 6},
+                ],
+            )
+            got = {r["id"]: r for r in await replies(ws, 5)}
+            assert got[2]["data"]["code"] == "VALIDATION_ERROR"
+            assert "already open" in got[2]["data"]["message"]
+            assert got[3]["data"]["code"] == "SESSION_ERROR"
+            assert got[3]["session"] == 7
+            assert got[4]["data"]["code"] == "UNKNOWN_TYPE"
+            assert got[5]["data"]["code"] == "VALIDATION_ERROR"
+            assert got[6]["data"]["observation"]["message"] == "ok"
+            # Opening past the cap refuses that session alone.
+            await send(ws, [{"session": s, "type": "open", "id": s} for s in (1, 2)])
+            opened = {r["id"]: r for r in await replies(ws, 2)}
+            assert opened[1]["type"] == "opened"
+            assert opened[2]["data"]["code"] == "CAPACITY_REACHED"
+            # The name of a closed session is free again.
+            await send(ws, [{"session": 1, "type": "close", "id": 9}])
+            assert (await replies(ws, 1))[0]["type"] == "closed"
+            await send(ws, [{"session": 1, "type": "open", "id": 10}])
+            assert (await replies(ws, 1))[0]["type"] == "opened"
+        finally:
+            await ws.close()
+        await slots_free(url)
+
+
+async def test_too_many_bad_frames_close_the_connection_and_free_its_slots() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_bad_frames=3)) as url:
+        ws = await raw_v2(url)
+        await send(ws, [{"session": i, "type": "open"} for i in range(2)])
+        await replies(ws, 2)
+        for _ in range(3):
+            await send(ws, "[1, 2")
+
+        async def drain() -> None:
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+
+        with pytest.raises(ConnectionClosed) as closed:
+            await drain()
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1008
+        await slots_free(url)
+        await tracker.until_closed(2)
+
+
+async def test_dropping_a_connection_frees_every_slot_it_held() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    with run_server(ping_app(tracker, max_envs=60, gate=gate)) as url:
+        ws = await raw_v2(url)
+        await send(ws, [{"session": i, "type": "open"} for i in range(50)])
+        await replies(ws, 50)
+        # One step runs on a thread, others wait their turn behind it, an open waits too.
+        await send(
+            ws,
+            [{"session": 0, "type": "step", "data": {"block": True}}]
+            + [{"session": 0, "type": "step", "data": {}} for _ in range(5)]
+            + [{"session": i, "type": "step", "data": {}} for i in range(1, 50)],
+        )
+        await replies(ws, 49)
+        ws.transport.abort()  # vanish: no close frame
+        assert (await health(url))["active_sessions"] == 50  # the blocked step holds its env
+        gate.set()
+        await slots_free(url)
+        await tracker.until_closed(50)
+        assert sorted(tracker.closed) == sorted(tracker.created)
+
+
+async def test_idle_sessions_time_out_one_by_one() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, session_timeout=0.3)) as url:
+        async with mux(url) as client:
+            busy, idle = await client.open(2)
+            await client.reset([busy, idle])
+            while not idle.closed:  # the busy one keeps stepping until the idle one is closed
+                await busy.step(Ping())
+            assert "idle" in idle.closed_because
+            with pytest.raises(SessionClosedError):
+                await idle.step(Ping())
+            assert (await busy.step(Ping())).observation.count > 1
+        await slots_free(url)
+
+
+async def test_a_shutdown_closes_every_session_of_every_connection() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker)) as url:
+        client = mux(url)
+        sessions = await client.open(5)
+        await client.reset(sessions)
+    # The server is gone: every session heard of it, every environment is closed.
+    await tracker.until_closed(5)
+    with pytest.raises(SessionClosedError):
+        await sessions[0].step(Ping())
+    await client.close()
+
+
+async def test_fuzzed_frames_never_crash_the_server_or_leak_a_slot() -> None:
+    tracker = Tracker()
+    rng = random.Random(21)
+    keys: list[Any] = [0, 1, 2, "a", -1, 2**53, None, True, 1.5, [], "x" * 300]
+    kinds: list[Any] = ["open", "close", "reset", "step", "state", "list_tools", "jump", None, 3]
+    datas: list[Any] = [
+        {},
+        {"message": "m"},
+        {"fail": True},
+        {"seed": "x"},
+        [],
+        None,
+        "s",
+        {"x": [1]},
+    ]
+
+    def item() -> Any:
+        if rng.random() < 0.05:
+            return rng.choice([1, "s", None, [], True])
+        out: dict[str, Any] = {}
+        for field, values in (("session", keys), ("type", kinds), ("data", datas)):
+            if rng.random() < 0.9:
+                out[field] = rng.choice(values)
+        if rng.random() < 0.5:
+            out["id"] = rng.choice([1, "i", None, [], 2.5])
+        if rng.random() < 0.05:
+            out["extra"] = 1
+        return out
+
+    def frame() -> str:
+        roll = rng.random()
+        if roll < 0.05:
+            return rng.choice(["", "[", "{}", "null", "[[[]]]", '"x"', "\x00"])
+        if roll < 0.1:
+            return orjson.dumps(item()).decode()
+        return orjson.dumps([item() for _ in range(rng.randint(0, 12))]).decode()
+
+    with run_server(ping_app(tracker, max_envs=4, max_bad_frames=1000)) as url:
+        for _ in range(3):
+            ws = await raw_v2(url)
+            for _ in range(1000):
+                await ws.send(frame())
+            # Still serving: a session opened now steps.
+            await send(ws, [{"session": "probe", "type": "close"}])
+            await send(ws, [{"session": "probe", "type": "open", "id": "p"}])
+            while True:
+                got = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+                assert isinstance(got, list)
+                if any(r.get("id") == "p" for r in got):
+                    break
+            await ws.close()
+            await slots_free(url)
+        assert sorted(tracker.closed) == sorted(tracker.created)
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/health")).json()["status"] == "healthy"
