@@ -2,7 +2,7 @@
 
 from openenv.client._base import AnyObservation, http_url, ws_url
 from openenv.client.async_ import EnvClient, WebSocketEnvClient
-from openenv.client.mux import MuxClient, MuxSession
+from openenv.client.mux import MuxClient, MuxSession, V2Unsupported
 from openenv.client.pool import ServerPool
 from openenv.client.remote import Environments, EnvSession, OpenEnvClient, RemoteEnv
 from openenv.client.remote_sync import (
@@ -30,6 +30,7 @@ __all__ = [
     "SyncOpenEnvClient",
     "SyncRemoteEnv",
     "TRLEnv",
+    "V2Unsupported",
     "WebSocketEnvClient",
     "http_url",
     "ws_url",

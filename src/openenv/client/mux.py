@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -31,9 +32,13 @@ from openenv.types import Action, Observation, State, StepResult
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
-__all__ = ["MuxClient", "MuxSession"]
+__all__ = ["MuxClient", "MuxSession", "V2Unsupported"]
 
 _Kind = Literal["open", "close", "reset", "step", "state", "list_tools", "call_tool", "get_prompt"]
+
+
+class V2Unsupported(ConnectionFailedError):
+    """The server answered, but only with protocol v1 (one session per connection)."""
 
 
 class MuxClient(ClientCore[ActT, ObsT, StateT]):
@@ -116,6 +121,11 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
 
     # -- connection -------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Closed, or lost (the connection dropped): no session of it can be used."""
+        return self._closed or self._lost is not None
+
     async def connect(self) -> Self:
         """Open the connection (no session yet: ``open`` makes them)."""
         if self._ws is not None:
@@ -125,7 +135,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         ws = await open_socket(self.url, self.connect_timeout, self._options)
         if ws.subprotocol != protocol_v2.SUBPROTOCOL:
             await ws.close()
-            raise ConnectionFailedError(
+            raise V2Unsupported(
                 self.url, "the server does not speak openenv's protocol v2 (many sessions)"
             )
         self._ws = ws
@@ -254,7 +264,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         return_exceptions: bool,
     ) -> list[dict[str, Any] | BaseException]:
         futures = [self._queue(session, kind, data) for session, kind, data in calls]
-        self._flush_now()
+        self._flush_soon()
         try:
             async with asyncio.timeout(self.message_timeout):
                 await asyncio.wait(futures)
@@ -274,16 +284,24 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         future = self._queue(session, kind, data)
-        if not self._flushing:  # gather the calls other coroutines make this turn
-            self._flushing = True
-            asyncio.get_running_loop().call_soon(self._flush_now)
+        self._flush_soon()
+        started = time.time()
         try:
             async with asyncio.timeout(self.message_timeout):
-                return await future
+                reply = await future
         except TimeoutError:
             raise EnvTimeoutError(
                 f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
             ) from None
+        if session.on_exchange is not None:  # recorded as the v1 frames they stand for
+            frame = protocol.request_frame(kind, data)  # type: ignore[arg-type]
+            session.on_exchange(frame, orjson.dumps(reply).decode(), started)
+        return reply
+
+    def _flush_soon(self) -> None:
+        if not self._flushing:  # gather the calls other coroutines make this turn
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
 
     def _queue(
         self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None
@@ -375,7 +393,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
 class MuxSession:
     """One session of a ``MuxClient``: the calls of ``EnvClient``, on a shared connection."""
 
-    __slots__ = ("closed", "closed_because", "key", "mux", "session_id")
+    __slots__ = ("closed", "closed_because", "key", "mux", "on_exchange", "session_id")
 
     def __init__(self, mux: MuxClient[Any, Any, Any], key: protocol_v2.SessionKey) -> None:
         self.mux = mux
@@ -383,6 +401,20 @@ class MuxSession:
         self.session_id = ""  # the server's id for it (as in its logs), once open
         self.closed = False
         self.closed_because = "the session is closed"
+        # Told of every exchange, as v1 frames: (request, reply, time.time() sent).
+        self.on_exchange: Callable[[str, str | bytes, float], None] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.mux.url
+
+    @property
+    def action_cls(self) -> type[Action]:
+        return self.mux.action_cls
+
+    async def connect(self) -> MuxSession:
+        """Open already (``MuxClient.open`` opened it); here for the clients' common shape."""
+        return self
 
     async def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any

@@ -78,6 +78,7 @@ class BatchSettings:
     retry_backoff: float = 0.1
     sequence_dependent: bool = False
     record: str | None = None
+    multiplex: bool = True
 
     @classmethod
     def from_config(cls, config: RunConfig) -> BatchSettings:
@@ -88,6 +89,7 @@ class BatchSettings:
             retry_backoff=config.retry_backoff,
             sequence_dependent=config.sequence_dependent,
             record=config.record,
+            multiplex=config.multiplex,
         )
 
 

@@ -55,6 +55,11 @@ class RunConfig(BaseModel):
         record: A folder to record every episode into, step by step, as JSON
             Lines (one file per process; see ``openenv.runtime.recording``);
             ``openenv.trajectories.load(folder)`` reads it back.
+        multiplex: Drive served environments over a few shared connections
+            (openenv's protocol v2: many sessions per connection, their
+            requests gathered into frames) when the server speaks it, else
+            one connection per session as before; ``False``: always one per
+            session.
         engine_options: Engine-specific settings: Ray ``.options()`` (e.g.
             ``num_cpus``, ``resources``) or Spark configuration entries.
     """
@@ -73,6 +78,7 @@ class RunConfig(BaseModel):
     progress: bool | None = None
     engine_options: dict[str, Any] = Field(default_factory=dict)
     record: str | None = None
+    multiplex: bool = True
 
     @field_validator("engine_name", mode="before")
     @classmethod

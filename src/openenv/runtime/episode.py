@@ -39,7 +39,7 @@ async def run_batch(
     items: Sequence[tuple[int, Task]], settings: BatchSettings, on_result: ResultCallback
 ) -> None:
     """Run ``(index, task)`` pairs; report each result as ``on_result(index, result)``."""
-    pool = ClientPool(settings.max_concurrency)
+    pool = ClientPool(settings.max_concurrency, multiplex=settings.multiplex)
     try:
         if settings.sequence_dependent:
             previous: TaskResult | None = None

@@ -14,13 +14,13 @@ from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from openenv.client import ServerPool, WebSocketEnvClient
+from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
 from openenv.types import Action
 
-__all__ = ["ClientPool"]
+__all__ = ["ClientPool", "Multiplexer"]
 
 _CLOSE_TIMEOUT = 5.0
 
@@ -28,8 +28,11 @@ _CLOSE_TIMEOUT = 5.0
 class ClientPool:
     """Sessions for the tasks of one batch, reused across episodes; close with ``aclose``."""
 
-    def __init__(self, max_idle: int) -> None:
+    def __init__(self, max_idle: int, *, multiplex: bool = True) -> None:
         self.max_idle = max_idle
+        self.multiplex = multiplex
+        # One per server: its sessions share a few connections (protocol v2).
+        self._muxes: dict[str, Multiplexer] = {}
         self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
         self._executor: ThreadPoolExecutor | None = None
         self._threads: ThreadPoolExecutor | None = None
@@ -48,6 +51,14 @@ class ClientPool:
         idle = self._idle.get(_key(task))
         if idle and not fresh:
             return idle.pop(), True
+        if self.multiplex and isinstance(task.env, str) and task.client_cls is None:
+            mux = self._muxes.get(task.env)
+            if mux is None:
+                mux = self._muxes[task.env] = Multiplexer(task.env)
+            session = await mux.open()
+            if session is not None:
+                return session, False
+            # else: the server speaks only v1
         client = self._new(task)
         try:
             await client.connect()
@@ -70,6 +81,8 @@ class ClientPool:
         clients = [c for idle in self._idle.values() for c in idle]
         self._idle.clear()
         await asyncio.gather(*(_close(c) for c in clients))
+        muxes, self._muxes = list(self._muxes.values()), {}
+        await asyncio.gather(*(m.aclose() for m in muxes))
         if self._executor is not None:
             # A `def` environment method stuck past its task's timeout keeps its
             # thread; the run does not wait for it.
@@ -89,6 +102,57 @@ class ClientPool:
                 max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
             )
         return InProcessClient(task.env, self._executor)
+
+
+class Multiplexer:
+    """The sessions of one server over a few shared v2 connections.
+
+    Each connection carries up to ``per_connection`` sessions; their requests,
+    made by many episodes at once, share frames. A server that speaks only v1
+    is remembered, and its sessions get a connection each.
+    """
+
+    def __init__(self, url: str, per_connection: int = 256) -> None:
+        self.url = url
+        self.per_connection = per_connection
+        self.v1_only = False
+        self._clients: list[MuxClient[Any, Any, Any]] = []
+        self._connecting: asyncio.Lock = asyncio.Lock()
+
+    async def open(self) -> MuxSession | None:
+        """A new session (``None``: the server speaks only v1; use a client of its own)."""
+        if self.v1_only:
+            return None
+        client = await self._client()
+        if client is None:
+            return None
+        (session,) = await client.open(1)
+        return session
+
+    async def _client(self) -> MuxClient[Any, Any, Any] | None:
+        self._clients = [c for c in self._clients if not c.closed]
+        for client in self._clients:
+            if len(client.sessions) < self.per_connection:
+                return client
+        async with self._connecting:
+            # Another episode may have connected while this one waited.
+            for client in self._clients:
+                if not client.closed and len(client.sessions) < self.per_connection:
+                    return client
+            if self.v1_only:
+                return None
+            client = MuxClient(self.url)
+            try:
+                await client.connect()
+            except V2Unsupported:
+                self.v1_only = True
+                return None
+            self._clients.append(client)
+            return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, []
+        await asyncio.gather(*(_close(c) for c in clients))
 
 
 class NoEnvironment:
@@ -124,7 +188,7 @@ def _key(task: Task) -> Hashable:
     return (env, task.client_cls)
 
 
-async def _close(client: SessionClient) -> None:
+async def _close(client: SessionClient | MuxClient[Any, Any, Any]) -> None:
     # A failed session may be half-dead; closing it must neither raise nor hang.
     with contextlib.suppress(Exception):
         async with asyncio.timeout(_CLOSE_TIMEOUT):

@@ -25,8 +25,10 @@ __all__ = ["EpisodeSession", "SessionClient", "fetch_schema"]
 class SessionClient(Protocol):
     """What an episode needs of a client: a remote ``EnvClient`` or an in-process one."""
 
-    url: str
-    action_cls: type[Action]
+    @property
+    def url(self) -> str: ...
+    @property
+    def action_cls(self) -> type[Action]: ...
 
     async def connect(self) -> Any: ...
     async def reset(

@@ -93,7 +93,9 @@ class EpisodeWorker:
     @property
     def pool(self) -> ClientPool:
         if self._pool is None:
-            self._pool = ClientPool(self.settings.max_concurrency)
+            self._pool = ClientPool(
+                self.settings.max_concurrency, multiplex=self.settings.multiplex
+            )
         return self._pool
 
     @property

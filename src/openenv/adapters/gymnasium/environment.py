@@ -272,9 +272,13 @@ def _derive(env: gymnasium.Env[Any, Any]) -> GymnasiumModels:
         r"\W", "", env.spec.name if env.spec is not None else type(env.unwrapped).__name__
     )
     action_space, observation_space = env.action_space, env.observation_space
-    check = AfterValidator(functools.partial(_check_action, action_space))
     action_value = annotation(action_space, enforce=True, name=f"{name}ActionValue")
-    action_type: Any = Annotated[action_value, check]
+    action_type: Any = action_value
+    if not isinstance(action_space, gymnasium.spaces.Discrete):
+        # A Discrete's bounds in the schema are the whole space; others (a Box's
+        # per-element bounds, a Dict's keys) are checked against the space too.
+        check = AfterValidator(functools.partial(_check_action, action_space))
+        action_type = Annotated[action_value, check]
     action_cls = create_model(
         f"{name}Action",
         __base__=GymnasiumAction,

@@ -1,0 +1,286 @@
+"""Protocol v2 against v1, and RemoteVectorEnv against an in-process SyncVectorEnv.
+
+Servers run pinned to core 0, load to core 1 (as in ``run.py``), alternating
+v1 and v2 on the same server process for several rounds, so the machine's
+changing speed meets both alike:
+
+* **echo**: 512 sessions of ``envs/echo_env`` (``openenv serve``). v1: one
+  session per connection, driven by ``openenv bench`` (picows). v2: 8
+  connections of 64 sessions, each sending a frame of 64 steps and waiting for
+  their 64 replies. Reported: steps per second and per server CPU-second.
+* **CartPole-v1** through the Gymnasium adapter, 64 environments:
+  ``RemoteVectorEnv`` (server on core 0) against ``SyncVectorEnv`` in process
+  (on core 1), the same random actions.
+* **scale**: 16,384 sessions held open, over 16 v2 connections and over 16,384
+  v1 connections: server memory per session, and the p99 of a step's latency
+  (v2: a batch's round trip) while every session steps.
+
+    python benchmarks/multiplex.py                # what `make bench-multiplex` runs
+    python benchmarks/multiplex.py --rounds 1 --duration 2 --skip-scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from run import OPENENV_WS, PY, ROOT, Running, Sampler, Server, measured, uvicorn  # noqa: E402
+
+ECHO_STEP = {"message": "hello"}
+
+
+# -- the v2 load generator (runs as its own process on core 1) ----------------------
+
+
+async def v2_load(
+    url: str, connections: int, per_connection: int, duration: float
+) -> dict[str, Any]:
+    """Closed loop: each connection sends one frame stepping all its sessions, waits
+    for every reply, and again. Latency is a frame's round trip."""
+    from websockets.asyncio.client import connect
+
+    from openenv.protocol_v2 import SUBPROTOCOL
+
+    ws_url = url.replace("http://", "ws://") + "/ws"
+    sockets = [
+        await connect(ws_url, subprotocols=[SUBPROTOCOL], compression=None, max_size=2**26)  # type: ignore[list-item]
+        for _ in range(connections)
+    ]
+
+    async def exchange(ws: Any, frame: str, count: int) -> None:
+        await ws.send(frame)
+        got = 0
+        while got < count:
+            replies = orjson.loads(await ws.recv())
+            for reply in replies:
+                if reply["type"] == "error":
+                    raise RuntimeError(reply)
+            got += len(replies)
+
+    opens = orjson.dumps([{"session": i, "type": "open"} for i in range(per_connection)]).decode()
+    resets = orjson.dumps([{"session": i, "type": "reset"} for i in range(per_connection)]).decode()
+    steps = orjson.dumps(
+        [{"session": i, "type": "step", "data": ECHO_STEP} for i in range(per_connection)]
+    ).decode()
+    setup = time.perf_counter()
+    await asyncio.gather(*(exchange(ws, opens, per_connection) for ws in sockets))
+    await asyncio.gather(*(exchange(ws, resets, per_connection) for ws in sockets))
+    setup_s = time.perf_counter() - setup
+    latencies: list[float] = []
+    counting = False
+    stop = time.perf_counter() + 1.0 + duration  # one second of warm-up first
+
+    async def drive(ws: Any) -> int:
+        done = 0
+        while (now := time.perf_counter()) < stop:
+            await exchange(ws, steps, per_connection)
+            if counting:
+                done += per_connection
+                latencies.append(time.perf_counter() - now)
+        return done
+
+    async def warm() -> None:
+        nonlocal counting
+        await asyncio.sleep(1.0)
+        counting = True
+
+    started = time.perf_counter()
+    warmer = asyncio.create_task(warm())
+    counts = await asyncio.gather(*(drive(ws) for ws in sockets))
+    await warmer
+    elapsed = time.perf_counter() - started - 1.0
+    for ws in sockets:
+        await ws.close()
+    latencies.sort()
+    return {
+        "steps": sum(counts),
+        "elapsed_s": elapsed,
+        "steps_per_s": sum(counts) / elapsed,
+        "setup_s": setup_s,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+    }
+
+
+def measured_v2(
+    running: Running, connections: int, per_connection: int, duration: float
+) -> dict[str, Any]:
+    sampler = Sampler(running)
+    started = time.perf_counter()
+    argv = [
+        "taskset", "-c", "1", str(PY), __file__, "--v2-load", running.url,
+        "--connections", str(connections), "--per-connection", str(per_connection),
+        "--duration", str(duration),
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    sampler.close()
+    if out.returncode != 0:
+        raise RuntimeError(f"v2 load failed: {out.stderr}")
+    report: dict[str, Any] = json.loads(out.stdout)
+    window_from = started + report["setup_s"] + 1.0 + 0.4  # after interpreter start, setup, warmup
+    report.update(sampler.window(window_from, window_from + duration - 0.6))
+    return report
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+def echo(rounds: int, duration: float) -> dict[str, list[dict[str, Any]]]:
+    server = Server(
+        "ours-serve",
+        "openenv serve envs/echo_env",
+        [str(PY.parent / "openenv"), "serve", str(ROOT / "envs" / "echo_env"),
+         "--max-sessions", "20000"],
+    )  # fmt: skip
+    running = Running(server)
+    out: dict[str, list[dict[str, Any]]] = {"v1": [], "v2": []}
+    try:
+        for _ in range(rounds):
+            v1 = measured(running, 512, duration, json.dumps(ECHO_STEP))
+            v2 = measured_v2(running, 8, 64, duration)
+            for name, report in (("v1", v1), ("v2", v2)):
+                report["per_cpu"] = report["steps_per_s"] / max(report["server_cpu"], 1e-9)
+                out[name].append(report)
+                print(
+                    f"echo {name}: {report['steps_per_s']:,.0f} steps/s, server CPU "
+                    f"{report['server_cpu']:.2f}, {report['per_cpu']:,.0f} steps/CPU-s",
+                    flush=True,
+                )
+    finally:
+        running.stop()
+    return out
+
+
+def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[float]]:
+    server = Server(
+        "cartpole",
+        "envs/gymnasium_env (CartPole-v1)",
+        uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
+    )
+    running = Running(server)
+    out: dict[str, list[float]] = {"remote": [], "sync": []}
+    try:
+        for _ in range(rounds):
+            for kind in ("sync", "remote"):
+                argv = [
+                    "taskset", "-c", "1", str(PY), __file__, "--vector", kind, running.url,
+                    "--calls", str(calls), "--num-envs", str(num_envs),
+                ]  # fmt: skip
+                done = subprocess.run(argv, capture_output=True, text=True, check=True)
+                rate = float(json.loads(done.stdout)["steps_per_s"])
+                out[kind].append(rate)
+                print(f"cartpole {kind}: {rate:,.0f} env-steps/s", flush=True)
+    finally:
+        running.stop()
+    return out
+
+
+def vector_rate(kind: str, url: str, calls: int, num_envs: int) -> float:
+    import gymnasium
+    from gymnasium.vector import SyncVectorEnv
+
+    from openenv.adapters.gymnasium import RemoteVectorEnv
+
+    envs: Any
+    if kind == "sync":
+        envs = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs)
+    else:
+        envs = RemoteVectorEnv(url, num_envs=num_envs)
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, (calls + 50, num_envs))
+    envs.reset(seed=0)
+    for a in actions[:50]:  # warm-up
+        envs.step(a)
+    started = time.perf_counter()
+    for a in actions[50:]:
+        envs.step(a)
+    elapsed = time.perf_counter() - started
+    envs.close()
+    return calls * num_envs / elapsed
+
+
+def scale(sessions: int, connections: int, duration: float) -> dict[str, Any]:
+    server = Server(
+        "ours-serve",
+        "openenv serve envs/echo_env",
+        [str(PY.parent / "openenv"), "serve", str(ROOT / "envs" / "echo_env"),
+         "--max-sessions", str(sessions + 100)],
+    )  # fmt: skip
+    out: dict[str, Any] = {}
+    for kind in ("v2", "v1"):
+        running = Running(server, max_sessions=sessions + 100)
+        try:
+            idle_rss = running.sample()[2]
+            if kind == "v2":
+                report = measured_v2(running, connections, sessions // connections, duration)
+            else:
+                report = measured(running, sessions, duration, json.dumps(ECHO_STEP))
+                report["p99_ms"] = report["latency_ms"]["p99"]
+            report["rss_per_session"] = (report["rss"] - idle_rss) / sessions
+            out[kind] = report
+            print(
+                f"scale {kind}: {sessions:,} sessions, {report['rss_per_session'] / 1024:.1f} "
+                f"KiB/session, p99 {report['p99_ms']:.1f} ms, {report['steps_per_s']:,.0f} steps/s",
+                flush=True,
+            )
+        finally:
+            running.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--v2-load", metavar="URL")
+    parser.add_argument("--vector", nargs=2, metavar=("KIND", "URL"))
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--per-connection", type=int, default=64)
+    parser.add_argument("--num-envs", type=int, default=64)
+    args = parser.parse_args()
+    if args.v2_load:
+        report = asyncio.run(
+            v2_load(args.v2_load, args.connections, args.per_connection, args.duration)
+        )
+        print(json.dumps(report))
+        return
+    if args.vector:
+        kind, url = args.vector
+        print(json.dumps({"steps_per_s": vector_rate(kind, url, args.calls, args.num_envs)}))
+        return
+    echo_runs = echo(args.rounds, args.duration)
+    pole = cartpole(args.rounds, args.calls)
+    med = statistics.median
+    v1 = med(r["per_cpu"] for r in echo_runs["v1"])
+    v2 = med(r["per_cpu"] for r in echo_runs["v2"])
+    print(
+        f"\necho, 512 sessions: v1 {med(r['steps_per_s'] for r in echo_runs['v1']):,.0f} steps/s "
+        f"({v1:,.0f}/CPU-s), v2 8x64 {med(r['steps_per_s'] for r in echo_runs['v2']):,.0f} "
+        f"steps/s ({v2:,.0f}/CPU-s): v2/v1 per server CPU-second {v2 / v1:.2f}x"
+    )
+    remote, sync = med(pole["remote"]), med(pole["sync"])
+    print(
+        f"CartPole-v1 x64: RemoteVectorEnv {remote:,.0f} env-steps/s, SyncVectorEnv "
+        f"{sync:,.0f}: {remote / sync:.2f}x"
+    )
+    if not args.skip_scale:
+        scale(16384, 16, args.duration)
+
+
+if __name__ == "__main__":
+    main()

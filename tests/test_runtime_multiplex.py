@@ -1,0 +1,79 @@
+"""Runners share protocol-v2 connections with a server that speaks it, and fall back when not."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from runtime_agents import echo_agent, messages
+from servers import slots_free
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
+from openenv.protocol_v2 import SUBPROTOCOL
+from openenv.runtime import RunConfig, Runners, Task, TaskStatus
+from openenv.testing import run_server
+
+
+class Sockets:
+    """ASGI middleware counting the WebSocket connections an app gets, by protocol;
+    with ``v1_only`` it hides v2 offers, so the app answers as a v1-only server."""
+
+    def __init__(self, app: Any, *, v1_only: bool = False) -> None:
+        self.app = app
+        self.v1_only = v1_only
+        self.seen: Counter[str] = Counter()
+        self.state = app.state  # run_server and the tests reach app.state through it
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            offered = list(scope.get("subprotocols") or ())
+            if self.v1_only and SUBPROTOCOL in offered:
+                scope = {**scope, "subprotocols": [p for p in offered if p != SUBPROTOCOL]}
+            self.seen["v2" if SUBPROTOCOL in (scope.get("subprotocols") or ()) else "v1"] += 1
+        await self.app(scope, receive, send)
+
+
+def echo_app() -> Any:
+    return create_app(
+        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
+    )
+
+
+def tasks(url: str, count: int) -> list[Task]:
+    return [Task(id=f"t{i}", env=url, agent=echo_agent) for i in range(count)]
+
+
+def check(results: list[Any], count: int) -> None:
+    assert [r.status for r in results] == [TaskStatus.OK] * count
+    assert [r.value for r in results] == [messages(f"t{i}") for i in range(count)]
+
+
+def test_runners_drive_many_sessions_over_a_few_connections() -> None:
+    app = Sockets(echo_app())
+    with run_server(app) as url:
+        results = Runners.sync_run_task(tasks(url, 300), RunConfig(max_concurrency=64))
+        check(results, 300)
+    # 64 sessions in flight fit in one connection; none went over v1.
+    assert app.seen == {"v2": 1}
+
+
+def test_multiplex_false_keeps_one_connection_per_session() -> None:
+    app = Sockets(echo_app())
+    with run_server(app) as url:
+        config = RunConfig(max_concurrency=16, multiplex=False)
+        check(Runners.sync_run_task(tasks(url, 40), config), 40)
+    assert set(app.seen) == {"v1"}
+    assert app.seen["v1"] >= 16
+
+
+async def test_a_server_that_speaks_only_v1_gets_v1_sessions() -> None:
+    app = Sockets(echo_app(), v1_only=True)
+    with run_server(app) as url:
+        results = await Runners.run_task(tasks(url, 50), RunConfig(max_concurrency=8))
+        check(results, 50)
+        await slots_free(url)
+    # One v2 offer, answered with v1, was remembered: every session went over v1.
+    assert app.seen["v2"] == 0
+    assert app.seen["v1"] >= 8 + 1
