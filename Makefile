@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler clean chromium sandbox-python \
+	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex clean chromium sandbox-python \
 	openreward-sdk
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -79,7 +79,7 @@ pytest: $(STAMP) chromium sandbox-python $(OR_STAMP)
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool bench-recording bench-fleet bench-straggler
+	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -110,6 +110,10 @@ bench-runtime: $(STAMP)
 # Dynamic dispatch: 64 tasks, 8 ten times slower, on 4 workers; against ideal and a fixed split.
 bench-straggler: $(STAMP)
 	$(BIN)/python benchmarks/straggler.py
+
+# Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions.
+bench-multiplex: $(STAMP)
+	$(BIN)/python benchmarks/multiplex.py
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2

@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--in-flight", type=int, default=256, help="episodes in flight in total")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--engines", default="local,processes,ray,spark")
+    parser.add_argument("--engines", default="local,local-v1,processes,processes-v1,ray,spark")
     args = parser.parse_args()
     engines = args.engines.split(",")
     per_worker = max(1, args.in_flight // args.workers)
@@ -121,6 +121,11 @@ def main() -> None:
         "ray": RunConfig(engine_name="ray", worker_num=args.workers, max_concurrency=per_worker),
         "spark": RunConfig(
             engine_name="spark", worker_num=args.workers, max_concurrency=per_worker
+        ),
+        # The same without protocol v2: a connection per session, as before.
+        "local-v1": RunConfig(max_concurrency=args.in_flight, multiplex=False),
+        "processes-v1": RunConfig(
+            worker_num=args.workers, max_concurrency=per_worker, multiplex=False
         ),
     }
     rows: list[Row] = []

@@ -13,6 +13,7 @@ from openenv import (
     ConcurrencyConfig,
     EnvClient,
     EnvExecutionError,
+    MuxClient,
     SessionClosedError,
     State,
     create_app,
@@ -99,3 +100,26 @@ def test_an_environment_with_tools_cannot_be_isolated() -> None:
             CounterObservation,
             isolation="process",
         )
+
+
+def test_over_protocol_v2_a_crash_closes_only_its_own_session() -> None:
+    with run_server(app(isolation="process")) as url:
+
+        async def scenario() -> None:
+            async with MuxClient(url, action_cls=Crash, observation_cls=Sighting) as mux:
+                sessions = await mux.open(4)
+                first = await mux.reset(sessions)
+                assert len({r.observation.pid for r in first}) == 4
+                actions = [Crash(how="segfault"), Crash(), Crash(how="raise"), Crash()]
+                results = await mux.step(sessions, actions, return_exceptions=True)
+                assert isinstance(results[0], EnvExecutionError)
+                assert "session is closed" in str(results[0])
+                assert isinstance(results[2], EnvExecutionError)  # raised: the session goes on
+                assert sessions[0].closed
+                assert not any(s.closed for s in sessions[1:])
+                again = await mux.step(sessions[1:], [Crash()] * 3)
+                assert [r.observation.steps for r in again] == [2, 1, 2]
+                assert await active(url) == 3
+            assert await active(url) == 0
+
+        asyncio.run(scenario())

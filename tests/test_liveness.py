@@ -58,12 +58,13 @@ def _frame(text: str) -> bytes:
     return head + mask + masked
 
 
-def stalled_client(port: int) -> socket.socket:
+def stalled_client(port: int, v2_sessions: int = 0) -> socket.socket:
     """A raw client that completes the handshake, then sends steps and never reads.
 
     Returns once the server stops reading its frames (its sends block): by then
     every buffer between them is full and the server is stuck sending a reply
-    (or, with a send deadline, has already dropped the connection).
+    (or, with a send deadline, has already dropped the connection). With
+    ``v2_sessions`` it speaks protocol v2, and steps that many sessions at once.
     """
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -73,15 +74,26 @@ def stalled_client(port: int) -> socket.socket:
         (
             f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+            + ("Sec-WebSocket-Protocol: openenv.v2\r\n" if v2_sessions else "")
+            + "\r\n"
         ).encode()
     )
     response = b""
     while b"\r\n\r\n" not in response:
         response += sock.recv(4096)
     assert response.startswith(b"HTTP/1.1 101"), response
-    sock.sendall(_frame('{"type": "reset"}'))
-    step = _frame(orjson.dumps({"type": "step", "data": {"message": PAYLOAD}}).decode())
+    if v2_sessions:
+        keys = range(v2_sessions)
+        sock.sendall(_frame(orjson.dumps([{"session": k, "type": "open"} for k in keys]).decode()))
+        step = _frame(
+            orjson.dumps(
+                [{"session": k, "type": "step", "data": {"message": PAYLOAD}} for k in keys]
+            ).decode()
+        )
+    else:
+        sock.sendall(_frame('{"type": "reset"}'))
+        step = _frame(orjson.dumps({"type": "step", "data": {"message": PAYLOAD}}).decode())
     sock.settimeout(2.0)
     with contextlib.suppress(TimeoutError, OSError):  # blocked, or dropped by the server
         while True:
@@ -120,6 +132,20 @@ async def test_client_that_stops_reading_is_aborted_and_its_slot_freed() -> None
             with contextlib.suppress(ConnectionResetError):  # reset, or EOF after the rest
                 while stalled.recv(1 << 20):
                     pass
+        finally:
+            stalled.close()
+
+
+@pytest.mark.parametrize("ws", ["openenv", "websockets-sansio"])
+async def test_a_v2_client_that_stops_reading_loses_every_session_and_slot(ws: str) -> None:
+    app = create_app(Echo, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4), send_timeout=0.5)
+    with run_server(app, **({} if ws == "openenv" else {"ws": ws})) as url:
+        stalled = await asyncio.to_thread(stalled_client, _port(url), 4)
+        try:
+            await TRACKER.until_closed(4)  # all four sessions ended, environments closed
+            await slots_free(url)
+            async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+                assert (await env.step(Ping(message="hi"))).observation.message == "hi"
         finally:
             stalled.close()
 

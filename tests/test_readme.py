@@ -56,3 +56,20 @@ def test_readme_runs_many_episodes(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("my_env", None)
     assert out.getvalue().splitlines() == ["550 ok, target of t7: 7"]
+
+
+def test_readme_steps_many_sessions_over_one_connection(tmp_path: Path) -> None:
+    env_code, mux_code = _python_blocks()[0], _python_blocks("Many sessions per connection")[0]
+    (tmp_path / "my_env.py").write_text(env_code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("my_env")
+        with run_server(module.app) as url:
+            code = mux_code.replace("http://localhost:8000", url)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_env", None)
+    assert out.getvalue().splitlines() == ["solved at once: 3.0"]
