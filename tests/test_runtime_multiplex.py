@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import httpx
 from runtime_agents import echo_agent, messages
 from servers import slots_free
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, ServerPool, create_app
 from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.runtime import RunConfig, Runners, Task, TaskStatus
 from openenv.testing import run_server
@@ -35,9 +36,9 @@ class Sockets:
         await self.app(scope, receive, send)
 
 
-def echo_app() -> Any:
+def echo_app(cap: int = 128) -> Any:
     return create_app(
-        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
+        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=cap)
     )
 
 
@@ -77,3 +78,19 @@ async def test_a_server_that_speaks_only_v1_gets_v1_sessions() -> None:
     # One v2 offer, answered with v1, was remembered: every session went over v1.
     assert app.seen["v2"] == 0
     assert app.seen["v1"] >= 8 + 1
+
+
+def test_runners_place_v2_sessions_over_a_server_pool_by_free_room() -> None:
+    small, large = Sockets(echo_app(cap=3)), Sockets(echo_app(cap=5))
+    with run_server(small) as first, run_server(large) as second:
+        pool = ServerPool([first, second])
+        results = Runners.sync_run_task(
+            [Task(id=f"t{i}", env=pool, agent=echo_agent) for i in range(60)],
+            RunConfig(max_concurrency=16),  # twice the room there is: sessions wait for it
+        )
+        check(results, 60)
+        assert httpx.get(f"{first}/health").json()["active_sessions"] == 0
+        assert httpx.get(f"{second}/health").json()["active_sessions"] == 0
+    # Each server got one shared v2 connection and no v1 one.
+    assert small.seen == {"v2": 1}
+    assert large.seen == {"v2": 1}

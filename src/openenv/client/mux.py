@@ -393,7 +393,15 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
 class MuxSession:
     """One session of a ``MuxClient``: the calls of ``EnvClient``, on a shared connection."""
 
-    __slots__ = ("closed", "closed_because", "key", "mux", "on_exchange", "session_id")
+    __slots__ = (
+        "closed",
+        "closed_because",
+        "key",
+        "mux",
+        "on_close",
+        "on_exchange",
+        "session_id",
+    )
 
     def __init__(self, mux: MuxClient[Any, Any, Any], key: protocol_v2.SessionKey) -> None:
         self.mux = mux
@@ -403,6 +411,8 @@ class MuxSession:
         self.closed_because = "the session is closed"
         # Told of every exchange, as v1 frames: (request, reply, time.time() sent).
         self.on_exchange: Callable[[str, str | bytes, float], None] | None = None
+        # Called once, when ``close()`` is: e.g. a ServerPool counting its slots.
+        self.on_close: Callable[[], None] | None = None
 
     @property
     def url(self) -> str:
@@ -445,7 +455,12 @@ class MuxSession:
 
     async def close(self) -> None:
         """Close this session (its slot is freed); the connection stays open."""
-        await self.mux.close_sessions([self])
+        try:
+            await self.mux.close_sessions([self])
+        finally:
+            on_close, self.on_close = self.on_close, None
+            if on_close is not None:
+                on_close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

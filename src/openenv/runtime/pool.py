@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 from collections import defaultdict
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
+from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
@@ -23,6 +26,8 @@ from openenv.types import Action
 __all__ = ["ClientPool", "Multiplexer"]
 
 _CLOSE_TIMEOUT = 5.0
+# Servers a new session may fail to reach before the error is the episode's.
+_PLACE_ATTEMPTS = 8
 
 
 class ClientPool:
@@ -51,11 +56,12 @@ class ClientPool:
         idle = self._idle.get(_key(task))
         if idle and not fresh:
             return idle.pop(), True
-        if self.multiplex and isinstance(task.env, str) and task.client_cls is None:
-            mux = self._muxes.get(task.env)
-            if mux is None:
-                mux = self._muxes[task.env] = Multiplexer(task.env)
-            session = await mux.open()
+        if self.multiplex and task.client_cls is None:
+            session = None
+            if isinstance(task.env, str):
+                session = await self._multiplexer(task.env).open()
+            elif isinstance(task.env, ServerPool):
+                session = await self._placed(task.env)
             if session is not None:
                 return session, False
             # else: the server speaks only v1
@@ -66,6 +72,38 @@ class ClientPool:
             await _close(client)
             raise
         return client, False
+
+    def _multiplexer(self, url: str) -> Multiplexer:
+        mux = self._muxes.get(url)
+        if mux is None:
+            mux = self._muxes[url] = Multiplexer(url)
+        return mux
+
+    async def _placed(self, pool: ServerPool) -> MuxSession | None:
+        """A v2 session on the server the pool chooses; as ``EnvClient`` places one:
+        a full server is skipped until ``pool.wait`` runs out, a dead one too."""
+        deadline = time.monotonic() + pool.wait
+        lost = 0
+        while True:
+            url = await pool.place()
+            try:
+                session = await self._multiplexer(url).open()
+            except CapacityError:
+                pool.refused(url)
+                if time.monotonic() > deadline:
+                    raise
+                continue
+            except (ConnectionFailedError, SessionClosedError):
+                pool.failed(url)
+                lost += 1
+                if lost >= _PLACE_ATTEMPTS:
+                    raise
+                continue
+            if session is None:  # a v1 server: EnvClient places its own session
+                pool.ended(url)
+                return None
+            session.on_close = functools.partial(pool.ended, url)
+            return session
 
     async def release(self, task: Task, client: SessionClient, *, reusable: bool) -> None:
         idle = self._idle[_key(task)]
