@@ -241,6 +241,45 @@ def scale(sessions: int, connections: int, duration: float) -> dict[str, Any]:
     return out
 
 
+def encodings(frames: int = 20_000) -> dict[str, dict[str, float]]:
+    """A reply frame of 64 steps, JSON (orjson) against msgpack: bytes, encode, decode."""
+    import timeit
+
+    import msgpack  # installed with the ray extra
+
+    echo_reply = {"echoed_message": "hello", "message_length": 5}
+    pole = {"observation": [0.01, -0.2, 0.03, 0.4], "terminated": False, "truncated": False,
+            "info": {}, "frame": None}  # fmt: skip
+    out = {}
+    for name, observation in (("echo", echo_reply), ("cartpole", pole)):
+        frame = [
+            {"session": i, "type": "observation", "id": i,
+             "data": {"observation": observation, "reward": 1.0, "done": False}}
+            for i in range(64)
+        ]  # fmt: skip
+        as_json, as_msgpack = orjson.dumps(frame), msgpack.packb(frame)
+
+        def per_frame(fn: Any) -> float:
+            return timeit.timeit(fn, number=frames) / frames * 1e6
+
+        out[name] = {
+            "json_bytes": len(as_json),
+            "msgpack_bytes": len(as_msgpack),
+            "json_encode_us": per_frame(lambda f=frame: orjson.dumps(f)),
+            "msgpack_encode_us": per_frame(lambda f=frame: msgpack.packb(f)),
+            "json_decode_us": per_frame(lambda b=as_json: orjson.loads(b)),
+            "msgpack_decode_us": per_frame(lambda b=as_msgpack: msgpack.unpackb(b)),
+        }
+        row = out[name]
+        print(
+            f"{name} frame of 64: JSON {row['json_bytes']:,} B, encode {row['json_encode_us']:.1f} "
+            f"us, decode {row['json_decode_us']:.1f} us; msgpack {row['msgpack_bytes']:,} B, "
+            f"encode {row['msgpack_encode_us']:.1f} us, decode {row['msgpack_decode_us']:.1f} us",
+            flush=True,
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -263,6 +302,7 @@ def main() -> None:
         kind, url = args.vector
         print(json.dumps({"steps_per_s": vector_rate(kind, url, args.calls, args.num_envs)}))
         return
+    encodings()
     echo_runs = echo(args.rounds, args.duration)
     pole = cartpole(args.rounds, args.calls)
     med = statistics.median
