@@ -5,16 +5,21 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 
 from echo_env.server.app import app as echo_app
 from openenv.testing import run_server
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, Page
 
 # Apps that the tests start in their own processes, with their own settings.
 collect_ignore = ["apps"]
@@ -65,3 +70,23 @@ def spark_context() -> Iterator[None]:
         yield
     finally:
         sc.stop()
+
+
+# The browser of the web page's tests (test_web_page.py, test_web_connection.py),
+# on the session's event loop; modules with a loop of their own define their own.
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """One headless Chromium (Debian's), shared by the tests that ask for it."""
+    from web_page_kit import chromium
+
+    async with chromium() as browser:
+        yield browser
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Page]]]:
+    """Opens pages on ``browser``, each in a context of its own, closed after the test."""
+    from web_page_kit import page_opener
+
+    async with page_opener(browser) as open_page:
+        yield open_page

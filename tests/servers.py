@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any
 
-from openenv import Action, EnvError, Environment, Observation, State
+from openenv import (
+    Action,
+    ConcurrencyConfig,
+    EnvError,
+    Environment,
+    Observation,
+    State,
+    create_app,
+)
 
 
 class Tracker:
@@ -109,6 +118,18 @@ class AsyncPingEnvironment(PingEnvironment):
         if action.block:
             raise EnvError("async environments do not block")
         return PingEnvironment.step(self, action)
+
+
+def ping_app(tracker: Tracker, max_envs: int = 4, **kwargs: Any) -> Any:
+    """An app of ``PingEnvironment`` (or ``env_cls=``), counted by ``tracker``; ``gate``
+    holds blocking steps, ``session_timeout`` reaps idle sessions, the rest go to
+    ``create_app``."""
+    gate = kwargs.pop("gate", None)
+    env_cls = kwargs.pop("env_cls", PingEnvironment)
+    concurrency = ConcurrencyConfig(
+        max_concurrent_envs=max_envs, session_timeout=kwargs.pop("session_timeout", None)
+    )
+    return create_app(functools.partial(env_cls, tracker, gate), Ping, Pong, concurrency, **kwargs)
 
 
 async def until(predicate: Any, wait: float = 10.0, what: str = "condition") -> None:

@@ -11,13 +11,13 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import servers
 from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, health, slots_free
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from openenv import (
     CapacityError,
-    ConcurrencyConfig,
     DeadlineError,
     EnvExecutionError,
     EnvValidationError,
@@ -25,21 +25,13 @@ from openenv import (
     SessionClosedError,
     StepResult,
     WebSocketEnvClient,
-    create_app,
 )
 from openenv.client import ws_url
 from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
-
-def ping_app(tracker: Tracker, max_envs: int = 8, **kwargs: Any) -> Any:
-    gate = kwargs.pop("gate", None)
-    env_cls = kwargs.pop("env_cls", PingEnvironment)
-    concurrency = ConcurrencyConfig(
-        max_concurrent_envs=max_envs,
-        session_timeout=kwargs.pop("session_timeout", None),
-    )
-    return create_app(functools.partial(env_cls, tracker, gate), Ping, Pong, concurrency, **kwargs)
+# Room for every session a test here opens, unless it says otherwise.
+ping_app = functools.partial(servers.ping_app, max_envs=8)
 
 
 def mux(url: str, **options: Any) -> MuxClient[Ping, Pong, Any]:

@@ -41,35 +41,30 @@ def test_readme_environment_serves_and_its_client_plays(tmp_path: Path) -> None:
     assert lines[1] == "lower"
 
 
-def test_readme_runs_many_episodes(tmp_path: Path) -> None:
-    env_code, runner_code = _python_blocks()[0], _python_blocks("Run many episodes")[0]
+def _run_against_the_readme_env(tmp_path: Path, section: str) -> list[str]:
+    """Run the first Python block of ``section`` against the README's environment;
+    its printed lines."""
+    env_code, code = _python_blocks()[0], _python_blocks(section)[0]
     (tmp_path / "my_env.py").write_text(env_code)
     sys.path.insert(0, str(tmp_path))
     try:
         module = importlib.import_module("my_env")
         with run_server(module.app) as url:
-            code = runner_code.replace("http://localhost:8000", url)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
+                code = code.replace("http://localhost:8000", url)
                 exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("my_env", None)
-    assert out.getvalue().splitlines() == ["550 ok, target of t7: 7"]
+    return out.getvalue().splitlines()
+
+
+def test_readme_runs_many_episodes(tmp_path: Path) -> None:
+    lines = _run_against_the_readme_env(tmp_path, "Run many episodes")
+    assert lines == ["550 ok, target of t7: 7"]
 
 
 def test_readme_steps_many_sessions_over_one_connection(tmp_path: Path) -> None:
-    env_code, mux_code = _python_blocks()[0], _python_blocks("Many sessions per connection")[0]
-    (tmp_path / "my_env.py").write_text(env_code)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = importlib.import_module("my_env")
-        with run_server(module.app) as url:
-            code = mux_code.replace("http://localhost:8000", url)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("my_env", None)
-    assert out.getvalue().splitlines() == ["solved at once: 3.0"]
+    lines = _run_against_the_readme_env(tmp_path, "Many sessions per connection")
+    assert lines == ["solved at once: 3.0"]

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 
 import httpx
 import orjson
 import pytest
-from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, slots_free
+from servers import (
+    AsyncPingEnvironment,
+    Ping,
+    PingEnvironment,
+    Pong,
+    Tracker,
+    ping_app,
+    slots_free,
+)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from echo_env import EchoAction, EchoEnv
 from openenv import (
     CapacityError,
-    ConcurrencyConfig,
     EnvExecutionError,
     Environment,
     EnvValidationError,
@@ -27,22 +33,6 @@ from openenv import (
 )
 from openenv.client import ws_url
 from openenv.testing import run_server
-
-
-def ping_app(tracker: Tracker, max_envs: int = 4, **kwargs: object) -> object:
-    gate = kwargs.pop("gate", None)
-    env_cls = kwargs.pop("env_cls", PingEnvironment)
-    factory = functools.partial(env_cls, tracker, gate)  # type: ignore[arg-type]
-    return create_app(
-        factory,
-        Ping,
-        Pong,
-        ConcurrencyConfig(
-            max_concurrent_envs=max_envs,
-            session_timeout=kwargs.pop("session_timeout", None),  # type: ignore[arg-type]
-        ),
-        **kwargs,
-    )
 
 
 def ping_client(url: str, **options: object) -> WebSocketEnvClient:

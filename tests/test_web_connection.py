@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Page, expect
 from tcp_proxy import TcpProxy
 from web_page_kit import (
     NARROW,
     WIDE,
     active_sessions,
-    chromium,
     echo_app,
     idle,
     no_horizontal_overflow,
     observation,
-    page_opener,
     reset,
     state,
     step_echo,
@@ -40,23 +37,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 # -- fixtures --------------------------------------------------------------------------------
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
-    """One headless Chromium, shared by this module's tests."""
-    async with chromium() as browser:
-        yield browser
-
-
 @pytest.fixture(scope="module")
 def echo_url() -> Iterator[str]:
     with run_server(echo_app()) as url:
         yield url
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Page]]]:
-    async with page_opener(browser) as open_page:
-        yield open_page
 
 
 # -- the connection ---------------------------------------------------------------------

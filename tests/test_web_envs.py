@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 from tcp_proxy import TcpProxy
+from web_page_kit import chromium
 
 from openenv import (
     Action,
@@ -36,8 +37,6 @@ from openenv.adapters.gymnasium import create_gymnasium_app
 from openenv.adapters.gymnasium.frames import png_data_url
 from openenv.testing import run_server
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 DOCS = Path(__file__).parents[1] / "docs"
 
 expect.set_options(timeout=15_000)
@@ -48,12 +47,8 @@ GCD = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=ARGS
-        )
+    async with chromium() as browser:
         yield browser
-        await browser.close()
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, async_playwright, expect
+from playwright.async_api import Browser, expect
+from web_page_kit import chromium
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, WebSocketEnvClient, create_app
 from openenv.testing import run_server
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 SCREENSHOT = Path(__file__).parents[1] / "docs" / "web-metrics.png"
 
 expect.set_options(timeout=15_000)
@@ -26,12 +25,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=ARGS
-        )
+    async with chromium() as browser:
         yield browser
-        await browser.close()
 
 
 @pytest.fixture(scope="module")

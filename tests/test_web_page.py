@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Page, expect
 from web_page_kit import (
     SCREENSHOT,
     active_sessions,
     changed_pixels,
-    chromium,
     echo_app,
     idle,
     move_app,
     observation,
-    page_opener,
     reset,
     state,
     step_echo,
@@ -33,13 +30,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 # -- fixtures --------------------------------------------------------------------------------
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
-    """One headless Chromium, shared by this module's tests."""
-    async with chromium() as browser:
-        yield browser
-
-
 @pytest.fixture(scope="module")
 def echo_url() -> Iterator[str]:
     with run_server(echo_app()) as url:
@@ -50,12 +40,6 @@ def echo_url() -> Iterator[str]:
 def move_url() -> Iterator[str]:
     with run_server(move_app()) as url:
         yield url
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Page]]]:
-    async with page_opener(browser) as open_page:
-        yield open_page
 
 
 # -- playing ----------------------------------------------------------------------------

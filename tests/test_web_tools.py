@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
+from web_page_kit import chromium
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
@@ -23,8 +24,6 @@ from wordle_env.models import WordleObservation
 from wordle_env.server.environment import WordleEnvironment
 from wordle_env.server.words import answers
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 SCREENSHOT = Path(__file__).parents[1] / "docs" / "web-counter.png"
 WORDLE_SCREENSHOT = SCREENSHOT.with_name("web-wordle.png")
 CARTPOLE_SCREENSHOT = SCREENSHOT.with_name("web-cartpole.png")
@@ -35,12 +34,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=ARGS
-        )
+    async with chromium() as browser:
         yield browser
-        await browser.close()
 
 
 @pytest.fixture(scope="module")
