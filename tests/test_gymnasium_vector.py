@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
+from gymnasium.utils.env_match import check_environments_match
+from gymnasium.utils.passive_env_checker import check_obs
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 
 from openenv import ConcurrencyConfig, EnvValidationError
-from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
+from openenv.adapters.gymnasium import RemoteGymnasiumEnv, RemoteVectorEnv, create_gymnasium_app
 from openenv.testing import run_server
 
 NUM_ENVS = 8
@@ -128,3 +132,40 @@ def test_a_server_without_gymnasium_spaces_is_named(echo_url: str) -> None:
 
     with pytest.raises(ConnectionFailedError, match="create_gymnasium_app"):
         RemoteVectorEnv(echo_url, num_envs=2)
+
+
+def checker_warnings(env: gymnasium.Env[Any, Any]) -> set[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=True, skip_close_check=True)
+    return {str(w.message) for w in caught}
+
+
+def test_one_remote_environment_passes_gymnasiums_env_checker(cartpole_url: str) -> None:
+    env = RemoteGymnasiumEnv(cartpole_url)
+    local = gymnasium.make("CartPole-v1").unwrapped
+    try:
+        # CartPole's own space draws warnings (infinite bounds): the remote env
+        # may draw those, and nothing else.
+        assert checker_warnings(env) <= checker_warnings(local)
+        check_environments_match(env, gymnasium.make("CartPole-v1"), num_steps=300, seed=5)
+    finally:
+        env.close()
+        local.close()
+
+
+def test_the_vector_envs_batches_stay_in_their_spaces(cartpole_url: str) -> None:
+    remote = RemoteVectorEnv(cartpole_url, num_envs=NUM_ENVS)
+    try:
+        observations, _ = remote.reset(seed=3)
+        check_obs(observations, remote.observation_space, "reset")
+        for _ in range(50):
+            observations, rewards, terminations, truncations, _ = remote.step(
+                remote.action_space.sample()
+            )
+            check_obs(observations, remote.observation_space, "step")
+            assert rewards.shape == terminations.shape == truncations.shape == (NUM_ENVS,)
+            assert rewards.dtype == np.float64
+            assert terminations.dtype == truncations.dtype == np.bool_
+    finally:
+        remote.close()

@@ -30,7 +30,7 @@ from openenv.adapters.gymnasium.environment import (
     gymnasium_models,
 )
 from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
-from openenv.adapters.gymnasium.vector import RemoteVectorEnv
+from openenv.adapters.gymnasium.vector import RemoteGymnasiumEnv, RemoteVectorEnv
 
 __all__ = [
     "EnvSource",
@@ -39,6 +39,7 @@ __all__ = [
     "GymnasiumModels",
     "GymnasiumObservation",
     "GymnasiumState",
+    "RemoteGymnasiumEnv",
     "RemoteVectorEnv",
     "annotation",
     "create_gymnasium_app",
