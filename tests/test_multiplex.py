@@ -398,3 +398,19 @@ async def test_fuzzed_frames_never_crash_the_server_or_leak_a_slot() -> None:
         assert sorted(tracker.closed) == sorted(tracker.created)
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/health")).json()["status"] == "healthy"
+
+
+async def test_a_session_inside_a_long_step_is_not_reaped_as_idle() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    with run_server(ping_app(tracker, gate=gate, session_timeout=0.2)) as url:
+        async with mux(url) as client:
+            stepping, blocked = await client.open(2)
+            long_step = asyncio.ensure_future(blocked.step(Ping(block=True)))
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 1.0  # five idle limits, while the other session steps
+            while loop.time() < until:
+                await stepping.step(Ping())
+            assert not blocked.closed
+            gate.set()
+            assert (await long_step).observation.count == 1
+            assert (await blocked.step(Ping())).observation.count == 2

@@ -419,12 +419,18 @@ class MuxConnection:
             if lane.task is None
             and lane.session is not None
             and lane.session.state is SessionState.OPEN
+            and not lane.session.busy  # a step the fast path started
             and lane.session.last_active < deadline
         ]
 
     async def _expire_lane(self, lane: Lane) -> None:
         session = lane.session
-        if self.lanes.get(lane.key) is not lane or lane.task is not None or session is None:
+        if (
+            self.lanes.get(lane.key) is not lane
+            or lane.task is not None
+            or session is None
+            or session.busy
+        ):
             return  # it got work (or closed) since the sweep
         logger.info("session %s idle over its limit; closing", session.id)
         await self._close_lane(lane, "idle_timeout")
