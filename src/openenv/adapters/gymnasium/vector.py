@@ -68,6 +68,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         timeout: float = 60.0,
         api_key: str | None = None,
     ) -> None:
+        self._ws: Any = None  # first: Gymnasium's __del__ closes a half-made env too
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self.num_envs = num_envs
@@ -91,7 +92,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._ids = itertools.count()
         from websockets.sync.client import connect
 
-        self._ws = None
         # The connection as a context (what websockets >= 17.1 asks of sync clients).
         self._stack = contextlib.ExitStack()
         try:
@@ -108,6 +108,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         except OSError as exc:
             raise ConnectionFailedError(ws_url(base_url), str(exc)) from None
         if self._ws.subprotocol != protocol_v2.SUBPROTOCOL:
+            self._ws = None
             self._stack.close()
             raise ConnectionFailedError(ws_url(base_url), "the server does not speak protocol v2")
         self._exchange([("open", None)] * num_envs)
