@@ -5,15 +5,17 @@ v2, ``openenv/protocol_v2.py``) to an app made by ``create_gymnasium_app``
 and steps them all with one frame each way. Spaces come from the server, so
 Gymnasium-style training code swaps it in for a ``SyncVectorEnv`` unchanged:
 
->>> import numpy as np
 >>> from openenv.adapters.gymnasium import RemoteVectorEnv
->>> envs = RemoteVectorEnv("http://localhost:8000", num_envs=64)    # CartPole-v1 served
->>> observations, infos = envs.reset(seed=42)
->>> observations.shape
-(64, 4)
->>> observations, rewards, terminations, truncations, infos = envs.step(
-...     envs.action_space.sample())
->>> envs.close()
+>>> def rollout(url: str, steps: int = 100) -> float:
+...     envs = RemoteVectorEnv(url, num_envs=64)  # e.g. envs/gymnasium_env serving CartPole-v1
+...     observations, infos = envs.reset(seed=42)  # observations.shape == (64, 4)
+...     total = 0.0
+...     for _ in range(steps):
+...         actions = envs.action_space.sample()
+...         observations, rewards, terminations, truncations, infos = envs.step(actions)
+...         total += float(rewards.sum())
+...     envs.close()  # frees the 64 slots
+...     return total
 
 Autoreset follows ``SyncVectorEnv`` (``autoreset_mode``: next step by
 default, same step, or disabled), and ``reset(seed=s)`` seeds environment
@@ -305,10 +307,12 @@ class RemoteGymnasiumEnv(gymnasium.Env[Any, Any]):
     """One remote environment behind Gymnasium's ``Env`` API (a ``RemoteVectorEnv``
     of one, without autoreset): code written for ``gymnasium.make(...)`` runs on it.
 
-    >>> env = RemoteGymnasiumEnv("http://localhost:8000")   # CartPole-v1 served
-    >>> observation, info = env.reset(seed=0)
-    >>> observation, reward, terminated, truncated, info = env.step(env.action_space.sample())
-    >>> env.close()
+    >>> from gymnasium.utils.env_checker import check_env
+    >>> def check(url: str) -> None:
+    ...     env = RemoteGymnasiumEnv(url)  # e.g. envs/gymnasium_env serving CartPole-v1
+    ...     observation, info = env.reset(seed=0)
+    ...     observation, reward, terminated, truncated, info = env.step(env.action_space.sample())
+    ...     check_env(env, skip_render_check=True)  # Gymnasium's own checker
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:
