@@ -23,6 +23,7 @@ from openenv import (
     EnvValidationError,
     MuxClient,
     SessionClosedError,
+    SessionError,
     StepResult,
     WebSocketEnvClient,
 )
@@ -414,3 +415,40 @@ async def test_a_session_inside_a_long_step_is_not_reaped_as_idle() -> None:
             gate.set()
             assert (await long_step).observation.count == 1
             assert (await blocked.step(Ping())).observation.count == 2
+
+
+class AsyncExiting(AsyncPingEnvironment):
+    """An ``async def`` step that raises ``SystemExit`` when asked to fail."""
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        if action.fail:
+            raise SystemExit(3)
+        return await super().step(action)
+
+
+class Exiting(PingEnvironment):
+    """A plain ``def`` step that raises ``SystemExit`` when asked to fail."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        if action.fail:
+            raise SystemExit(3)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("env_cls", [AsyncExiting, Exiting])
+async def test_a_step_raising_a_base_exception_ends_only_its_session(
+    env_cls: type[PingEnvironment],
+) -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, env_cls=env_cls)) as url:
+        async with mux(url) as client:
+            sessions = await client.open(3)
+            results = await client.step(
+                sessions, [Ping(), Ping(fail=True), Ping()], return_exceptions=True
+            )
+            assert isinstance(results[1], SessionError)
+            assert sessions[1].closed
+            again = await client.step([sessions[0], sessions[2]], [Ping(), Ping()])
+            assert [r.observation.count for r in again] == [2, 2]
+        await tracker.until_closed(3)
+        assert (await health(url))["status"] == "healthy"

@@ -355,6 +355,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             if session is not None:
                 session.closed = True
                 session.closed_because = item["data"].get("message") or item["data"]["reason"]
+                if request_id is None:  # the server ended it: what it still awaits never comes
+                    self._fail_pending(session)
         if waiting is None:
             return
         future, _ = waiting
@@ -367,6 +369,13 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             future.set_exception(server_error(code, data["message"], details))
         else:
             future.set_result(item)
+
+    def _fail_pending(self, session: MuxSession) -> None:
+        for request_id, (future, owner) in list(self._waiting.items()):
+            if owner is session:
+                del self._waiting[request_id]
+                if not future.done():
+                    future.set_exception(SessionClosedError(session.closed_because))
 
     def _lose(self, exc: BaseException | None) -> None:
         if isinstance(exc, ConnectionClosed):

@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -88,18 +88,15 @@ class Session(DirectStepping):
         # This session's lane in the thread hand-over (see server/handoff.py).
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
-        # Steps without a deadline may start outside any coroutine (``try_step``):
-        # a plain ``def`` on the lane, an ``async def`` right there until it first
-        # suspends; nothing to time out.
+        # Steps of a plain ``def`` without a deadline may start outside any
+        # coroutine (``try_step``), straight on the lane: nothing to time out.
         self._recorder = getattr(service, "recorder", None)
         # A recorded session takes the one path where request and reply meet.
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
         self._direct_step: DirectStep | None = None  # the one in flight
-        # An ``async def`` step that suspended in ``try_step``, and what it awaits:
-        # ``settled()`` finishes it in the session's task.
-        self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
+        # Done once the step ``try_step`` started has replied (made on demand).
         self._settled: asyncio.Future[None] | None = None
         try:
             self.tools = tools_of(type(env))
@@ -142,6 +139,20 @@ class Session(DirectStepping):
             return reply
         except (FrameError, EnvFailure) as exc:
             reply = self._refusal(exc)
+            return reply
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # SystemExit or the like out of an environment's coroutine: it ends
+            # this session, never the server (as on the direct path).
+            self.log.error("internal error", exc_info=exc)
+            self._end(CloseCode.INTERNAL_ERROR)
+            request_id = obj.get("id") if obj is not None else None
+            reply = protocol.error_frame(
+                ErrorCode.SESSION_ERROR,
+                "internal server error",
+                request_id=request_id if type(request_id) in (int, str) else None,
+            )
             return reply
         finally:
             self.busy = False
