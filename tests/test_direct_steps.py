@@ -121,12 +121,13 @@ async def test_both_paths_answer_every_frame_alike(env_cls: Any) -> None:
     assert ours[6]["data"]["observation"] == {"message": "c", "count": 3}
 
 
+@BOTH_KINDS
 @pytest.mark.parametrize(("ws_protocol", "handled"), [(OURS, 1), (STOCK, 4)])
-async def test_def_steps_skip_handle_only_on_openenv_protocol(
-    ws_protocol: str, handled: int, monkeypatch: pytest.MonkeyPatch
+async def test_steps_skip_handle_only_on_openenv_protocol(
+    ws_protocol: str, handled: int, env_cls: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = count_handle(monkeypatch)
-    with run_server(ping_app(PingEnvironment), ws=ws_protocol) as url:
+    with run_server(ping_app(env_cls), ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
             for i in range(3):

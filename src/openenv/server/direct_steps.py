@@ -1,21 +1,26 @@
 """Steps started from the protocol's callback, without waking the session's task.
 
-A session whose endpoint has a direct channel (``server/direct.py``), and every
-session of a v2 connection, offers each well-formed step to ``try_step`` first:
-a step of a plain ``def`` goes straight to its lane of worker threads, and its
-reply is made in the callback that brings the result back. Anything else (an
-``async def`` step, which runs in the session's task, other messages, bad
-frames) is left to ``Session.handle``, which answers it in full. Nothing here
-reaches into asyncio's internals: an ``async def`` step is awaited by the
-session's task like any coroutine.
+A session whose endpoint has a direct channel (``server/direct.py``) offers
+each incoming frame to ``try_step`` first: a well-formed step of a plain
+``def`` goes straight to its lane, and an ``async def`` step runs right there,
+as a part of the session's task, until it returns or first suspends (what an
+eager task does on Python 3.12, inside a task that already exists). Anything
+else is left to ``Session.handle``, which answers it in full.
+
+Running a coroutine as a part of an existing task takes
+``asyncio.tasks._enter_task``/``_leave_task``; where the running asyncio has
+no such functions, ``async def`` steps take the task path, as they do under
+uvicorn's own protocols.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from openenv import protocol
@@ -39,6 +44,7 @@ class DirectStepping:
     _async_step: bool
     _dispatch_step: Callable[..., None]
     _direct_step: DirectStep | None
+    _suspended: tuple[Coroutine[Any, Any, Any], Any] | None
     _settled: asyncio.Future[None] | None
     _bad_frames: int
 
@@ -64,13 +70,23 @@ class DirectStepping:
     def _refusal(self, exc: FrameError | EnvFailure) -> str:
         raise NotImplementedError
 
-    def try_step(self, frame: str | bytes, reply: Callable[[str], None]) -> bool:
-        """Start a well-formed step of a plain ``def`` from a callback, without a task.
+    def try_step(
+        self,
+        frame: str | bytes,
+        reply: Callable[[str], None],
+        task: asyncio.Task[Any] | None = None,
+        context: contextvars.Context | None = None,
+    ) -> bool:
+        """Start a well-formed step from a callback, without waking a task.
 
-        ``reply`` gets the reply frame on the loop thread once the step returns;
-        until then ``busy`` is true, and ``settled()`` waits for it. ``False``
-        (anything else: an ``async def`` step, other messages, bad frames, a step
-        already running) leaves the frame to ``handle``, which answers it in full.
+        A plain ``def`` step goes to its lane. An ``async def`` step runs here,
+        as a part of ``task`` (the session's task, whose ``context`` it runs in),
+        until it returns or first suspends; then ``suspended`` is true and the
+        session's task must finish it with ``settled()``. ``reply`` gets the
+        reply frame on the loop thread once the step returns; until then
+        ``busy`` is true. ``False`` (anything else: other messages, bad frames,
+        a step already running) leaves the frame to ``handle``, which answers it
+        in full.
         """
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
@@ -78,16 +94,17 @@ class DirectStepping:
             request = protocol.decode_frame(frame)
         except FrameError:
             return False
-        return self.try_step_request(request, reply)
+        return self.try_step_request(request, reply, task, context)
 
-    def try_step_request(self, request: dict[str, Any], reply: Callable[[str], None]) -> bool:
+    def try_step_request(
+        self,
+        request: dict[str, Any],
+        reply: Callable[[str], None],
+        task: asyncio.Task[Any] | None = None,
+        context: contextvars.Context | None = None,
+    ) -> bool:
         """``try_step`` for a request already decoded (one of a v2 frame's)."""
-        if (
-            not self.direct_steps
-            or self._async_step
-            or self.busy
-            or self.state is not SessionState.OPEN
-        ):
+        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
         try:
             step = protocol.plain_step(request)
@@ -97,14 +114,75 @@ class DirectStepping:
         except Exception:  # handle() runs it again and answers (or fails) in full
             return False
         receiver = DirectStep(self, step[1], reply)
-        # Busy from here, as in handle(); _stepped clears both once it replies.
+        # Busy from here, as in handle(); _stepped clears both once it replies,
+        # which an async def step that never suspends does before this returns.
         self.busy = True
         self._direct_step = receiver
-        self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
+        if not self._async_step:
+            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
+        elif not self._start_async(receiver, action, task, context):
+            self.busy = False
+            self._direct_step = None
+            return False
         return True
 
-    async def settled(self) -> None:
-        """Wait until the step ``try_step`` started has replied."""
+    def _start_async(
+        self,
+        step: DirectStep,
+        action: Any,
+        task: asyncio.Task[Any] | None,
+        context: contextvars.Context | None,
+    ) -> bool:
+        """Run an ``async def`` step as a part of ``task``, until it returns or first
+        suspends; ``False`` if it cannot start here (nothing has run).
+
+        What an eager task does (Python 3.12), inside a task that already exists:
+        ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
+        groups work, and the rest runs in that same task (``settled``).
+        """
+        if task is None or context is None or _enter_task is None or _leave_task is None:
+            return False  # no task given, or an asyncio without these: the task runs it
+        loop = task.get_loop()
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:  # another task is running: not a protocol callback
+            return False
+        try:
+            coro = self.env.step(action)
+            if not isinstance(coro, types.CoroutineType):
+                ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
+            else:
+                try:
+                    awaiting = context.run(coro.send, None)
+                except StopIteration as done:
+                    ok, value = True, done.value
+                except BaseException as exc:
+                    ok, value = False, exc
+                else:
+                    self._suspended = (coro, awaiting)
+                    return True
+        finally:
+            _leave_task(loop, task)
+        self._stepped(step, ok, value)
+        return True
+
+    @property
+    def suspended(self) -> bool:
+        """Whether an ``async def`` step ``try_step`` started waits for ``settled()``."""
+        return self._suspended is not None
+
+    async def settled(self, error: BaseException | None = None) -> None:
+        """Wait until the step ``try_step`` started has replied.
+
+        An ``async def`` step that suspended there goes on here, in the
+        session's task, with ``error`` (a cancellation of that task) thrown in.
+        """
+        suspended, self._suspended = self._suspended, None
+        if suspended is not None and self._direct_step is not None:
+            coro, awaiting = suspended
+            step = self._direct_step
+            step.resumed = True
+            await await_step(step, resume(coro, awaiting, error))
         while self._direct_step is not None:
             if self._settled is None:
                 self._settled = asyncio.get_running_loop().create_future()
@@ -120,7 +198,11 @@ class DirectStepping:
         reply: str | None = None
         try:
             try:
-                if not ok:
+                if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
+                    # The session's own task is cancelled (a shutdown): it ends
+                    # the session as it unwinds, and nobody waits for a reply.
+                    self._end(CloseCode.GOING_AWAY)
+                elif not ok:
                     if not isinstance(value, Exception):
                         raise value  # KeyboardInterrupt and the like: not the env's failure
                     raise self._failure("step()", value, step.request_id, None)
@@ -153,6 +235,7 @@ class DirectStep:
         "awaited",
         "reply",
         "request_id",
+        "resumed",
         "session",
         "started",
         "task",
@@ -169,6 +252,7 @@ class DirectStep:
         self.reply = reply
         self.started = time.perf_counter()
         self.awaited = False  # a plain def returned an awaitable, now awaited
+        self.resumed = False  # an async def step that suspended, now in the session's task
         self.task: asyncio.Future[None] | None = None  # the task awaiting it
 
     def cancelled(self) -> bool:
@@ -191,3 +275,27 @@ async def await_step(step: DirectStep, awaitable: Any) -> None:
             raise
     else:
         step.set_result(result)
+
+
+_enter_task = getattr(asyncio.tasks, "_enter_task", None)
+_leave_task = getattr(asyncio.tasks, "_leave_task", None)
+
+
+@types.coroutine
+def resume(
+    coro: Coroutine[Any, Any, Any], awaiting: Any, error: BaseException | None
+) -> Generator[Any, Any, Any]:
+    """Go on with ``coro`` in the task that awaits this, from where it suspended
+    (awaiting ``awaiting``) outside any task: what ``await coro`` would have done."""
+    try:
+        if error is not None:
+            awaiting = coro.throw(error)
+        while True:
+            try:
+                sent = yield awaiting
+            except BaseException as exc:  # the task's cancellation, or a bad yield
+                awaiting = coro.throw(exc)
+            else:
+                awaiting = coro.send(sent)
+    except StopIteration as done:
+        return done.value

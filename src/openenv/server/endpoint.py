@@ -5,7 +5,8 @@ and sends the reply. On openenv's WebSocket protocol a step skips that task:
 the protocol offers the frame to ``Connection._take`` from its own callback
 (``Session.try_step``). A plain ``def`` step goes to a worker thread, and its
 reply is sent from the batch that brings its result back; an ``async def``
-step is awaited by the session's task, as every other message is.
+step runs there and then, as a part of the session's task, and replies at
+once unless it suspends, in which case the task is woken to finish it.
 
 No send waits on the client for longer than ``send_timeout``: openenv's
 protocol aborts a connection whose peer leaves its write buffer full that
@@ -18,6 +19,7 @@ and its slot either way.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -76,8 +78,10 @@ async def _serve(service: EnvService, connection: Connection | MuxConnection) ->
     try:
         # The connection's own task: waking it for each frame resumes a short
         # stack, not the dozen or so middleware frames above this one
-        # (cancelling this task cancels that one, too).
-        await asyncio.get_running_loop().create_task(connection.run())
+        # (cancelling this task cancels that one, too). A v1 connection's
+        # context is kept, for the steps that run as a part of it from a callback.
+        context = connection.context if isinstance(connection, Connection) else None
+        await asyncio.get_running_loop().create_task(connection.run(), context=context)
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
@@ -123,6 +127,7 @@ class Connection:
         # no coroutine per message or reply (ASGI receive/send stay the fallback).
         self._inbox = channel
         self._waiting = False  # run() is parked in receive(), with nothing else to do
+        self.context = contextvars.copy_context()  # run()'s, and its steps'
         self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -139,8 +144,17 @@ class Connection:
                 if inbox is None:
                     message = await receive()
                 else:
-                    while (message := inbox.receive_nowait()) is None:
-                        await inbox.arrival()
+                    try:
+                        while (message := inbox.receive_nowait()) is None:
+                            await inbox.arrival()
+                    except asyncio.CancelledError as cancelled:
+                        if not session.suspended:
+                            raise
+                        # Before this task took over the step _take started: the
+                        # step hears of it (its asyncio.timeout may be why).
+                        self._waiting = False
+                        await session.settled(cancelled)
+                        continue
                 self._waiting = False
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -152,6 +166,8 @@ class Connection:
                         await self._close_socket(session.close_code)
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 if kind == NOTIFY:
+                    if session.suspended:
+                        await session.settled()  # an async def step _take started
                     continue
                 frame = message.get("text")
                 if frame is None:
@@ -217,7 +233,15 @@ class Connection:
         if not self._waiting or len(frame) > self._max_size:
             return False
         session = self.session
-        return session.try_step(frame, self._reply)
+        if not session.try_step(frame, self._reply, self._task, self.context):
+            return False
+        if session.suspended:
+            # An async def step awaits something: this task finishes it.
+            self._waiting = False
+            channel = self._channel
+            assert channel is not None
+            channel.notify()
+        return True
 
     def _reply(self, frame: str) -> None:
         channel = self._channel

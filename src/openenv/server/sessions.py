@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -88,15 +88,18 @@ class Session(DirectStepping):
         # This session's lane in the thread hand-over (see server/handoff.py).
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
-        # Steps of a plain ``def`` without a deadline may start outside any
-        # coroutine (``try_step``), straight on the lane: nothing to time out.
+        # Steps without a deadline may start outside any coroutine (``try_step``):
+        # a plain ``def`` on the lane, an ``async def`` right there until it first
+        # suspends; nothing to time out.
         self._recorder = getattr(service, "recorder", None)
         # A recorded session takes the one path where request and reply meet.
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
         self._direct_step: DirectStep | None = None  # the one in flight
-        # Done once the step ``try_step`` started has replied (made on demand).
+        # An ``async def`` step that suspended in ``try_step``, and what it awaits:
+        # ``settled()`` finishes it in the session's task.
+        self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
         self._settled: asyncio.Future[None] | None = None
         try:
             self.tools = tools_of(type(env))

@@ -1,10 +1,12 @@
-"""``async def`` steps, awaited by the session's own task.
+"""``async def`` steps started from the protocol's callback, as a part of the session's task.
 
-To the step this must look exactly like being awaited by that task: one
-current task all the way through, one context per session kept from step to
-step, ``asyncio.timeout`` working, pipelined steps kept in order, a failure
-after a suspension answered and survived, and a cancellation of the task
-reaching the step.
+``Session.try_step`` runs such a step at once, with the session's task entered
+as the current task and in that task's context, until it returns or first
+suspends; a step that suspends is finished by the session's task. To the step
+this must look exactly like being awaited by that task: one current task all
+the way through, one context per session, ``asyncio.timeout`` working even
+when it expires before the task has taken over, and a cancellation of the
+task reaching the step.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, health, slots_free, until
-from test_direct_steps import exchange, session_socket
+from test_direct_steps import count_handle, exchange, session_socket
 from websockets.exceptions import ConnectionClosed
 
 from openenv import ConcurrencyConfig, create_app
@@ -88,7 +90,10 @@ def step(message: str, request_id: int | None = None) -> dict[str, Any]:
     return frame
 
 
-async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context() -> None:
+async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handled = count_handle(monkeypatch)
     seen: list[dict[str, Any]] = []
     app, tracker = awaiting_app(seen)
     kinds = ["plain", "yield", "plain", "yield", "yield", "plain"]
@@ -102,6 +107,7 @@ async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context() 
                 assert reply["data"]["observation"] == {"message": kind, "count": i + 1}
             await exchange(second, step("plain"))
         await tracker.until_closed(2)
+    assert len(handled) == 2  # the resets: no step went through handle()
     first_steps, (other,) = seen[: len(kinds)], seen[len(kinds) :]
     (task,) = {id(r["before"]) for r in first_steps} | {id(r["after"]) for r in first_steps}
     assert first_steps[0]["before"] is not None
@@ -110,6 +116,36 @@ async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context() 
     assert [r["previous"] for r in first_steps] == ["", *kinds[:-1]]
     assert [r["context value"] for r in first_steps] == kinds
     assert other["previous"] == ""
+
+
+async def test_a_step_that_cannot_start_outside_the_task_is_left_to_handle() -> None:
+    # Without the session's task, or with another task running (so the
+    # session's cannot be entered), try_step runs nothing and leaves the
+    # session as it found it, for handle() to answer the frame.
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    frame = orjson.dumps(step("plain", 1)).decode()
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            (connection,) = app.state.openenv.connections
+            session = connection.session
+
+            async def attempts() -> list[tuple[bool, bool, bool]]:
+                outcomes = []
+                for task in (None, connection._task):
+                    taken = session.try_step(frame, lambda _: None, task, connection.context)
+                    outcomes.append((taken, session.busy, session.suspended))
+                return outcomes
+
+            server_loop = connection.closed.get_loop()
+            running = asyncio.run_coroutine_threadsafe(attempts(), server_loop)
+            assert await asyncio.wrap_future(running) == [(False, False, False)] * 2
+            assert seen == []
+            reply = await exchange(ws, step("plain", 2))
+            assert reply["id"] == 2
+            assert reply["data"]["observation"] == {"message": "plain", "count": 1}
+        await tracker.until_closed(1)
 
 
 async def test_pipelined_steps_that_suspend_keep_their_order() -> None:
@@ -129,7 +165,7 @@ async def test_pipelined_steps_that_suspend_keep_their_order() -> None:
     assert counts == [*range(1, 61), 0, *range(1, 60)]
 
 
-async def test_a_deadline_inside_a_step_is_the_steps_own() -> None:
+async def test_a_deadline_that_expires_before_the_task_takes_over_reaches_the_step() -> None:
     seen: list[dict[str, Any]] = []
     app, tracker = awaiting_app(seen)
     with run_server(app) as url:
