@@ -76,19 +76,27 @@ def test_a_worker_killed_mid_run_loses_no_result_and_replays_no_finished_episode
         # Other episodes finish meanwhile, on both workers; then t5's worker
         # (a process, an actor, Spark's Python worker) is killed mid-episode.
         until(lambda: done_count(journal) >= 8, "finished episodes")
-        os.kill(int(held.read_text()), signal.SIGKILL)
+        killed = int(held.read_text())
+        os.kill(killed, signal.SIGKILL)
         results = run.result(timeout=300)
 
     lines = journal_lines(journal)
     assert [r.task_id for r in results] == [t.id for t in tasks]
     assert [r.status.value for r in results] == ["ok"] * 16, [r.error for r in results]
     done = Counter(task_id for word, task_id, _ in lines if word == "done")
-    assert done == {t.id: 1 for t in tasks}  # none lost, none finished twice
+    assert set(done) == {t.id for t in tasks}  # none lost
+    # An episode that finished in the killed worker an instant before the kill,
+    # its result not yet out of the process, is played again: that is the one
+    # way to lose no result. Any other finish is never replayed.
     finished: set[str] = set()
-    for word, task_id, _ in lines:
+    for word, task_id, pid in lines:
         assert not (word == "start" and task_id in finished), f"{task_id} replayed after done"
-        if word == "done":
+        if word == "done" and int(pid) != killed:
             finished.add(task_id)
+    for task_id, count in done.items():
+        if count > 1:
+            first = next(int(p) for w, t, p in lines if w == "done" and t == task_id)
+            assert (first, count) == (killed, 2), f"{task_id} finished {count} times"
     starts = Counter(task_id for word, task_id, _ in lines if word == "start")
     assert starts["t5"] == 2
     assert results[5].attempts == 2  # the lost attempt is counted and shown
