@@ -12,6 +12,10 @@ Server to client: ``observation``, ``state``, ``error``, ``tools``,
 A request may carry an ``id`` (string or integer); the reply carries the same
 ``id`` so that a client can match replies to requests.
 
+A client that offers the WebSocket subprotocol ``openenv.v2`` gets protocol v2
+instead: many sessions per connection, each of these messages tagged with its
+``session``, many of them per frame (``openenv/protocol_v2.py`` defines it).
+
 >>> msg = parse_client_message('{"type": "step", "data": {"message": "hi"}, "id": 7}')
 >>> type(msg).__name__, msg.data, msg.id
 ('StepRequest', {'message': 'hi'}, 7)
