@@ -343,9 +343,12 @@ class AsyncExiting(PingEnvironment):
 
 
 @pytest.mark.parametrize("env_cls", [Exiting, AsyncExiting], ids=["def", "async"])
-async def test_a_step_that_raises_a_base_exception_ends_only_its_session(env_cls: Any) -> None:
+@pytest.mark.parametrize("ws_protocol", [OURS, STOCK])
+async def test_a_step_that_raises_a_base_exception_ends_only_its_session(
+    env_cls: Any, ws_protocol: str
+) -> None:
     tracker = Tracker()
-    with run_server(ping_app(functools.partial(env_cls, tracker))) as url:
+    with run_server(ping_app(functools.partial(env_cls, tracker)), ws=ws_protocol) as url:
         async with session_socket(url) as ws:
             await exchange(ws, {"type": "reset"})
             await assert_internal_error(ws, {"type": "step", "data": {}})
