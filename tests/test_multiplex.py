@@ -20,6 +20,7 @@ from openenv import (
     CapacityError,
     DeadlineError,
     EnvExecutionError,
+    EnvTimeoutError,
     EnvValidationError,
     MuxClient,
     SessionClosedError,
@@ -452,3 +453,15 @@ async def test_a_step_raising_a_base_exception_ends_only_its_session(
             assert [r.observation.count for r in again] == [2, 2]
         await tracker.until_closed(3)
         assert (await health(url))["status"] == "healthy"
+
+
+async def test_a_call_that_timed_out_leaves_the_session_usable() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    with run_server(ping_app(tracker, gate=gate)) as url:
+        async with mux(url, message_timeout=0.3) as client:
+            (session,) = await client.open(1)
+            with pytest.raises(EnvTimeoutError):
+                await session.step(Ping(block=True, message="slow"))
+            gate.set()  # its reply comes late, to nobody; the next call gets its own
+            result = await session.step(Ping(message="next"))
+            assert (result.observation.message, result.observation.count) == ("next", 2)

@@ -269,6 +269,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             async with asyncio.timeout(self.message_timeout):
                 await asyncio.wait(futures)
         except TimeoutError:
+            self._forget(futures)
             raise EnvTimeoutError(
                 f"no reply to {len(calls)} requests within {self.message_timeout}s from {self.url}"
             ) from None
@@ -290,6 +291,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             async with asyncio.timeout(self.message_timeout):
                 reply = await future
         except TimeoutError:
+            self._forget([future])
             raise EnvTimeoutError(
                 f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
             ) from None
@@ -369,6 +371,13 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             future.set_exception(server_error(code, data["message"], details))
         else:
             future.set_result(item)
+
+    def _forget(self, futures: Sequence[asyncio.Future[dict[str, Any]]]) -> None:
+        """Stop waiting for these (given up on): a late reply finds nobody."""
+        gone = set(futures)
+        for request_id, (future, _) in list(self._waiting.items()):
+            if future in gone:
+                del self._waiting[request_id]
 
     def _fail_pending(self, session: MuxSession) -> None:
         for request_id, (future, owner) in list(self._waiting.items()):

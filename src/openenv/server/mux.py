@@ -102,6 +102,8 @@ class MuxConnection:
         try:
             while True:
                 if self._in_flight >= self._max_in_flight:
+                    # Read no more until replies free room (a client that vanished
+                    # meanwhile is seen after that: what it queued is answered first).
                     self._room = asyncio.get_running_loop().create_future()
                     await self._room
                 message = await self._next_message()
