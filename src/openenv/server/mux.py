@@ -4,11 +4,9 @@ The wire is in ``protocol_v2.py``. Here each session of the connection is a
 ``Lane``: its ``Session`` (the same one ``/ws`` v1 drives, so deadlines,
 errors, tools and recording behave alike), and the requests waiting their
 turn. A lane with work has one task that serves its requests in order and
-ends when none is left, so an idle session costs no task. Replies go to an
-outbox; one writer task sends whatever the outbox holds as one frame each
-time it wakes, so replies finished at the same moment (a batch of steps back
-from the worker threads together) share a frame, and a slow environment
-holds back only its own reply.
+ends when none is left, so an idle session costs no task. Replies go to the
+connection's ``Outbox`` (``server/mux_writer.py``) as they finish, so a slow
+environment holds back only its own reply.
 
 The connection reads no further frame while ``max_requests_in_flight``
 requests are unanswered: a client that floods it waits on TCP, not on the
@@ -25,12 +23,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketState
 
 from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
+from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session, SessionState
 
@@ -38,7 +37,7 @@ __all__ = ["Lane", "MuxConnection"]
 
 logger = logging.getLogger("openenv.server")
 
-_GONE = (WebSocketDisconnect, OSError, RuntimeError)
+_GONE = GONE
 
 
 class Lane:
@@ -79,25 +78,26 @@ class MuxConnection:
         self._max_bad = settings.max_bad_frames
         self.lanes: dict[SessionKey, Lane] = {}
         self.closed: asyncio.Future[None] = loop.create_future()
-        self.sending_since: float | None = None
-        self._clock = loop.time
-        self._outbox: list[str] = []
-        self._outbox_keys: list[SessionKey] = []
-        self._untagged: list[str] = []  # replies about a frame, not a session
-        self._wake: asyncio.Future[None] | None = None  # the writer, waiting
+        self.outbox = Outbox(send, channel, self._peer_gone)
         self._room: asyncio.Future[None] | None = None  # the reader, waiting for room
         self._in_flight = 0
         self._bad_frames = 0
         self._gone = False  # the peer left, or the connection is ending
         self._ending: str | None = None  # why every session is being closed
         self._task: asyncio.Task[None] | None = None
-        self._writer: asyncio.Task[None] | None = None
+
+    @property
+    def sending_since(self) -> float | None:
+        return self.outbox.sending_since
+
+    def _peer_gone(self) -> None:
+        self._gone = True
 
     # -- the reader ------------------------------------------------------------
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        self._writer = asyncio.get_running_loop().create_task(self._write())
+        self.outbox.start()
         reason = "disconnect"
         try:
             while True:
@@ -137,10 +137,7 @@ class MuxConnection:
             while not ending.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(ending)
-            if self._writer is not None:
-                self._writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._writer
+            await self.outbox.stop()
             if not self.closed.done():
                 self.closed.set_result(None)
 
@@ -179,7 +176,7 @@ class MuxConnection:
         if self._bad_frames < self._max_bad:
             return True
         logger.warning("closing a v2 connection after %d bad frames in a row", self._bad_frames)
-        self._untagged.append(
+        self.outbox.untagged(
             protocol.error_frame(
                 ErrorCode.SESSION_ERROR,
                 f"closing the connection after {self._bad_frames} bad frames in a row",
@@ -189,10 +186,9 @@ class MuxConnection:
 
     def _error_untagged(self, exc: FrameError) -> None:
         self._service.metrics.errors[exc.code.value] += 1
-        self._untagged.append(
+        self.outbox.untagged(
             protocol.error_frame(exc.code, exc.message, request_id=exc.request_id, **exc.details)
         )
-        self._wake_writer()
 
     def _start(self, key: SessionKey, item: dict[str, Any]) -> None:
         del item["session"]
@@ -323,59 +319,8 @@ class MuxConnection:
         if lane.session is not None:
             await lane.session.aclose(reason)
 
-    # -- the writer ------------------------------------------------------------
-
     def _reply(self, key: SessionKey, frame: str) -> None:
-        self._outbox.append(frame)
-        self._outbox_keys.append(key)
-        self._wake_writer()
-
-    def _wake_writer(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    def _pending_frame(self) -> str | None:
-        if self._outbox:
-            frame = protocol_v2.batch(self._outbox, self._outbox_keys)
-            self._outbox, self._outbox_keys = [], []
-            if self._untagged:
-                frame = frame[:-1] + "," + ",".join(self._untagged) + "]"
-                self._untagged = []
-            return frame
-        if self._untagged:
-            frame = "[" + ",".join(self._untagged) + "]"
-            self._untagged = []
-            return frame
-        return None
-
-    async def _write(self) -> None:
-        channel = self._channel
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                frame = self._pending_frame()
-                if frame is None:
-                    self._wake = loop.create_future()
-                    await self._wake
-                    continue
-                if channel is not None and channel.send_text(frame):
-                    continue
-                self.sending_since = self._clock()
-                try:
-                    await self._send({"type": "websocket.send", "text": frame})
-                finally:
-                    self.sending_since = None
-        except _GONE:
-            self._gone = True  # run() hears of it from receive, and closes every session
-
-    async def _flush(self) -> None:
-        """Send what the outbox holds (before a close frame), within ``send_timeout``."""
-        frame = self._pending_frame()
-        if frame is None:
-            return
-        async with asyncio.timeout(self._service.settings.send_timeout):
-            await self.websocket.send_text(frame)
+        self.outbox.reply(key, frame)
 
     # -- ending ----------------------------------------------------------------
 
@@ -469,21 +414,16 @@ class MuxConnection:
         self._gone = True
         if self._channel is not None:
             self._channel.abort()
-        if self._writer is not None:
-            self._writer.cancel()
+        self.outbox.abort()
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
     async def _flush_and_close(self, code: CloseCode) -> None:
         if self.websocket.application_state is WebSocketState.DISCONNECTED:
             return
-        writer = self._writer
-        if writer is not None and writer is not asyncio.current_task():
-            writer.cancel()  # one sender at a time: what it had not sent goes below
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+        await self.outbox.stop()  # one sender at a time: what it had not sent goes below
         try:
-            await self._flush()
+            await self.outbox.flush(self.websocket, self._service.settings.send_timeout)
             await self._close_socket(code)
         except (*_GONE, TimeoutError):
             pass

@@ -52,7 +52,10 @@ class Served(Protocol):
     """What the service asks of a connection it serves (v1's one session, v2's many)."""
 
     closed: asyncio.Future[None]  # done once every session of it is closed
-    sending_since: float | None  # when the send in progress began waiting on the peer
+
+    @property
+    def sending_since(self) -> float | None:
+        """When the send in progress began waiting on the peer (``None``: none waits)."""
 
     async def expire(self, reason: str) -> None:
         """End every session (a shutdown): close frames, environments closed."""

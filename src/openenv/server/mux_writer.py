@@ -1,0 +1,112 @@
+"""The sending half of a v2 connection: replies gathered into frames.
+
+Replies go to an outbox; one task sends whatever the outbox holds as one frame
+each time it wakes. So replies finished at the same moment (a batch of steps
+back from the worker threads together) share a frame, and none waits for
+another that is not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from starlette.types import Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from openenv import protocol_v2
+from openenv.protocol_v2 import SessionKey
+from openenv.server.direct import DirectChannel
+
+__all__ = ["Outbox"]
+
+# What a send to a socket whose peer is gone raises, depending on the ASGI server.
+GONE = (WebSocketDisconnect, OSError, RuntimeError)
+
+
+class Outbox:
+    """Replies of one v2 connection, and the task that sends them."""
+
+    def __init__(self, send: Send, channel: DirectChannel | None, on_gone: Callable[[], None]):
+        self._send = send
+        self._channel = channel
+        self._on_gone = on_gone
+        self._clock = asyncio.get_running_loop().time
+        self._frames: list[str] = []
+        self._keys: list[SessionKey] = []
+        self._untagged: list[str] = []  # replies about a frame, not a session
+        self._wake: asyncio.Future[None] | None = None  # the writer, waiting
+        self._task: asyncio.Task[None] | None = None
+        # When the send in progress began waiting on the peer (the service's sweep reads it).
+        self.sending_since: float | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._write())
+
+    def reply(self, key: SessionKey, frame: str) -> None:
+        """Queue a v1 reply of session ``key``."""
+        self._frames.append(frame)
+        self._keys.append(key)
+        self._wake_writer()
+
+    def untagged(self, frame: str) -> None:
+        """Queue a reply about a whole frame (no session)."""
+        self._untagged.append(frame)
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _pending_frame(self) -> str | None:
+        frame = None
+        if self._frames:
+            frame = protocol_v2.batch(self._frames, self._keys)
+            self._frames, self._keys = [], []
+        if self._untagged:
+            untagged = ",".join(self._untagged)
+            frame = f"[{untagged}]" if frame is None else f"{frame[:-1]},{untagged}]"
+            self._untagged = []
+        return frame
+
+    async def _write(self) -> None:
+        channel = self._channel
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                frame = self._pending_frame()
+                if frame is None:
+                    self._wake = loop.create_future()
+                    await self._wake
+                    continue
+                if channel is not None and channel.send_text(frame):
+                    continue
+                self.sending_since = self._clock()
+                try:
+                    await self._send({"type": "websocket.send", "text": frame})
+                finally:
+                    self.sending_since = None
+        except GONE:
+            self._on_gone()  # the reader hears of it from receive, too
+
+    async def stop(self) -> None:
+        """Stop the sending task (what it had not sent stays for ``flush``)."""
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def abort(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def flush(self, websocket: WebSocket, timeout: float) -> None:
+        """Send what is left as one last frame (before a close), within ``timeout``."""
+        frame = self._pending_frame()
+        if frame is None:
+            return
+        async with asyncio.timeout(timeout):
+            await websocket.send_text(frame)
