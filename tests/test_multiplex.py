@@ -465,3 +465,24 @@ async def test_a_call_that_timed_out_leaves_the_session_usable() -> None:
             gate.set()  # its reply comes late, to nobody; the next call gets its own
             result = await session.step(Ping(message="next"))
             assert (result.observation.message, result.observation.count) == ("next", 2)
+
+
+async def test_sessions_opened_at_once_from_many_coroutines_share_one_connection() -> None:
+    app = ping_app(Tracker(), max_envs=40)
+    seen: list[Any] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            seen.append(scope.get("subprotocols"))
+        await app(scope, receive, send)
+
+    counting.state = app.state  # type: ignore[attr-defined]
+    with run_server(counting) as url:
+        client = mux(url)  # not connected yet: the 40 opens race to connect it
+        try:
+            groups = await asyncio.gather(*(client.open(1) for _ in range(40)))
+            results = await asyncio.gather(*(s.step(Ping()) for (s,) in groups))
+            assert [r.observation.count for r in results] == [1] * 40
+        finally:
+            await client.close()
+    assert len(seen) == 1

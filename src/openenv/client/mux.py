@@ -118,6 +118,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self._reader: asyncio.Task[None] | None = None
         self._lost: SessionClosedError | None = None
         self._closed = False
+        self._connecting = asyncio.Lock()
 
     # -- connection -------------------------------------------------------------
 
@@ -128,19 +129,20 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
 
     async def connect(self) -> Self:
         """Open the connection (no session yet: ``open`` makes them)."""
-        if self._ws is not None:
+        async with self._connecting:  # many coroutines may open at once: one socket
+            if self._ws is not None:
+                return self
+            if self._closed:
+                raise SessionClosedError("this client was closed; create a new one")
+            ws = await open_socket(self.url, self.connect_timeout, self._options)
+            if ws.subprotocol != protocol_v2.SUBPROTOCOL:
+                await ws.close()
+                raise V2Unsupported(
+                    self.url, "the server does not speak openenv's protocol v2 (many sessions)"
+                )
+            self._ws = ws
+            self._reader = asyncio.get_running_loop().create_task(self._read(ws))
             return self
-        if self._closed:
-            raise SessionClosedError("this client was closed; create a new one")
-        ws = await open_socket(self.url, self.connect_timeout, self._options)
-        if ws.subprotocol != protocol_v2.SUBPROTOCOL:
-            await ws.close()
-            raise V2Unsupported(
-                self.url, "the server does not speak openenv's protocol v2 (many sessions)"
-            )
-        self._ws = ws
-        self._reader = asyncio.get_running_loop().create_task(self._read(ws))
-        return self
 
     async def open(self, n: int = 1) -> list[MuxSession]:
         """Open ``n`` sessions, each with its own environment and slot, in one frame.
