@@ -203,3 +203,27 @@ def test_the_readme_example_runs_as_written(cartpole_url: str) -> None:
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
     assert out.getvalue() == f"mean return over 20 episodes: {sum(returns) / 20}\n"
+
+
+def test_the_readme_vector_example_runs_as_written(cartpole_url: str) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Train with Gymnasium's vector API", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000", cartpole_url), "README.md", "exec"), {})
+    # The same loop over Gymnasium's own vector env, in this process.
+    import numpy as np
+    from gymnasium.vector import SyncVectorEnv
+
+    envs = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 64)
+    observations, _ = envs.reset(seed=0)
+    finished = 0
+    for _ in range(200):
+        actions = (observations[:, 2] > 0).astype(np.int64)
+        observations, _, terminations, truncations, _ = envs.step(actions)
+        finished += int(np.sum(terminations | truncations))
+    envs.close()
+    assert out.getvalue() == f"{finished} episodes ended in 200 steps of 64 environments\n"
+    assert finished > 0
+    assert httpx.get(f"{cartpole_url}/health").json()["active_sessions"] == 0
