@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +18,11 @@ from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
 from openenv import (
     CapacityError,
+    ConcurrencyConfig,
     DeadlineError,
     EnvExecutionError,
     EnvTimeoutError,
@@ -27,6 +32,7 @@ from openenv import (
     SessionError,
     StepResult,
     WebSocketEnvClient,
+    create_app,
 )
 from openenv.client import ws_url
 from openenv.protocol_v2 import SUBPROTOCOL
@@ -486,3 +492,16 @@ async def test_sessions_opened_at_once_from_many_coroutines_share_one_connection
         finally:
             await client.close()
     assert len(seen) == 1
+
+
+async def test_the_docs_example_runs_against_the_echo_env() -> None:
+    docs = Path(__file__).parents[1] / "docs" / "multiplex.md"
+    code = re.findall(r"```python\n(.*?)```", docs.read_text(), re.DOTALL)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(docs), "exec"), namespace)
+    app = create_app(
+        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=64)
+    )
+    with run_server(app) as url:
+        await namespace["train"](url)
+        await slots_free(url)

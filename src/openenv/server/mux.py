@@ -85,6 +85,7 @@ class MuxConnection:
         self._gone = False  # the peer left, or the connection is ending
         self._ending: str | None = None  # why every session is being closed
         self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def sending_since(self) -> float | None:
@@ -209,7 +210,7 @@ class MuxConnection:
             if session is not None and session.try_step_request(item, lane.stepped):
                 return
             lane.queue.append(item)
-            lane.task = asyncio.get_running_loop().create_task(self._serve(lane))
+            lane.task = self._spawn(self._serve(lane))
         else:
             lane.queue.append(item)
 
@@ -219,9 +220,12 @@ class MuxConnection:
         """Serve a lane's requests in order until none is left (or it closes)."""
         try:
             while lane.queue:
-                if lane.session is not None and lane.session.busy:
-                    await lane.session.settled()  # a step the fast path started
+                session = lane.session
+                if session is not None and session.busy:
+                    await session.settled()  # a step the fast path started
                     continue  # the queue may have been dropped meanwhile
+                if session is not None and self.lanes.get(lane.key) is not lane:
+                    break  # it ended (that step's error): what waits is refused below
                 item = lane.queue.popleft()
                 try:
                     reply = await self._answer(lane, item)
@@ -229,15 +233,21 @@ class MuxConnection:
                     self._answered()
                 if reply is not None:
                     self._reply(lane.key, reply)
-                if self.lanes.get(lane.key) is not lane:  # closed: what waits is refused
-                    while lane.queue:
-                        left = lane.queue.popleft()
-                        self._in_flight -= 1
-                        self._reply(
-                            lane.key, _error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left)
-                        )
+                if self.lanes.get(lane.key) is not lane:
+                    break
+            while lane.queue:  # the session is gone: refuse what waited for it
+                left = lane.queue.popleft()
+                self._answered()
+                self._reply(lane.key, _error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left))
         finally:
             lane.task = None
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of this connection's, which ``_end_all`` waits for."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _answered(self) -> None:
         self._in_flight -= 1
@@ -250,17 +260,13 @@ class MuxConnection:
         self._answered()
         self._reply(lane.key, reply)
         session = lane.session
-        if lane.task is not None:
-            return  # it waits for this step to settle, and goes on with the queue
-        if session is not None and session.state is not SessionState.OPEN:
-            lane.task = asyncio.get_running_loop().create_task(self._ended(lane))
-
-    async def _ended(self, lane: Lane) -> None:
-        """A fast-path step ended its session (a fatal error)."""
-        try:
-            await self._end_lane(lane)
-        finally:
-            lane.task = None
+        if (
+            session is not None
+            and session.state is not SessionState.OPEN
+            and self.lanes.get(lane.key) is lane
+        ):
+            # It ended the session: the notice goes in the same frame as its error.
+            self._spawn(session.aclose(self._announce_end(lane)))
 
     async def _answer(self, lane: Lane, item: dict[str, Any]) -> str | None:
         kind = item.get("type")
@@ -283,6 +289,12 @@ class MuxConnection:
     async def _end_lane(self, lane: Lane) -> None:
         """The session ended itself (a fatal error): say so at once, then close it
         (which may wait for a call still running on a thread)."""
+        assert lane.session is not None
+        await lane.session.aclose(self._announce_end(lane))
+
+    def _announce_end(self, lane: Lane) -> str:
+        """Free the name of a session that ended itself and send its ``closed``
+        notice; the reason to close it with."""
         session = lane.session
         assert session is not None
         if self.lanes.get(lane.key) is lane:
@@ -294,7 +306,7 @@ class MuxConnection:
                 reason, session.close_code, "the session ended after the error above"
             ),
         )
-        await session.aclose(reason)
+        return reason
 
     async def _open(self, lane: Lane, request_id: protocol.RequestId | None) -> str:
         service = self._service
@@ -332,7 +344,7 @@ class MuxConnection:
             if lane.session is not None:
                 lane.session.cancel_queued("the connection closed")
             lane.queue.clear()
-        running = [lane.task for lane in lanes if lane.task is not None]
+        running = list(self._tasks)  # lanes serving requests, and sessions closing
         for lane in lanes:
             if not lane.admitted and lane.task is not None:
                 lane.task.cancel()  # still waiting for a slot: admit() is safe to cancel
@@ -399,8 +411,8 @@ class MuxConnection:
         for lane in list(self.lanes.values()):
             if lane.session is not None:
                 lane.session.abandon()
-            if lane.task is not None:
-                lane.task.cancel()
+        for task in list(self._tasks):  # lanes, and sessions that ended and are closing
+            task.cancel()
         if self._channel is not None:
             self._channel.abort()
         if self._task is not None and not self._task.done():
