@@ -15,7 +15,7 @@ from gymnasium.utils.passive_env_checker import check_obs
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 
-from openenv import ConcurrencyConfig, EnvValidationError
+from openenv import CapacityError, ConcurrencyConfig, EnvValidationError
 from openenv.adapters.gymnasium import RemoteGymnasiumEnv, RemoteVectorEnv, create_gymnasium_app
 from openenv.testing import run_server
 
@@ -169,3 +169,13 @@ def test_the_vector_envs_batches_stay_in_their_spaces(cartpole_url: str) -> None
             assert terminations.dtype == truncations.dtype == np.bool_
     finally:
         remote.close()
+
+
+async def test_more_envs_than_the_server_has_room_for_is_refused_and_leaves_nothing() -> None:
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=3))
+    with run_server(app) as url:
+        with pytest.raises(CapacityError):
+            RemoteVectorEnv(url, num_envs=5)
+        await slots_free(url)  # the three that did open were closed with the connection
+        envs = RemoteVectorEnv(url, num_envs=3)
+        envs.close()

@@ -12,7 +12,14 @@ from servers import Ping, PingEnvironment, Pong, Tracker
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from openenv import AuthenticationError, ConcurrencyConfig, WebSocketEnvClient, create_app
+from openenv import (
+    AuthenticationError,
+    ConcurrencyConfig,
+    MuxClient,
+    WebSocketEnvClient,
+    create_app,
+)
+from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
 from openenv.client import ws_url
 from openenv.testing import run_server
 
@@ -119,3 +126,28 @@ async def test_foreign_origin_cannot_open_sessions() -> None:
                 await ws.send('{"type": "state"}')
                 assert orjson.loads(await ws.recv())["type"] == "state"
     assert len(tracker.created) == 2
+
+
+async def test_v2_clients_need_the_key_too(keyed_url: tuple[str, Tracker]) -> None:
+    url, tracker = keyed_url
+    with pytest.raises(AuthenticationError):
+        await MuxClient(url).connect()
+    with pytest.raises(AuthenticationError):
+        await MuxClient(url, api_key="wrong").connect()
+    async with MuxClient(url, api_key=KEY, action_cls=Ping, observation_cls=Pong) as mux:
+        (session,) = await mux.open(1)
+        assert (await session.step(Ping())).observation.count == 1
+    await tracker.until_closed(1)  # only the keyed session was ever made
+
+
+def test_the_remote_vector_env_needs_the_key() -> None:
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4), api_key=KEY)
+    with run_server(app) as url:
+        with pytest.raises(AuthenticationError):
+            RemoteVectorEnv(url, num_envs=2)
+        envs = RemoteVectorEnv(url, num_envs=2, api_key=KEY)
+        try:
+            observations, _ = envs.reset(seed=0)
+            assert observations.shape == (2, 4)
+        finally:
+            envs.close()

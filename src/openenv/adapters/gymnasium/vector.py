@@ -43,7 +43,12 @@ from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
 from openenv.client._base import http_url, ws_url
-from openenv.errors import ConnectionFailedError, SessionClosedError, server_error
+from openenv.errors import (
+    AuthenticationError,
+    ConnectionFailedError,
+    SessionClosedError,
+    server_error,
+)
 
 __all__ = ["RemoteGymnasiumEnv", "RemoteVectorEnv"]
 
@@ -113,7 +118,13 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             self._ws = None
             self._stack.close()
             raise ConnectionFailedError(ws_url(base_url), "the server does not speak protocol v2")
-        self._exchange([("open", None)] * num_envs)
+        try:
+            self._exchange([("open", None)] * num_envs)
+        except BaseException:
+            # Dropping the connection closes the sessions that did open.
+            self._ws = None
+            self._stack.close()
+            raise
 
     # -- the vector API ----------------------------------------------------------
 
@@ -294,11 +305,14 @@ def _spaces(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any
         reply = httpx.get(base + SPACES_ROUTE, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         raise ConnectionFailedError(base, str(exc) or type(exc).__name__) from None
+    if reply.status_code in (401, 403):
+        raise AuthenticationError(base, _detail(reply) or f"HTTP {reply.status_code}")
     if reply.status_code == 404:
         raise ConnectionFailedError(
             base, "no Gymnasium spaces there: serve the environment with create_gymnasium_app"
         )
-    reply.raise_for_status()
+    if reply.status_code != 200:
+        raise ConnectionFailedError(base, f"HTTP {reply.status_code}: {_detail(reply)}")
     described: dict[str, Any] = reply.json()
     return described
 
@@ -357,3 +371,11 @@ def _first_info(infos: dict[str, Any]) -> dict[str, Any]:
             continue
         info[key] = _first_info(value) if isinstance(value, dict) else value[0]
     return info
+
+
+def _detail(reply: httpx.Response) -> str:
+    """The server's ``detail`` (openenv always gives one), or ``""``."""
+    try:
+        return str(reply.json().get("detail") or "")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return ""
