@@ -140,7 +140,13 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
         self.models = models or _derive(self.env)
         # Frames only when asked for: rendering and encoding cost more than a step.
         self._renders = self.env.render_mode == "rgb_array"
-        self._state = GymnasiumState(env_id=_env_id(self.env))
+        # The episode's bookkeeping as plain attributes (a pydantic model's setters
+        # cost more than a CartPole step); ``state`` makes the model when asked.
+        self._env_id = _env_id(self.env)
+        self._episode_id: str | None = None
+        self._steps = 0
+        self._total_reward = 0.0
+        self._terminated = self._truncated = False
         self._needs_reset = True
 
     def reset(
@@ -152,9 +158,9 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
     ) -> GymnasiumObservation:
         """Start an episode; the same ``seed`` gives the same episode for the same actions."""
         observation, info = self.env.reset(seed=seed, options=options)
-        self._state = GymnasiumState(
-            episode_id=episode_id or uuid.uuid4().hex, env_id=self._state.env_id
-        )
+        self._episode_id = episode_id or uuid.uuid4().hex
+        self._steps, self._total_reward = 0, 0.0
+        self._terminated = self._truncated = False
         self._needs_reset = False
         return self._observation(observation, info)
 
@@ -162,23 +168,28 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
         if self._needs_reset:
             raise EnvError(
                 "the episode is over (terminated or truncated); reset() to start a new one"
-                if self._state.step_count
+                if self._steps
                 else "reset() before the first step"
             )
         value = from_json(self.models.action_space, jsonable(getattr(action, "action", None)))
         observation, reward, terminated, truncated, info = self.env.step(value)
-        state = self._state
-        state.step_count += 1
-        state.total_reward += float(reward)
-        state.terminated, state.truncated = bool(terminated), bool(truncated)
-        self._needs_reset = state.terminated or state.truncated
-        return self._observation(
-            observation, info, float(reward), state.terminated, state.truncated
-        )
+        reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        self._steps += 1
+        self._total_reward += reward
+        self._terminated, self._truncated = terminated, truncated
+        self._needs_reset = terminated or truncated
+        return self._observation(observation, info, reward, terminated, truncated)
 
     @property
     def state(self) -> GymnasiumState:
-        return self._state
+        return GymnasiumState(
+            episode_id=self._episode_id,
+            step_count=self._steps,
+            env_id=self._env_id,
+            total_reward=self._total_reward,
+            terminated=self._terminated,
+            truncated=self._truncated,
+        )
 
     def close(self) -> None:
         self.env.close()
