@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import ssl
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
@@ -14,7 +17,21 @@ from openenv.errors import server_error
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
-__all__ = ["ActT", "AnyObservation", "ClientCore", "ObsT", "StateT", "http_url", "ws_url"]
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "ActT",
+    "AnyObservation",
+    "ClientCore",
+    "ObsT",
+    "StateT",
+    "auth_headers",
+    "http_detail",
+    "http_url",
+    "ssl_context",
+    "ws_url",
+]
 
 ActT = TypeVar("ActT", bound=Action)
 ObsT = TypeVar("ObsT", bound=Observation)
@@ -71,6 +88,43 @@ def http_url(base_url: str) -> str:
     parts = urlsplit(ws_url(base_url))
     scheme = "https" if parts.scheme == "wss" else "http"
     return urlunsplit((scheme, parts.netloc, parts.path.removesuffix("/ws"), "", ""))
+
+
+def auth_headers(
+    headers: Mapping[str, str] | None = None, api_key: str | None = None
+) -> dict[str, str]:
+    """The extra headers of every request: ``headers``, and the API key (default:
+    ``$OPENENV_API_KEY``) as a Bearer token.
+
+    >>> auth_headers({"X-Trace": "1"}, api_key="k")
+    {'X-Trace': '1', 'Authorization': 'Bearer k'}
+    """
+    extra = dict(headers or {})
+    api_key = api_key or os.environ.get("OPENENV_API_KEY")
+    if api_key:
+        extra["Authorization"] = f"Bearer {api_key}"
+    return extra
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """httpx's TLS context, made once per process (loading the CA bundle takes ~0.2 s)."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+def http_detail(response: httpx.Response) -> str:
+    """FastAPI's ``detail`` of an HTTP error: a message, or a list of validation errors."""
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return response.text or response.reason_phrase
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}" for e in detail
+        )
+    return str(detail)
 
 
 class ClientCore(Generic[ActT, ObsT, StateT]):

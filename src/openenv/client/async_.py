@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -14,7 +13,16 @@ from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from openenv import protocol
-from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, http_url, ws_url
+from openenv.client._base import (
+    ActT,
+    AnyObservation,
+    ClientCore,
+    ObsT,
+    StateT,
+    auth_headers,
+    http_url,
+    ws_url,
+)
 from openenv.client.loop_aware import loop_aware
 from openenv.client.pool import ServerPool, as_pool
 from openenv.client.sync import run_sync
@@ -127,10 +135,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
-        extra_headers = dict(headers or {})
-        api_key = api_key or os.environ.get("OPENENV_API_KEY")
-        if api_key:
-            extra_headers["Authorization"] = f"Bearer {api_key}"
+        extra_headers = auth_headers(headers, api_key)
         if extra_headers:
             self._connect_options["additional_headers"] = extra_headers
         self._ws: ClientConnection | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -22,7 +21,15 @@ from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol, protocol_v2
-from openenv.client._base import ActT, AnyObservation, ClientCore, ObsT, StateT, ws_url
+from openenv.client._base import (
+    ActT,
+    AnyObservation,
+    ClientCore,
+    ObsT,
+    StateT,
+    auth_headers,
+    ws_url,
+)
 from openenv.client.async_ import open_socket
 from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError, server_error
 from openenv.tasks import TaskSpec
@@ -94,10 +101,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self.url = ws_url(base_url)
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout
-        extra_headers = dict(headers or {})
-        api_key = api_key or os.environ.get("OPENENV_API_KEY")
-        if api_key:
-            extra_headers["Authorization"] = f"Bearer {api_key}"
+        extra_headers = auth_headers(headers, api_key)
         self._options: dict[str, Any] = {
             "subprotocols": [protocol_v2.SUBPROTOCOL],
             "ping_interval": ping_interval,
@@ -288,7 +292,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
     ) -> dict[str, Any]:
         future = self._queue(session, kind, data)
         self._flush_soon()
-        started = time.time()
+        started = time.time() if session.on_exchange is not None else 0.0
         try:
             async with asyncio.timeout(self.message_timeout):
                 reply = await future

@@ -12,10 +12,7 @@ and a server at capacity is retried with backoff until a slot frees up.
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 import random
-import ssl
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -23,7 +20,13 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import BaseModel
 
 from openenv import protocol
-from openenv.client._base import AnyObservation, http_url
+from openenv.client._base import (
+    AnyObservation,
+    auth_headers,
+    http_detail,
+    http_url,
+    ssl_context,
+)
 from openenv.client.async_ import WebSocketEnvClient
 from openenv.client.pool import ServerPool, as_pool
 from openenv.errors import (
@@ -453,43 +456,18 @@ async def _get_json(
     except httpx.HTTPError as exc:
         raise ConnectionFailedError(url, f"{type(exc).__name__}: {exc}") from None
     if response.status_code >= 400:
-        detail = _detail(response)
+        detail = http_detail(response)
         error = NotFoundError if response.status_code == 404 else RequestFailedError
         raise error(str(response.url), response.status_code, detail)
     return response.json()
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    # Loading the CA bundle costs ~0.2 s: once per process, not once per request.
-    import httpx
-
-    return httpx.create_ssl_context()
-
-
 def _http_client(headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
     import httpx
 
-    return httpx.AsyncClient(verify=_ssl_context(), headers=dict(headers or {}))
+    return httpx.AsyncClient(verify=ssl_context(), headers=dict(headers or {}))
 
 
 def _http_headers(options: Mapping[str, Any]) -> dict[str, str]:
     """The HTTP headers a session's handshake would carry: ``headers=``, then the API key."""
-    headers = dict(options.get("headers") or {})
-    api_key = options.get("api_key") or os.environ.get("OPENENV_API_KEY")
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def _detail(response: httpx.Response) -> str:
-    """FastAPI's ``detail``: a message, or a list of validation errors."""
-    try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        return response.text or response.reason_phrase
-    if isinstance(detail, list):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}" for e in detail
-        )
-    return str(detail)
+    return auth_headers(options.get("headers"), options.get("api_key"))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
@@ -42,7 +41,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
-from openenv.client._base import http_url, ws_url
+from openenv.client._base import auth_headers, http_detail, http_url, ssl_context, ws_url
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -82,8 +81,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.copy = copy
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.timeout = timeout
-        api_key = api_key or os.environ.get("OPENENV_API_KEY")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth_headers(api_key=api_key)
         described = _spaces(http_url(base_url), headers, timeout)
         self.single_action_space = rebuild(described["action_space"])
         self.single_observation_space = rebuild(described["observation_space"])
@@ -186,7 +184,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             data = reply["data"]
             payload = data["observation"]
             observations.append(payload["observation"])
-            if requests[i] is not None and requests[i][0] == "reset":  # type: ignore[index]
+            if next_step and self._autoreset_envs[i]:  # this call reset it
                 self._rewards[i] = 0.0
                 self._terminations[i] = self._truncations[i] = False
             else:
@@ -281,9 +279,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             values = np.asarray(observations, dtype=space.dtype)
             self._observations = values.reshape(self._observations.shape)
             return
-        current = list(iterate(self.observation_space, self._observations))
+        kept = iterate(self.observation_space, self._observations)  # for envs not reset
         items = [
-            from_json(space, o) if o is not None else current[i] for i, o in enumerate(observations)
+            from_json(space, o) if o is not None else own
+            for o, own in zip(observations, kept, strict=True)
         ]
         self._observations = concatenate(space, items, self._observations)
 
@@ -302,17 +301,19 @@ def _reset_data(seed: int | None, options: dict[str, Any]) -> dict[str, Any]:
 
 def _spaces(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any]:
     try:
-        reply = httpx.get(base + SPACES_ROUTE, headers=headers, timeout=timeout)
+        reply = httpx.get(
+            base + SPACES_ROUTE, headers=headers, timeout=timeout, verify=ssl_context()
+        )
     except httpx.HTTPError as exc:
         raise ConnectionFailedError(base, str(exc) or type(exc).__name__) from None
     if reply.status_code in (401, 403):
-        raise AuthenticationError(base, _detail(reply) or f"HTTP {reply.status_code}")
+        raise AuthenticationError(base, http_detail(reply) or f"HTTP {reply.status_code}")
     if reply.status_code == 404:
         raise ConnectionFailedError(
             base, "no Gymnasium spaces there: serve the environment with create_gymnasium_app"
         )
     if reply.status_code != 200:
-        raise ConnectionFailedError(base, f"HTTP {reply.status_code}: {_detail(reply)}")
+        raise ConnectionFailedError(base, f"HTTP {reply.status_code}: {http_detail(reply)}")
     described: dict[str, Any] = reply.json()
     return described
 
@@ -371,11 +372,3 @@ def _first_info(infos: dict[str, Any]) -> dict[str, Any]:
             continue
         info[key] = _first_info(value) if isinstance(value, dict) else value[0]
     return info
-
-
-def _detail(reply: httpx.Response) -> str:
-    """The server's ``detail`` (openenv always gives one), or ``""``."""
-    try:
-        return str(reply.json().get("detail") or "")
-    except (ValueError, AttributeError):  # not JSON, or not an object
-        return ""
