@@ -9,11 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -110,32 +110,61 @@ async def chatty(session: EpisodeSession) -> int:
     return 5
 
 
-def test_runners_on_ray_lose_nothing_when_a_replica_dies_mid_run(two_nodes: list[str]) -> None:
+class KillsItsReplica:
+    """Plays like ``chatty``; in the victim task's first attempt it SIGKILLs its own replica.
+
+    The kill comes from inside an episode, so the replica surely dies with
+    sessions on it (a killer reading the fleet's half-second-old load can hit
+    a replica that has just gone idle). The marker file, created exclusively,
+    makes it happen once across every Ray worker and attempt, and records the pid.
+    """
+
+    def __init__(self, fleet_url: str, marker: Path, victim: str) -> None:
+        self.fleet_url, self.marker, self.victim = fleet_url, marker, victim
+
+    async def __call__(self, session: EpisodeSession) -> int:
+        await session.reset()
+        for n in range(5):
+            if n == 2 and session.task.id == self.victim and self._first():
+                where = urlsplit(session.client.url).netloc
+                replicas = await asyncio.to_thread(healthy, self.fleet_url)
+                pid = next(r["pid"] for r in replicas if urlsplit(r["url"]).netloc == where)
+                self.marker.write_text(str(pid))
+                os.kill(pid, signal.SIGKILL)
+            await session.step(EchoAction(message=f"{session.task.id}/{n}"))
+            await asyncio.sleep(0.01)
+        return 5
+
+    def _first(self) -> bool:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def test_runners_on_ray_lose_nothing_when_a_replica_dies_mid_run(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
     fleet = Fleet(ECHO, replicas=4, num_cpus=0.25, max_sessions=16, interval=0.5)
     with fleet as url:
         until(lambda: len(healthy(url)) == 4, "4 healthy replicas")
         pool = ServerPool(url)
-        killed: list[int] = []
-
-        def kill_a_busy_replica() -> None:
-            until(lambda: any(r["active_sessions"] for r in healthy(url)), "a busy replica")
-            busy = next(r for r in healthy(url) if r["active_sessions"])
-            os.kill(busy["pid"], signal.SIGKILL)
-            killed.append(busy["pid"])
-
-        killer = threading.Thread(target=kill_a_busy_replica)
-        killer.start()
-        tasks = [Task(id=f"t{i:04}", env=pool, agent=chatty) for i in range(1000)]
+        marker = tmp_path / "killed"
+        agent = KillsItsReplica(url, marker, victim="t0300")
+        tasks = [Task(id=f"t{i:04}", env=pool, agent=agent) for i in range(1000)]
         config = RunConfig(engine_name="ray", worker_num=2, max_concurrency=16, retries=3)
         results = Runners.sync_run_task(tasks, config)
-        killer.join()
-        assert len(killed) == 1
+        killed = int(marker.read_text())
         assert [r.task_id for r in results] == [t.id for t in tasks]  # one result each
         assert [r.status.value for r in results] == ["ok"] * 1000, {
             r.error.describe() for r in results if r.error
         }
-        assert any(r.attempts > 1 for r in results)  # the dead replica's, played elsewhere
-        until(lambda: len(healthy(url)) == 4, "the replica back")
+        assert results[300].attempts > 1  # died with its replica, played again elsewhere
+        until(
+            lambda: len(healthy(url)) == 4 and killed not in {r["pid"] for r in healthy(url)},
+            "the replica back, in a new process",
+        )
 
 
 def test_the_fleet_grows_under_load_and_shrinks_when_idle(two_nodes: list[str]) -> None:
