@@ -18,9 +18,9 @@ from openenv import (
     ConcurrencyConfig,
     ConcurrencyConfigurationError,
     EnvSpec,
+    MultiEnvClient,
     NotFoundError,
-    OpenEnvClient,
-    SyncOpenEnvClient,
+    SyncMultiEnvClient,
     create_multi_app,
 )
 from openenv.testing import run_server
@@ -75,7 +75,7 @@ def test_each_env_has_its_own_introspection_routes(url: str) -> None:
 
 
 async def test_two_environments_with_separate_caps(url: str) -> None:
-    client = OpenEnvClient(url, capacity_timeout=0)
+    client = MultiEnvClient(url, capacity_timeout=0)
     counter, echo = client.environments.get("counter"), client.environments.get("ns/echo")
     tasks = await counter.list_tasks("train", limit=3)
     async with counter.session(tasks[0]) as a, counter.session(tasks[1]) as b:
@@ -100,7 +100,7 @@ async def test_two_environments_with_separate_caps(url: str) -> None:
 
 
 def test_the_sync_client_finds_environments(url: str) -> None:
-    client = SyncOpenEnvClient(url)
+    client = SyncMultiEnvClient(url)
     assert [e.name for e in client.environments.list()] == ["counter", "ns/echo"]
     counter = client.environments.get("counter")
     with counter.session(counter.list_tasks("test", limit=1)[0]) as session:

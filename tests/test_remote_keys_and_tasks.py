@@ -11,8 +11,8 @@ from counter_env.server.environment import SPLITS, CounterEnvironment
 from openenv import (
     AuthenticationError,
     EnvSpec,
+    MultiEnvClient,
     NotFoundError,
-    OpenEnvClient,
     RemoteEnv,
     RequestFailedError,
     create_app,
@@ -82,7 +82,7 @@ async def test_an_unknown_environment_name_is_not_found_and_the_real_ones_named(
         {"counter": EnvSpec(CounterEnvironment, CounterAction, CounterObservation)}
     )
     with run_server(app) as url:
-        missing = OpenEnvClient(url).environments.get("nope")
+        missing = MultiEnvClient(url).environments.get("nope")
         for attempt in (missing.list_splits(), missing.list_tools(), missing.list_tasks("train")):
             with pytest.raises(
                 NotFoundError, match="no environment named 'nope'; this server has counter"
@@ -91,7 +91,7 @@ async def test_an_unknown_environment_name_is_not_found_and_the_real_ones_named(
         with pytest.raises(NotFoundError, match="no environment named 'nope'"):
             async with missing.session():
                 pass
-        assert await OpenEnvClient(url).environments.get("counter").list_splits() == [
+        assert await MultiEnvClient(url).environments.get("counter").list_splits() == [
             "train",
             "test",
         ]

@@ -25,18 +25,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from openenv._renamed import old_name as _old_name
 from openenv.client import (
     AnyObservation,
     EnvClient,
     EnvSession,
+    MultiEnvClient,
     MuxClient,
     MuxSession,
-    OpenEnvClient,
     RemoteEnv,
     ServerPool,
     SyncEnvClient,
     SyncEnvSession,
-    SyncOpenEnvClient,
+    SyncMultiEnvClient,
     SyncRemoteEnv,
     TRLEnv,
     WebSocketEnvClient,
@@ -134,11 +135,11 @@ __all__ = [
     "ImageContent",
     "JsonContent",
     "Max",
+    "MultiEnvClient",
     "MuxClient",
     "MuxSession",
     "NotFoundError",
     "Observation",
-    "OpenEnvClient",
     "OpenEnvError",
     "ParallelizableAgent",
     "ProtocolError",
@@ -159,7 +160,7 @@ __all__ = [
     "StepResult",
     "SyncEnvClient",
     "SyncEnvSession",
-    "SyncOpenEnvClient",
+    "SyncMultiEnvClient",
     "SyncRemoteEnv",
     "TRLEnv",
     "Task",
@@ -211,7 +212,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'openenv' has no attribute {name!r}")
+        return _old_name(__name__, name, globals())
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

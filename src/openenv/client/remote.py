@@ -1,6 +1,6 @@
 """Environments on a server, as agent platforms expose them: tasks, then sessions.
 
-``OpenEnvClient(url).environments.get(name)`` (a multi-environment server) or
+``MultiEnvClient(url).environments.get(name)`` (a multi-environment server) or
 ``RemoteEnv(url)`` (a server of one environment) lists splits and tasks over
 HTTP and opens sessions over WebSocket. ``session(task)`` is an async
 context manager: it connects, resets with the task, and closes at exit.
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     # click, pygments) when those are installed, which driving sessions never needs.
     import httpx
 
-    from openenv.client.remote_sync import SyncEnvSession, SyncOpenEnvClient, SyncRemoteEnv
+    from openenv.client.remote_sync import SyncEnvSession, SyncMultiEnvClient, SyncRemoteEnv
 
-__all__ = ["EnvSession", "Environments", "OpenEnvClient", "RemoteEnv"]
+__all__ = ["EnvSession", "Environments", "MultiEnvClient", "RemoteEnv"]
 
 _PAGE = 1000  # the server's largest page
 
@@ -75,10 +75,10 @@ class ConnectGate:
         return semaphore
 
 
-class OpenEnvClient:
+class MultiEnvClient:
     """A server that hosts several environments (``create_multi_app``).
 
-    >>> client = OpenEnvClient("http://localhost:8000")
+    >>> client = MultiEnvClient("http://localhost:8000")
     >>> client.environments.get("counter").url
     'http://localhost:8000/envs/counter'
 
@@ -106,17 +106,17 @@ class OpenEnvClient:
         self.headers = _http_headers(options)
         self.environments = Environments(self)
 
-    def sync(self) -> SyncOpenEnvClient:
+    def sync(self) -> SyncMultiEnvClient:
         """A blocking twin with the same methods."""
-        from openenv.client.remote_sync import SyncOpenEnvClient
+        from openenv.client.remote_sync import SyncMultiEnvClient
 
-        return SyncOpenEnvClient(self)
+        return SyncMultiEnvClient(self)
 
 
 class Environments:
-    """The environments of an ``OpenEnvClient``'s server."""
+    """The environments of an ``MultiEnvClient``'s server."""
 
-    def __init__(self, client: OpenEnvClient) -> None:
+    def __init__(self, client: MultiEnvClient) -> None:
         self._client = client
 
     def get(
@@ -165,7 +165,7 @@ class RemoteEnv:
         task_cls: The environment's ``TaskSpec`` subclass, for typed tasks.
         max_connecting: Sessions that may be opening at once (ignored with ``gate``).
         capacity_timeout: Seconds to keep retrying a server at capacity.
-        gate: A gate shared with other environments (``OpenEnvClient`` passes its own).
+        gate: A gate shared with other environments (``MultiEnvClient`` passes its own).
         **options: Connection options of ``EnvClient`` (``message_timeout``, ...).
     """
 

@@ -1,4 +1,4 @@
-"""Blocking twins of ``OpenEnvClient``, ``RemoteEnv`` and ``EnvSession``.
+"""Blocking twins of ``MultiEnvClient``, ``RemoteEnv`` and ``EnvSession``.
 
 They drive the async objects on the shared background loop of the sync
 client, so they work anywhere, a running event loop (a notebook) included.
@@ -13,33 +13,33 @@ from typing import Any, Self
 from pydantic import BaseModel
 
 from openenv import protocol
-from openenv.client.remote import EnvSession, OpenEnvClient, RemoteEnv
+from openenv.client.remote import EnvSession, MultiEnvClient, RemoteEnv
 from openenv.client.sync import run_sync
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
-__all__ = ["SyncEnvSession", "SyncEnvironments", "SyncOpenEnvClient", "SyncRemoteEnv"]
+__all__ = ["SyncEnvSession", "SyncEnvironments", "SyncMultiEnvClient", "SyncRemoteEnv"]
 
 
-class SyncOpenEnvClient:
-    """Blocking twin of ``OpenEnvClient``; also ``OpenEnvClient(url).sync()``.
+class SyncMultiEnvClient:
+    """Blocking twin of ``MultiEnvClient``; also ``MultiEnvClient(url).sync()``.
 
-    >>> SyncOpenEnvClient("http://localhost:8000").environments.get("echo").url
+    >>> SyncMultiEnvClient("http://localhost:8000").environments.get("echo").url
     'http://localhost:8000/envs/echo'
     """
 
-    def __init__(self, client: OpenEnvClient | str, **options: Any) -> None:
+    def __init__(self, client: MultiEnvClient | str, **options: Any) -> None:
         self.client = (
-            client if isinstance(client, OpenEnvClient) else OpenEnvClient(client, **options)
+            client if isinstance(client, MultiEnvClient) else MultiEnvClient(client, **options)
         )
         self.environments = SyncEnvironments(self.client)
 
 
 class SyncEnvironments:
-    """The environments of a ``SyncOpenEnvClient``'s server."""
+    """The environments of a ``SyncMultiEnvClient``'s server."""
 
-    def __init__(self, client: OpenEnvClient) -> None:
+    def __init__(self, client: MultiEnvClient) -> None:
         self._client = client
 
     def get(self, name: str, **classes: Any) -> SyncRemoteEnv:

@@ -81,7 +81,7 @@ class _Attempts:
             task_id=task.id,
             status=status,
             value=value,
-            reward=session.reward if session else 0.0,
+            reward=session.total_reward if session else 0.0,
             steps=session.steps if session else 0,
             error=error,
             started_at=self.started_at,

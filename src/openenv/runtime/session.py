@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,14 +52,15 @@ class EpisodeSession:
         previous: The previous task's result when the run is
             ``sequence_dependent`` (``None`` for the first task, and otherwise).
         steps: Steps taken so far.
-        reward: Sum of the rewards so far.
+        total_reward: Sum of the rewards so far (of steps and tools), as
+            ``EnvSession.total_reward`` keeps it.
 
     >>> from openenv.runtime import Runners, Task
     >>> from echo_env.server.environment import EchoEnvironment
     >>> async def peek(session):
     ...     await session.reset()
     ...     await session.step({"message": "hey"})
-    ...     return session.steps, session.reward, (await session.state()).step_count
+    ...     return session.steps, session.total_reward, (await session.state()).step_count
     >>> Runners.sync_run_task([Task(id="t0", env=EchoEnvironment, agent=peek)])[0].value
     (1, 0.3, 1)
     """
@@ -79,8 +81,19 @@ class EpisodeSession:
         if hasattr(client, "on_exchange"):  # a client kept for reuse may still tell another
             client.on_exchange = None if record is None else record.call
         self.steps = 0
-        self.reward = 0.0
+        self.total_reward = 0.0
         self.requests = 0  # answered requests; 0 means the session was never used
+
+    @property
+    def reward(self) -> float:
+        """Deprecated name of ``total_reward``; it goes in the next release."""
+        warnings.warn(
+            "EpisodeSession.reward is now total_reward (as EnvSession spells it); "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.total_reward
 
     @property
     def max_steps(self) -> int | None:
@@ -111,7 +124,7 @@ class EpisodeSession:
             raise
         finally:
             self.steps += own.steps
-            self.reward += own.reward
+            self.total_reward += own.total_reward
             self.requests += own.requests
             if record is not None:
                 record.close(reason)
@@ -140,7 +153,7 @@ class EpisodeSession:
         self.requests += 1
         self.steps += 1
         if result.reward is not None:
-            self.reward += result.reward
+            self.total_reward += result.reward
         return result
 
     async def state(self) -> State:
@@ -167,7 +180,7 @@ class EpisodeSession:
         )
         self.requests += 1
         if output.reward is not None:
-            self.reward += output.reward
+            self.total_reward += output.reward
         return output
 
     async def get_prompt(self) -> str:
