@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex clean chromium sandbox-python \
+	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex clean chromium sandbox-python \
 	openreward-sdk
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -78,7 +78,7 @@ pytest: $(STAMP) chromium sandbox-python $(OR_STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
-bench: bench-servers bench-runtime bench-churn bench-fuzz bench-tools bench-coding bench-spawn \
+bench: bench-servers bench-runtime bench-churn bench-fuzz test-pythons bench-tools bench-coding bench-spawn \
 	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex
 
 bench-churn: $(STAMP)
@@ -137,5 +137,21 @@ bench-fleet: $(STAMP)
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
+# The CPython releases server/direct_steps.py's TESTED_PYTHONS names besides the
+# machine's 3.11: the suites that drive asyncio's task switch, on each pyenv 3.12
+# and 3.13 found (docs/dependencies.md). Not part of `make test`: CI's Python is 3.11.
+PY_SUITES := tests/test_async_direct_steps.py tests/test_direct_steps.py tests/test_deadlines.py \
+	tests/test_multiplex.py tests/test_isolation.py tests/test_wsprotocol.py
+test-pythons:
+	@found=$$(ls -d $(HOME)/.pyenv/versions/3.12.* $(HOME)/.pyenv/versions/3.13.* 2>/dev/null); \
+	test -n "$$found" || { echo "no pyenv CPython 3.12 or 3.13 found"; exit 1; }; \
+	for py in $$found; do \
+		v=.venv-$$(basename $$py); \
+		test -x $$v/bin/pytest || { $$py/bin/python -m venv $$v && $$v/bin/pip install --quiet --upgrade pip && \
+			$(QUIET_EDITABLE) $$v/bin/pip install --quiet -e '.[dev]' -e envs/echo_env \
+			-e envs/counter_env -e envs/benchmark_env; } || exit 1; \
+		echo "== $$py"; $$v/bin/pytest -q -p no:cacheprovider $(PY_SUITES) || exit 1; \
+	done
+
 clean:
-	rm -rf $(VENV) $(VENV_MIN) $(VENV_OR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) $(VENV_OR) .venv-3.1[23].* .pytest_cache .mypy_cache .ruff_cache
