@@ -165,6 +165,7 @@ class Running:
         env["PYTHONPATH"] = str(BENCH_DIR)
         env.update(server.env)
         started = time.perf_counter()
+        LOG_DIR.mkdir(exist_ok=True)  # every script that starts servers, not only run.py's main
         log = open(LOG_DIR / f"{server.name}.log", "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(
             ["taskset", "-c", "0", *argv], cwd=server.cwd, env=env, stdout=log, stderr=log
