@@ -29,8 +29,9 @@ from typing import Any
 
 from openenv import protocol
 from openenv.environment import Environment
-from openenv.protocol import CloseCode, ErrorCode, FrameError
-from openenv.server.session_host import EnvFailure, SessionLog, SessionState
+from openenv.protocol import CloseCode, FrameError
+from openenv.server.session_core import Call
+from openenv.server.session_host import SessionLog, SessionState
 from openenv.types import Observation
 
 __all__ = ["DirectStep", "DirectStepping"]
@@ -44,13 +45,11 @@ class DirectStepping:
     busy: bool
     last_active: float
     direct_steps: bool
-    _validate_action: Callable[[Any], Any]
     _async_step: bool
     _dispatch_step: Callable[..., None]
     _direct_step: DirectStep | None
     _suspended: tuple[Coroutine[Any, Any, Any], Any] | None
     _settled: asyncio.Future[None] | None
-    _bad_frames: int
 
     @property
     def log(self) -> SessionLog:
@@ -59,19 +58,13 @@ class DirectStepping:
     def _end(self, close_code: CloseCode) -> None:
         raise NotImplementedError
 
-    def _failure(
-        self,
-        name: str,
-        exc: Exception,
-        request_id: protocol.RequestId | None,
-        timeout: float | None,
-    ) -> EnvFailure:
+    def step_call(self, data: Any, request_id: protocol.RequestId | None) -> Call:
         raise NotImplementedError
 
-    def _observed(self, result: Any, request_id: protocol.RequestId | None, started: float) -> str:
+    def finish(self, call: Call, ok: bool, value: Any) -> str:
         raise NotImplementedError
 
-    def _refusal(self, exc: FrameError | EnvFailure) -> str:
+    def internal_error(self, exc: BaseException, request_id: Any) -> str:
         raise NotImplementedError
 
     def try_step(
@@ -114,17 +107,17 @@ class DirectStepping:
             step = protocol.plain_step(request)
             if step is None:
                 return False
-            action = self._validate_action(step[0])
-        except Exception:  # handle() runs it again and answers (or fails) in full
+            call = self.step_call(*step)
+        except Exception:  # handle() plans it again and answers (or fails) in full
             return False
-        receiver = DirectStep(self, step[1], reply)
+        receiver = DirectStep(self, call, reply)
         # Busy from here, as in handle(); _stepped clears both once it replies,
         # which an async def step that never suspends does before this returns.
         self.busy = True
         self._direct_step = receiver
         if not self._async_step:
-            self._dispatch_step((action,), {}, receiver)  # its outcome comes in a later callback
-        elif not self._start_async(receiver, action, task, context):
+            self._dispatch_step(call.args, {}, receiver)  # its outcome comes in a later callback
+        elif not self._start_async(receiver, call.args[0], task, context):
             self.busy = False
             self._direct_step = None
             return False
@@ -201,27 +194,17 @@ class DirectStepping:
             return
         reply: str | None = None
         try:
-            try:
-                if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
-                    # The session's own task is cancelled (a shutdown): it ends
-                    # the session as it unwinds, and nobody waits for a reply.
-                    self._end(CloseCode.GOING_AWAY)
-                elif not ok:
-                    if not isinstance(value, Exception):
-                        raise value  # KeyboardInterrupt and the like: not the env's failure
-                    raise self._failure("step()", value, step.request_id, None)
-                else:
-                    reply = self._observed(value, step.request_id, step.started)
-                    self._bad_frames = 0
-            except EnvFailure as exc:
-                reply = self._refusal(exc)
+            if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
+                # The session's own task is cancelled (a shutdown): it ends
+                # the session as it unwinds, and nobody waits for a reply.
+                self._end(CloseCode.GOING_AWAY)
+            elif not ok and not isinstance(value, Exception):
+                raise value  # KeyboardInterrupt and the like: not the env's failure
+            else:
+                reply = self.finish(step.call, ok, value)
         except BaseException as exc:
-            # What would have reached the endpoint's last resort in handle().
-            self.log.error("internal error", exc_info=exc)
-            self._end(CloseCode.INTERNAL_ERROR)
-            reply = protocol.error_frame(
-                ErrorCode.SESSION_ERROR, "internal server error", request_id=step.request_id
-            )
+            # What would have reached handle()'s last resort.
+            reply = self.internal_error(exc, step.call.request_id)
         self.busy = False
         self.last_active = time.monotonic()
         self._direct_step = None
@@ -235,26 +218,12 @@ class DirectStepping:
 class DirectStep:
     """A step started by ``Session.try_step``: the lane's receiver of its outcome."""
 
-    __slots__ = (
-        "awaited",
-        "reply",
-        "request_id",
-        "resumed",
-        "session",
-        "started",
-        "task",
-    )
+    __slots__ = ("awaited", "call", "reply", "resumed", "session", "task")
 
-    def __init__(
-        self,
-        session: DirectStepping,
-        request_id: protocol.RequestId | None,
-        reply: Callable[[str], None],
-    ) -> None:
+    def __init__(self, session: DirectStepping, call: Call, reply: Callable[[str], None]) -> None:
         self.session = session
-        self.request_id = request_id
+        self.call = call
         self.reply = reply
-        self.started = time.perf_counter()
         self.awaited = False  # a plain def returned an awaitable, now awaited
         self.resumed = False  # an async def step that suspended, now in the session's task
         self.task: asyncio.Future[None] | None = None  # the task awaiting it
