@@ -73,7 +73,7 @@ def servers() -> list[Server]:
     base = [
         Server(
             f"base-{kind}",
-            f"openenv at {rev}, echo with `{kind} step`",
+            f"openenv at {rev}, run as ours-{kind}",
             ours.argv,
             env={"PYTHONPATH": f"{src}:{BENCH_DIR}"},
         )
@@ -94,6 +94,8 @@ def servers() -> list[Server]:
                     "", "", uvicorn(PY, "servers.echo_async:app", BENCH_DIR, "--ws", OPENENV_WS)
                 ),
             ),
+            # Plain `uvicorn server.app:app`: uvicorn's own WebSocket protocol.
+            ("plain", Server("", "", uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"))),
         )
     ]
     return [
@@ -107,6 +109,11 @@ def servers() -> list[Server]:
             "ours-async",
             "openenv, echo with `async def step`",
             uvicorn(PY, "servers.echo_async:app", BENCH_DIR, "--ws", OPENENV_WS),
+        ),
+        Server(
+            "ours-plain",
+            "openenv, echo_env under plain `uvicorn server.app:app` (uvicorn's protocols)",
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "echo_env"),
         ),
         Server(
             "openenv-core",
