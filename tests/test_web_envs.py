@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
 from tcp_proxy import TcpProxy
-from web_page_kit import chromium
+from web_page_kit import chromium, keep_screenshot
 
 from openenv import (
     Action,
@@ -114,7 +114,7 @@ async def test_coding_env_is_solved_with_a_multi_line_program(page: Page, coding
     await expect(tests.locator("tbody tr td:nth-child(2)")).to_have_text(["true"] * 4)
     await expect(page.get_by_role("button", name="Step")).to_be_disabled()
     await expect(page.get_by_role("button", name="Call submit")).to_be_disabled()
-    await page.screenshot(path=str(DOCS / "web-coding.png"), full_page=True)
+    await keep_screenshot(page, await page.screenshot(full_page=True), DOCS / "web-coding.png")
 
 
 async def test_coding_env_is_played_through_its_tools(page: Page, coding_url: str) -> None:

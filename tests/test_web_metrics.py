@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, expect
-from web_page_kit import chromium
+from web_page_kit import chromium, keep_screenshot
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -67,7 +67,8 @@ async def test_the_server_panel_shows_live_numbers(browser: Browser, echo_url: s
             await expect(page.locator("#m-p50")).to_have_text(re.compile(r"^\d[\d.]* ms$"))
             await expect(page.locator("#m-p99")).to_have_text(re.compile(r"^\d[\d.]* ms$"))
             await expect(page.locator("#m-rate")).to_have_text(re.compile(r"^[1-9][\d,]*$"))
-            await page.locator("#server-metrics").screenshot(path=str(SCREENSHOT))
+            image = await page.locator("#server-metrics").screenshot()
+            await keep_screenshot(page, image, SCREENSHOT)
         await expect(page.locator("#m-sessions")).to_have_text("1 / 8")
     finally:
         await context.close()

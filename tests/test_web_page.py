@@ -13,6 +13,7 @@ from web_page_kit import (
     changed_pixels,
     echo_app,
     idle,
+    keep_screenshot,
     move_app,
     observation,
     reset,
@@ -104,11 +105,7 @@ async def test_screenshot_of_an_episode_for_the_readme(
     await expect(page.locator("#done")).to_have_text("yes")
     image = await page.screenshot(animations="disabled", caret="hide")
     assert await changed_pixels(page, image, image) == 0
-    # Anti-aliasing varies by a few pixels from run to run: rewrite the picture
-    # only when the page looks different, so a test run leaves git clean.
-    if not SCREENSHOT.exists() or await changed_pixels(page, SCREENSHOT.read_bytes(), image) > 100:
-        SCREENSHOT.parent.mkdir(exist_ok=True)
-        SCREENSHOT.write_bytes(image)
+    await keep_screenshot(page, image, SCREENSHOT)
 
 
 async def test_every_tab_has_its_own_session(new_page: Callable[..., Awaitable[Page]]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
-from web_page_kit import chromium
+from web_page_kit import chromium, keep_screenshot
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
@@ -98,7 +98,7 @@ async def test_counter_env_is_played_to_reward_one_through_its_tools(
     await expect(page.get_by_role("button", name="Step")).to_be_disabled()
     await expect(page.get_by_role("button", name="Call increment")).to_be_disabled()
     await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
-    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+    await keep_screenshot(page, await page.screenshot(full_page=True), SCREENSHOT)
 
     async with page.expect_download() as waiting:
         await page.get_by_role("button", name="Export JSONL").click()
@@ -196,7 +196,7 @@ async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: s
     )
     assert green != grey
     await expect(rows.nth(1).locator("td").last).to_have_text("GGGGG")  # the pattern beside
-    await page.screenshot(path=str(WORDLE_SCREENSHOT), full_page=True)
+    await keep_screenshot(page, await page.screenshot(full_page=True), WORDLE_SCREENSHOT)
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,7 @@ async def test_cartpole_shows_its_frame_and_steps_by_buttons(page: Page, cartpol
     await expect(page.locator("#history tbody tr:not(.detail)").first).to_contain_text(
         '{"action":1}'
     )
-    await page.screenshot(path=str(CARTPOLE_SCREENSHOT), full_page=True)
+    await keep_screenshot(page, await page.screenshot(full_page=True), CARTPOLE_SCREENSHOT)
 
 
 async def test_a_history_row_opens_to_the_whole_reply(page: Page, counter_url: str) -> None:

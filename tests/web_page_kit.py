@@ -11,6 +11,7 @@ import base64
 import contextlib
 import functools
 import json
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import StrEnum
@@ -235,6 +236,30 @@ async def changed_pixels(page: Page, before: bytes, after: bytes) -> int:
         [base64.b64encode(before).decode(), base64.b64encode(after).decode()],
     )
     return count
+
+
+async def keep_screenshot(page: Page, image: bytes, path: Path, tolerance: float = 0.01) -> None:
+    """Keep ``image`` as the docs' picture at ``path`` if it looks different from the one there.
+
+    Live numbers and anti-aliasing change some pixels from run to run: the file
+    is rewritten only past ``tolerance`` (a fraction of its pixels), so a test
+    run leaves the checkout clean while the docs still follow the page.
+    """
+    assert image.startswith(b"\x89PNG\r\n"), "the browser made a PNG"
+    width, height = struct.unpack(">II", image[16:24])  # the IHDR chunk
+    assert width * height > 0
+    kept = _read(path)
+    if kept is None or await changed_pixels(page, kept, image) > tolerance * width * height:
+        _write(path, image)
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def _write(path: Path, image: bytes) -> None:
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(image)
 
 
 async def no_horizontal_overflow(page: Page) -> bool:
