@@ -30,12 +30,12 @@ from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from openenv.errors import ServerSideError
-from openenv.tasks import TaskSpec
+from openenv.protocol_http import EnvInfo, EnvListing, SplitList, TaskPage
 from openenv.tools import ToolInfo, ToolOutput
-from openenv.types import EnvironmentMetadata, Observation, State
+from openenv.types import Observation, State
 
 __all__ = [
     "FATAL_CODES",
@@ -531,41 +531,3 @@ def observation_from_payload(cls: type[ObsT], payload: ObservationPayload) -> Ob
             "metadata": payload.metadata,
         }
     )
-
-
-# -- HTTP introspection shapes shared by server and client ----------------------
-
-
-class SplitList(BaseModel):
-    """``GET /splits``."""
-
-    splits: list[str]
-
-
-class TaskPage(BaseModel):
-    """``GET /tasks?split=&offset=&limit=``: one page of a split's tasks."""
-
-    split: str
-    offset: int
-    limit: int
-    total: int
-    tasks: list[SerializeAsAny[TaskSpec]]
-    next_offset: int | None = Field(description="Offset of the next page; null on the last one.")
-
-
-class EnvInfo(BaseModel):
-    """One environment of a multi-environment server."""
-
-    name: str
-    path: str = Field(description="Where its routes live, e.g. /envs/counter (its socket: .../ws).")
-    metadata: EnvironmentMetadata
-    active_sessions: int
-    max_sessions: int
-    splits: list[str]
-    tools: list[str]
-
-
-class EnvListing(BaseModel):
-    """``GET /envs``."""
-
-    envs: list[EnvInfo]
