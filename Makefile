@@ -141,7 +141,7 @@ bench-spawn: $(STAMP) sandbox-python
 # machine's 3.11: the suites that drive asyncio's task switch, on each pyenv 3.12
 # and 3.13 found (docs/dependencies.md). Not part of `make test`: CI's Python is 3.11.
 PY_SUITES := tests/test_async_direct_steps.py tests/test_direct_steps.py tests/test_deadlines.py \
-	tests/test_multiplex.py tests/test_isolation.py tests/test_wsprotocol.py
+	tests/test_multiplex.py tests/test_isolation.py tests/test_wsprotocol.py tests/test_session_core.py
 test-pythons:
 	@found=$$(ls -d $(HOME)/.pyenv/versions/3.12.* $(HOME)/.pyenv/versions/3.13.* 2>/dev/null); \
 	test -n "$$found" || { echo "no pyenv CPython 3.12 or 3.13 found"; exit 1; }; \

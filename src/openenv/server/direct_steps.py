@@ -25,7 +25,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openenv import protocol
 from openenv.environment import Environment
@@ -51,21 +51,14 @@ class DirectStepping:
     _suspended: tuple[Coroutine[Any, Any, Any], Any] | None
     _settled: asyncio.Future[None] | None
 
-    @property
-    def log(self) -> SessionLog:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what the session core (server/session_core.py) provides
 
-    def _end(self, close_code: CloseCode) -> None:
-        raise NotImplementedError
-
-    def step_call(self, data: Any, request_id: protocol.RequestId | None) -> Call:
-        raise NotImplementedError
-
-    def finish(self, call: Call, ok: bool, value: Any) -> str:
-        raise NotImplementedError
-
-    def internal_error(self, exc: BaseException, request_id: Any) -> str:
-        raise NotImplementedError
+        @property
+        def log(self) -> SessionLog: ...
+        def _end(self, close_code: CloseCode) -> None: ...
+        def step_call(self, data: Any, request_id: protocol.RequestId | None) -> Call: ...
+        def finish(self, call: Call, ok: bool, value: Any) -> str: ...
+        def internal_error(self, exc: BaseException, request_id: Any) -> str: ...
 
     def try_step(
         self,
