@@ -243,3 +243,30 @@ async def test_cancelling_the_sessions_task_cancels_its_suspended_step() -> None
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_on_an_untested_python_async_steps_take_the_task_path_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a Python outside TESTED_PYTHONS gets: no task switch, so every async
+    # step is served by the session's task (handle()), with the same replies
+    # and the same one task and context per session.
+    from openenv.server import direct_steps
+
+    monkeypatch.setattr(direct_steps, "_enter_task", None)
+    monkeypatch.setattr(direct_steps, "_leave_task", None)
+    handled = count_handle(monkeypatch)
+    seen: list[dict[str, Any]] = []
+    app, tracker = awaiting_app(seen)
+    kinds = ["plain", "yield", "plain", "yield"]
+    with run_server(app) as url:
+        async with session_socket(url) as ws:
+            await exchange(ws, {"type": "reset"})
+            for i, kind in enumerate(kinds):
+                reply = await exchange(ws, step(kind, i))
+                assert reply["id"] == i
+                assert reply["data"]["observation"] == {"message": kind, "count": i + 1}
+        await tracker.until_closed(1)
+    assert len(handled) == 1 + len(kinds)  # the reset and every step went through handle()
+    assert len({id(r["before"]) for r in seen} | {id(r["after"]) for r in seen}) == 1
+    assert [r["previous"] for r in seen] == ["", *kinds[:-1]]
