@@ -165,18 +165,27 @@ def echo(rounds: int, duration: float) -> dict[str, list[dict[str, Any]]]:
 
 
 def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[float]]:
-    server = Server(
-        "cartpole",
-        "envs/gymnasium_env (CartPole-v1)",
-        uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
-    )
-    running = Running(server)
-    out: dict[str, list[float]] = {"remote": [], "sync": []}
+    servers = {
+        "remote": Server(
+            "cartpole",
+            "envs/gymnasium_env (CartPole-v1), a session per environment",
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
+        ),
+        "remote-vector": Server(
+            "cartpole-vector",
+            "envs/gymnasium_env (CartPole-v1) with GYMNASIUM_VECTOR=1, a vector session",
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
+            env={"GYMNASIUM_VECTOR": "1"},
+        ),
+    }
+    running = {kind: Running(server) for kind, server in servers.items()}
+    out: dict[str, list[float]] = {"remote": [], "remote-vector": [], "sync": []}
     try:
         for _ in range(rounds):
-            for kind in ("sync", "remote"):
+            for kind in ("sync", "remote", "remote-vector"):
+                url = running[kind].url if kind in running else "-"
                 argv = [
-                    "taskset", "-c", "1", str(PY), __file__, "--vector", kind, running.url,
+                    "taskset", "-c", "1", str(PY), __file__, "--vector", kind.split("-")[0], url,
                     "--calls", str(calls), "--num-envs", str(num_envs),
                 ]  # fmt: skip
                 done = subprocess.run(argv, capture_output=True, text=True, check=True)
@@ -184,7 +193,8 @@ def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[floa
                 out[kind].append(rate)
                 print(f"cartpole {kind}: {rate:,.0f} env-steps/s", flush=True)
     finally:
-        running.stop()
+        for each in running.values():
+            each.stop()
     return out
 
 
@@ -280,12 +290,17 @@ def encodings(frames: int = 20_000) -> dict[str, dict[str, float]]:
     return out
 
 
+def _ratios(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--cartpole-only", action="store_true", help="only the CartPole rows")
     parser.add_argument("--v2-load", metavar="URL")
     parser.add_argument("--vector", nargs=2, metavar=("KIND", "URL"))
     parser.add_argument("--connections", type=int, default=8)
@@ -303,20 +318,30 @@ def main() -> None:
         print(json.dumps({"steps_per_s": vector_rate(kind, url, args.calls, args.num_envs)}))
         return
     encodings()
-    echo_runs = echo(args.rounds, args.duration)
+    echo_runs = echo(args.rounds, args.duration) if not args.cartpole_only else {}
     pole = cartpole(args.rounds, args.calls)
     med = statistics.median
-    v1 = med(r["per_cpu"] for r in echo_runs["v1"])
-    v2 = med(r["per_cpu"] for r in echo_runs["v2"])
+    if echo_runs:
+        v1 = med(r["per_cpu"] for r in echo_runs["v1"])
+        v2 = med(r["per_cpu"] for r in echo_runs["v2"])
+        print(
+            f"\necho, 512 sessions: v1 {med(r['steps_per_s'] for r in echo_runs['v1']):,.0f} "
+            f"steps/s ({v1:,.0f}/CPU-s), v2 8x64 "
+            f"{med(r['steps_per_s'] for r in echo_runs['v2']):,.0f} steps/s ({v2:,.0f}/CPU-s): "
+            f"v2/v1 per server CPU-second {v2 / v1:.2f}x"
+        )
+    # Each round runs the three back to back: their ratios within a round are what
+    # compare alike on a machine whose speed changes from second to second.
+    per_round = {
+        kind: [r / s for r, s in zip(pole[kind], pole["sync"], strict=True)]
+        for kind in ("remote", "remote-vector")
+    }
     print(
-        f"\necho, 512 sessions: v1 {med(r['steps_per_s'] for r in echo_runs['v1']):,.0f} steps/s "
-        f"({v1:,.0f}/CPU-s), v2 8x64 {med(r['steps_per_s'] for r in echo_runs['v2']):,.0f} "
-        f"steps/s ({v2:,.0f}/CPU-s): v2/v1 per server CPU-second {v2 / v1:.2f}x"
-    )
-    remote, sync = med(pole["remote"]), med(pole["sync"])
-    print(
-        f"CartPole-v1 x64: RemoteVectorEnv {remote:,.0f} env-steps/s, SyncVectorEnv "
-        f"{sync:,.0f}: {remote / sync:.2f}x"
+        f"CartPole-v1 x64, medians: SyncVectorEnv {med(pole['sync']):,.0f} env-steps/s; "
+        f"RemoteVectorEnv over 64 sessions {med(pole['remote']):,.0f} "
+        f"({med(per_round['remote']):.2f}x, rounds {_ratios(per_round['remote'])}), over one "
+        f"vector session {med(pole['remote-vector']):,.0f} "
+        f"({med(per_round['remote-vector']):.2f}x, rounds {_ratios(per_round['remote-vector'])})"
     )
     if not args.skip_scale:
         scale(16384, 16, args.duration)

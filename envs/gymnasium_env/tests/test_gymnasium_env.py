@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import io
 import random
 import re
@@ -206,14 +207,32 @@ def test_the_readme_example_runs_as_written(cartpole_url: str) -> None:
 
 
 def test_the_readme_vector_example_runs_as_written(cartpole_url: str) -> None:
+    run_the_readme_vector_example(cartpole_url)
+
+
+def test_the_readme_vector_example_runs_unchanged_on_vector_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As the README serves it: GYMNASIUM_VECTOR=1 uvicorn server.app:app
+    monkeypatch.setenv("GYMNASIUM_VECTOR", "1")
+    module = importlib.reload(importlib.import_module("gymnasium_env.server.app"))
+    try:
+        assert module.app.title == "CartPole-v1 (vector)"
+        with run_server(module.app) as url:
+            run_the_readme_vector_example(url)
+    finally:
+        monkeypatch.delenv("GYMNASIUM_VECTOR")
+        importlib.reload(module)
+
+
+def run_the_readme_vector_example(url: str) -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("## Train with Gymnasium's vector API", 1)[1]
     code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code.replace("http://localhost:8000", cartpole_url), "README.md", "exec"), {})
+        exec(compile(code.replace("http://localhost:8000", url), "README.md", "exec"), {})
     # The same loop over Gymnasium's own vector env, in this process.
-    import numpy as np
     from gymnasium.vector import SyncVectorEnv
 
     envs = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 64)
@@ -226,4 +245,4 @@ def test_the_readme_vector_example_runs_as_written(cartpole_url: str) -> None:
     envs.close()
     assert out.getvalue() == f"{finished} episodes ended in 200 steps of 64 environments\n"
     assert finished > 0
-    assert httpx.get(f"{cartpole_url}/health").json()["active_sessions"] == 0
+    assert httpx.get(f"{url}/health").json()["active_sessions"] == 0

@@ -19,6 +19,12 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         "openenv.adapters.gymnasium needs Gymnasium: pip install 'openenv-scale[gymnasium]'"
     ) from exc
 
+from openenv.adapters.gymnasium.batched import (
+    GymnasiumVectorEnvironment,
+    VectorAction,
+    VectorObservation,
+    create_gymnasium_vector_app,
+)
 from openenv.adapters.gymnasium.environment import (
     EnvSource,
     GymnasiumAction,
@@ -39,10 +45,14 @@ __all__ = [
     "GymnasiumModels",
     "GymnasiumObservation",
     "GymnasiumState",
+    "GymnasiumVectorEnvironment",
     "RemoteGymnasiumEnv",
     "RemoteVectorEnv",
+    "VectorAction",
+    "VectorObservation",
     "annotation",
     "create_gymnasium_app",
+    "create_gymnasium_vector_app",
     "from_json",
     "gymnasium_models",
     "jsonable",

@@ -121,7 +121,9 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
+        listed = value.tolist()
+        # An object array (a vector env's final_obs) lists its objects as they are.
+        return jsonable(listed) if value.dtype == object else listed
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True)
     if isinstance(value, Mapping):

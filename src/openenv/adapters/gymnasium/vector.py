@@ -41,6 +41,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
+from openenv.adapters.gymnasium.vector_link import VectorLink, decode_infos
 from openenv.client._base import auth_headers, http_detail, http_url, ssl_context, ws_url
 from openenv.errors import (
     AuthenticationError,
@@ -95,6 +96,13 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._truncations = np.zeros((num_envs,), dtype=np.bool_)
         self._autoreset_envs = np.zeros((num_envs,), dtype=np.bool_)
         self._ids = itertools.count()
+        self._link: VectorLink | None = None
+        vector = described.get("vector")
+        if vector is not None:  # a create_gymnasium_vector_app server: one session steps all
+            self._link = VectorLink(
+                base_url, headers, timeout, num_envs, self.autoreset_mode, vector["max_envs"]
+            )
+            return
         from websockets.sync.client import connect
 
         # The connection as a context (what websockets >= 17.1 asks of sync clients).
@@ -133,6 +141,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every environment (or those of ``options["reset_mask"]``)."""
+        if self._link is not None:
+            return self._batched(self._link.reset(seed, _listed(options)))
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, int):
@@ -167,6 +177,16 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every environment with its action (autoresetting as ``SyncVectorEnv``)."""
+        if self._link is not None:
+            fields = self._link.step(actions)
+            batch, batch_infos = self._batched(fields)
+            return (
+                batch,
+                np.asarray(fields["rewards"], dtype=np.float64),
+                np.asarray(fields["terminations"], dtype=np.bool_),
+                np.asarray(fields["truncations"], dtype=np.bool_),
+                batch_infos,
+            )
         space = self.single_action_space
         requests: list[tuple[str, dict[str, Any] | None] | None] = []
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
@@ -220,6 +240,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every session (freeing their slots) and the connection."""
+        if self._link is not None:
+            self._link.close()
+            return
         ws, self._ws = self._ws, None
         if ws is None:
             return
@@ -288,6 +311,20 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _out(self) -> Any:
         return deepcopy(self._observations) if self.copy else self._observations
+
+    def _batched(self, fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """A vector session's observations and infos as ``SyncVectorEnv`` returns them."""
+        space = self.single_observation_space
+        values = np.asarray(fields["observations"], dtype=space.dtype)
+        self._observations = values.reshape(self.observation_space.shape)
+        return self._out(), decode_infos(fields.get("infos") or {})
+
+
+def _listed(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Reset options as JSON (a ``reset_mask`` array as a list)."""
+    if not options or "reset_mask" not in options:
+        return options
+    return {**options, "reset_mask": np.asarray(options["reset_mask"]).tolist()}
 
 
 def _reset_data(seed: int | None, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,156 @@
+"""The client's side of a vector session (``batched.py``): one session, all envs per call.
+
+``RemoteVectorEnv`` uses it when the server's ``GET /gymnasium/spaces`` says
+``vector``: a reset carries ``num_envs`` and the autoreset mode, a step the
+list of every environment's action, and each reply the batch as arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+from gymnasium.vector import AutoresetMode
+from websockets.exceptions import ConnectionClosed
+
+from openenv import protocol
+from openenv.client._base import ws_url
+from openenv.errors import (
+    ConnectionFailedError,
+    EnvTimeoutError,
+    SessionClosedError,
+    server_error,
+)
+
+__all__ = ["VectorLink", "decode_infos"]
+
+
+class VectorLink:
+    """One vector session of ``num_envs`` environments over one WebSocket (protocol v1)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout: float,
+        num_envs: int,
+        autoreset_mode: AutoresetMode,
+        max_envs: int,
+    ) -> None:
+        if num_envs > max_envs:
+            raise ValueError(
+                f"num_envs={num_envs}, but this server's vector sessions hold at most {max_envs}"
+            )
+        from websockets.sync.client import connect
+
+        self.num_envs = num_envs
+        self.autoreset_mode = autoreset_mode
+        self.timeout = timeout
+        self._ids = itertools.count()
+        self._stack = contextlib.ExitStack()
+        url = ws_url(base_url)
+        try:
+            self._ws: Any = self._stack.enter_context(
+                connect(
+                    url,
+                    additional_headers=headers,
+                    compression=None,
+                    max_size=2**26,
+                    open_timeout=timeout,
+                )
+            )
+        except OSError as exc:
+            raise ConnectionFailedError(url, str(exc)) from None
+        try:
+            self._call("state", None)  # a server at capacity says so now, not at reset
+        except BaseException:
+            self._ws = None
+            self._stack.close()
+            raise
+
+    def reset(self, seed: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Reset (``seed``: an int, one per environment, or ``None``); the batch's fields."""
+        data: dict[str, Any] = {
+            "num_envs": self.num_envs,
+            "autoreset_mode": self.autoreset_mode.value,
+        }
+        if isinstance(seed, int):
+            data["seed"] = seed  # environment i gets seed + i, as in SyncVectorEnv
+        elif seed is not None:
+            data["seeds"] = list(seed)  # one each (reset's seed is one integer on the wire)
+        if options:
+            data["options"] = options
+        return self._fields(self._call("reset", data))
+
+    def step(self, actions: Any) -> dict[str, Any]:
+        """Step every environment with its action; the batch's fields."""
+        return self._fields(self._call("step", {"actions": np.asarray(actions).tolist()}))
+
+    def close(self) -> None:
+        """End the session (freeing its slot) and the connection."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            with contextlib.suppress(OSError, ConnectionClosed):
+                ws.send(protocol.request_frame("close"))
+        finally:
+            self._stack.close()
+
+    def _call(
+        self, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        ws = self._ws
+        if ws is None:
+            raise SessionClosedError("this vector env is closed")
+        request_id = next(self._ids)
+        try:
+            # The server may have said why (at capacity) before closing: read on.
+            with contextlib.suppress(ConnectionClosed):
+                ws.send(protocol.request_frame(kind, data, request_id))
+            while True:
+                reply = orjson.loads(ws.recv(timeout=self.timeout))
+                if reply.get("id") == request_id or reply.get("type") == "error":
+                    break
+        except ConnectionClosed as exc:
+            close = exc.rcvd or exc.sent
+            why = close.reason or f"close code {close.code}" if close else "no close frame"
+            raise SessionClosedError(f"the server closed the vector session ({why})") from None
+        except TimeoutError:
+            raise EnvTimeoutError(f"no reply to {kind!r} within {self.timeout}s") from None
+        if reply["type"] == "error":
+            error = reply["data"]
+            details = {k: v for k, v in error.items() if k not in ("code", "message")}
+            raise server_error(protocol.ErrorCode(error["code"]), error["message"], details)
+        answer: dict[str, Any] = reply["data"]
+        return answer
+
+    @staticmethod
+    def _fields(data: dict[str, Any]) -> dict[str, Any]:
+        fields: dict[str, Any] = data["observation"]
+        return fields
+
+
+def decode_infos(value: Any) -> Any:
+    """A batched info dict from JSON: numbers and flags as arrays, anything ragged
+    (``final_obs`` of environments that did not finish is ``None``) as object arrays.
+
+    >>> infos = decode_infos({"_final_obs": [True, False], "final_obs": [[0.5, 1.0], None]})
+    >>> infos["_final_obs"], infos["final_obs"][0], infos["final_obs"][1]
+    (array([ True, False]), array([0.5, 1. ]), None)
+    """
+    if isinstance(value, dict):
+        return {key: decode_infos(item) for key, item in value.items()}
+    if not isinstance(value, list):
+        return value
+    with contextlib.suppress(ValueError):
+        array = np.asarray(value)
+        if array.dtype != object:
+            return array
+    out = np.empty(len(value), dtype=object)
+    for i, item in enumerate(value):
+        out[i] = decode_infos(item)
+    return out

@@ -1,0 +1,165 @@
+"""Vector sessions (create_gymnasium_vector_app) on a real server: one session steps
+every environment of a RemoteVectorEnv, and gives the episodes of an in-process
+SyncVectorEnv, in every autoreset mode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from servers import health, slots_free
+from test_gymnasium_vector import NUM_ENVS, checker_warnings, train
+
+from openenv import CapacityError, ConcurrencyConfig, EnvExecutionError, EnvValidationError
+from openenv.adapters.gymnasium import (
+    RemoteGymnasiumEnv,
+    RemoteVectorEnv,
+    create_gymnasium_vector_app,
+)
+from openenv.testing import run_server
+
+MAX_ENVS = 16
+
+
+@pytest.fixture(scope="module")
+def vector_url() -> Iterator[str]:
+    app = create_gymnasium_vector_app(
+        "CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4), max_envs=MAX_ENVS
+    )
+    with run_server(app) as url:
+        yield url
+
+
+def local(num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP) -> SyncVectorEnv:
+    return SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs, autoreset_mode=mode)
+
+
+async def test_a_training_loop_for_sync_vector_env_runs_unchanged_on_one_session(
+    vector_url: str,
+) -> None:
+    here = local(NUM_ENVS)
+    remote = RemoteVectorEnv(vector_url, num_envs=NUM_ENVS)
+    try:
+        assert (remote.single_observation_space, remote.single_action_space) == (
+            here.single_observation_space,
+            here.single_action_space,
+        )
+        assert (await health(vector_url))["active_sessions"] == 1  # one session, 8 envs
+        expected, got = train(here, 300), train(remote, 300)
+    finally:
+        here.close()
+        remote.close()
+    assert got["finished"] == expected["finished"]
+    assert len(got["finished"]) > NUM_ENVS  # autoreset happened, many times
+    for (obs_l, rew_l, term_l), (obs_r, rew_r, term_r) in zip(
+        expected["trace"], got["trace"], strict=True
+    ):
+        np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
+        np.testing.assert_array_equal(rew_r, rew_l)
+        np.testing.assert_array_equal(term_r, term_l)
+    await slots_free(vector_url)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_every_autoreset_mode_gives_the_episodes_of_sync_vector_env(
+    vector_url: str, mode: AutoresetMode
+) -> None:
+    here, remote = local(4, mode), RemoteVectorEnv(vector_url, num_envs=4, autoreset_mode=mode)
+    rng = np.random.default_rng(1)
+    ended = 0
+    try:
+        np.testing.assert_allclose(remote.reset(seed=3)[0], here.reset(seed=3)[0], rtol=1e-6)
+        for _ in range(150):
+            actions = rng.integers(0, 2, 4)
+            obs_l, rew_l, term_l, trunc_l, info_l = here.step(actions)
+            obs_r, rew_r, term_r, trunc_r, info_r = remote.step(actions)
+            np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
+            np.testing.assert_array_equal(rew_r, rew_l)
+            np.testing.assert_array_equal(term_r, term_l)
+            np.testing.assert_array_equal(trunc_r, trunc_l)
+            assert sorted(info_r) == sorted(info_l)
+            done = term_l | trunc_l
+            ended += int(done.sum())
+            if "final_obs" in info_l:  # SAME_STEP: the finished episodes' last observations
+                np.testing.assert_array_equal(info_r["_final_obs"], info_l["_final_obs"])
+                for i in np.flatnonzero(info_l["_final_obs"]):
+                    np.testing.assert_allclose(info_r["final_obs"][i], info_l["final_obs"][i])
+            if mode is AutoresetMode.DISABLED and done.any():
+                mask = {"reset_mask": done}
+                np.testing.assert_allclose(
+                    remote.reset(options=mask)[0], here.reset(options=mask)[0], rtol=1e-6
+                )
+    finally:
+        here.close()
+        remote.close()
+    assert ended > 4
+
+
+def test_a_seed_per_environment_seeds_each(vector_url: str) -> None:
+    seeds = [11, 5, 11, 2]
+    here, remote = local(4), RemoteVectorEnv(vector_url, num_envs=4)
+    try:
+        observations, _ = remote.reset(seed=seeds)
+        np.testing.assert_allclose(observations, here.reset(seed=seeds)[0], rtol=1e-6)
+        np.testing.assert_array_equal(observations[0], observations[2])  # same seed, same start
+    finally:
+        here.close()
+        remote.close()
+
+
+async def test_bad_actions_are_refused_and_the_session_goes_on(vector_url: str) -> None:
+    remote = RemoteVectorEnv(vector_url, num_envs=4)
+    try:
+        remote.reset(seed=0)
+        with pytest.raises(EnvValidationError, match="not all in the action space"):
+            remote.step(np.array([0, 1, 5, 0]))  # 5 is not in Discrete(2)
+        with pytest.raises(EnvExecutionError, match="3 actions for 4 environments"):
+            remote.step(np.array([0, 1, 1]))
+        observations, rewards, *_ = remote.step(np.zeros(4, dtype=np.int64))
+        assert observations.shape == (4, 4)
+        assert rewards.tolist() == [1.0] * 4
+    finally:
+        remote.close()
+    await slots_free(vector_url)
+
+
+async def test_more_envs_than_a_session_may_hold_is_refused_before_connecting(
+    vector_url: str,
+) -> None:
+    with pytest.raises(ValueError, match=f"at most {MAX_ENVS}"):
+        RemoteVectorEnv(vector_url, num_envs=MAX_ENVS + 1)
+    assert (await health(vector_url))["active_sessions"] == 0
+
+
+async def test_each_vector_takes_one_slot_and_a_full_server_refuses_the_next() -> None:
+    app = create_gymnasium_vector_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=1))
+    with run_server(app) as url:
+        first = RemoteVectorEnv(url, num_envs=8)
+        try:
+            with pytest.raises(CapacityError):
+                RemoteVectorEnv(url, num_envs=2)
+            first.reset(seed=0)
+        finally:
+            first.close()
+        await slots_free(url)
+        RemoteVectorEnv(url, num_envs=2).close()  # its slot is free again
+        await slots_free(url)
+
+
+def test_one_remote_environment_passes_gymnasiums_env_checker(vector_url: str) -> None:
+    env = RemoteGymnasiumEnv(vector_url)  # a vector session of one, without autoreset
+    here = gymnasium.make("CartPole-v1").unwrapped
+    try:
+        # CartPole's own space draws warnings (infinite bounds), and nothing else may.
+        assert checker_warnings(env) <= checker_warnings(here)
+    finally:
+        env.close()
+        here.close()
+
+
+def test_only_array_spaces_can_be_served_as_vectors() -> None:
+    with pytest.raises(TypeError, match="array spaces"):
+        create_gymnasium_vector_app("Blackjack-v1")  # a Tuple observation space
