@@ -71,18 +71,24 @@ def test_a_training_loop_for_sync_vector_env_runs_unchanged(cartpole_url: str) -
     finally:
         local.close()
         remote.close()
+    assert_same_training(expected, got)
+    assert got["best"] > 20  # and the loop kept a policy that balances a while
+    for obs_r, _, _ in got["trace"]:
+        assert (
+            remote.observation_space.contains(obs_r.astype(np.float32)) or np.isfinite(obs_r).all()
+        )
+
+
+def assert_same_training(expected: dict[str, Any], got: dict[str, Any]) -> None:
+    """Two ``train`` runs saw the same episodes, step by step."""
     assert got["finished"] == expected["finished"]
     assert len(got["finished"]) > NUM_ENVS  # autoreset happened, many times
-    assert got["best"] > 20  # and the loop kept a policy that balances a while
     for (obs_l, rew_l, term_l), (obs_r, rew_r, term_r) in zip(
         expected["trace"], got["trace"], strict=True
     ):
         np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
         np.testing.assert_array_equal(rew_r, rew_l)
         np.testing.assert_array_equal(term_r, term_l)
-        assert (
-            remote.observation_space.contains(obs_r.astype(np.float32)) or np.isfinite(obs_r).all()
-        )
 
 
 def test_same_step_autoreset_gives_the_final_observation_in_infos(cartpole_url: str) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import health, slots_free
-from test_gymnasium_vector import NUM_ENVS, checker_warnings, train
+from test_gymnasium_vector import NUM_ENVS, assert_same_training, checker_warnings, train
 
 from openenv import CapacityError, ConcurrencyConfig, EnvExecutionError, EnvValidationError
 from openenv.adapters.gymnasium import (
@@ -52,14 +52,7 @@ async def test_a_training_loop_for_sync_vector_env_runs_unchanged_on_one_session
     finally:
         here.close()
         remote.close()
-    assert got["finished"] == expected["finished"]
-    assert len(got["finished"]) > NUM_ENVS  # autoreset happened, many times
-    for (obs_l, rew_l, term_l), (obs_r, rew_r, term_r) in zip(
-        expected["trace"], got["trace"], strict=True
-    ):
-        np.testing.assert_allclose(obs_r, obs_l, rtol=1e-6)
-        np.testing.assert_array_equal(rew_r, rew_l)
-        np.testing.assert_array_equal(term_r, term_l)
+    assert_same_training(expected, got)
     await slots_free(vector_url)
 
 
