@@ -75,7 +75,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         timeout: float = 60.0,
         api_key: str | None = None,
     ) -> None:
-        self._ws: Any = None  # first: Gymnasium's __del__ closes a half-made env too
+        # First: Gymnasium's __del__ closes a half-made env too.
+        self._ws: Any = None
+        self._link: VectorLink | None = None
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self.num_envs = num_envs
@@ -96,7 +98,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._truncations = np.zeros((num_envs,), dtype=np.bool_)
         self._autoreset_envs = np.zeros((num_envs,), dtype=np.bool_)
         self._ids = itertools.count()
-        self._link: VectorLink | None = None
         vector = described.get("vector")
         if vector is not None:  # a create_gymnasium_vector_app server: one session steps all
             self._link = VectorLink(
