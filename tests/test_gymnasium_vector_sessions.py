@@ -13,10 +13,18 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import health, slots_free
 from test_gymnasium_vector import NUM_ENVS, assert_same_training, checker_warnings, train
 
-from openenv import CapacityError, ConcurrencyConfig, EnvExecutionError, EnvValidationError
+from openenv import (
+    CapacityError,
+    ConcurrencyConfig,
+    EnvError,
+    EnvExecutionError,
+    EnvValidationError,
+)
 from openenv.adapters.gymnasium import (
+    GymnasiumVectorEnvironment,
     RemoteGymnasiumEnv,
     RemoteVectorEnv,
+    VectorAction,
     create_gymnasium_vector_app,
 )
 from openenv.testing import run_server
@@ -156,3 +164,16 @@ def test_one_remote_environment_passes_gymnasiums_env_checker(vector_url: str) -
 def test_only_array_spaces_can_be_served_as_vectors() -> None:
     with pytest.raises(TypeError, match="array spaces"):
         create_gymnasium_vector_app("Blackjack-v1")  # a Tuple observation space
+
+
+def test_the_environment_checks_actions_that_no_model_checked() -> None:
+    # Served, the app's action model refuses values outside the space (above);
+    # used directly with the plain VectorAction, the environment does.
+    env = GymnasiumVectorEnvironment("CartPole-v1")
+    try:
+        env.reset(seed=0, num_envs=2)
+        with pytest.raises(EnvError, match="outside the action space"):
+            env.step(VectorAction(actions=[0, 5]))
+        assert env.step(VectorAction(actions=[0, 1])).rewards == [1.0, 1.0]
+    finally:
+        env.close()

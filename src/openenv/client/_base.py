@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict
 
 from openenv import protocol
-from openenv.errors import server_error
+from openenv.errors import ServerError, server_error
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
@@ -27,6 +27,7 @@ __all__ = [
     "ObsT",
     "StateT",
     "auth_headers",
+    "error_from",
     "http_detail",
     "http_url",
     "ssl_context",
@@ -232,3 +233,14 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
                 f"expected a {expected.model_fields['type'].default!r} reply, got {message.type!r}"
             )
         return message
+
+
+def error_from(data: Mapping[str, Any]) -> ServerError:
+    """The exception an error reply's ``data`` stands for (its code, message and details).
+
+    >>> error = error_from({"code": "CAPACITY_REACHED", "message": "full", "retry_after": 1})
+    >>> type(error).__name__, str(error), error.details
+    ('CapacityError', '[CAPACITY_REACHED] full', {'retry_after': 1})
+    """
+    details = {key: value for key, value in data.items() if key not in ("code", "message")}
+    return server_error(protocol.ErrorCode(data["code"]), data["message"], details)

@@ -28,10 +28,11 @@ from openenv.client._base import (
     ObsT,
     StateT,
     auth_headers,
+    error_from,
     ws_url,
 )
 from openenv.client.async_ import open_socket
-from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError, server_error
+from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
@@ -371,10 +372,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         if future.done():
             return
         if item.get("type") == "error":
-            data = item["data"]
-            code = protocol.ErrorCode(data["code"])
-            details = {k: v for k, v in data.items() if k not in ("code", "message")}
-            future.set_exception(server_error(code, data["message"], details))
+            future.set_exception(error_from(item["data"]))
         else:
             future.set_result(item)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -40,8 +40,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 from pydantic import AfterValidator, Field, create_model
 
-from openenv.adapters.gymnasium.environment import SPACES_ROUTE, EnvSource, _make
-from openenv.adapters.gymnasium.spaces import describe, jsonable
+from openenv.adapters.gymnasium.environment import EnvSource, _make, serve_spaces
+from openenv.adapters.gymnasium.spaces import jsonable
 from openenv.environment import Environment
 from openenv.errors import EnvError
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -72,6 +72,10 @@ _ARRAY_SPACES = (
 
 class VectorAction(Action):
     """One action per environment of the session, in order."""
+
+    # Whether validation already checked every action against the space
+    # (``vector_action_model``'s models do); the environment checks them otherwise.
+    in_space: ClassVar[bool] = False
 
     actions: list[Any] = Field(description="An action of the action space for each environment.")
 
@@ -164,7 +168,7 @@ class GymnasiumVectorEnvironment(Environment[VectorAction, VectorObservation, St
             raise EnvError(
                 f"actions are not values of {vector.single_action_space}: {exc}"
             ) from None
-        if not space.contains(actions):
+        if not action.in_space and not space.contains(actions):
             raise EnvError(f"actions outside the action space {vector.single_action_space}")
         observations, rewards, terminations, truncations, infos = vector.step(actions)
         self._steps += 1
@@ -212,6 +216,7 @@ def vector_action_model(space: gymnasium.Space[Any], name: str) -> type[VectorAc
             Field(description=f"An action of {space} for each environment, in order."),
         ),
     )
+    model.in_space = True
     return model
 
 
@@ -258,15 +263,11 @@ def create_gymnasium_vector_app(
     app = create_app(
         factory, action_cls, VectorObservation, concurrency, metadata=metadata, **settings
     )
-    described = {
-        "name": name,
-        "action_space": describe(spaces["action_space"]),
-        "observation_space": describe(spaces["observation_space"]),
-        "vector": {"max_envs": max_envs},
-    }
-
-    async def gymnasium_spaces() -> dict[str, Any]:
-        return described
-
-    app.add_api_route(SPACES_ROUTE, gymnasium_spaces, methods=["GET"], tags=["gymnasium"])
+    serve_spaces(
+        app,
+        name,
+        spaces["action_space"],
+        spaces["observation_space"],
+        vector={"max_envs": max_envs},
+    )
     return app

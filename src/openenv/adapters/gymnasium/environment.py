@@ -44,6 +44,7 @@ __all__ = [
     "GymnasiumState",
     "create_gymnasium_app",
     "gymnasium_models",
+    "serve_spaces",
 ]
 
 # Where a Gymnasium app says what its spaces are (``spaces.describe``).
@@ -249,18 +250,30 @@ def create_gymnasium_app(
         metadata=metadata,
         **settings,
     )
-    # The spaces themselves, for clients that rebuild them (RemoteVectorEnv).
+    serve_spaces(app, metadata.name, models.action_space, models.observation_space)
+    return app
+
+
+def serve_spaces(
+    app: FastAPI,
+    name: str,
+    action_space: gymnasium.Space[Any],
+    observation_space: gymnasium.Space[Any],
+    **extra: Any,
+) -> None:
+    """Say at ``SPACES_ROUTE`` what the spaces are, for clients that rebuild them
+    (``RemoteVectorEnv``); ``extra`` adds facts (a vector app's ``max_envs``)."""
     described = {
-        "name": metadata.name,
-        "action_space": describe(models.action_space),
-        "observation_space": describe(models.observation_space),
+        "name": name,
+        "action_space": describe(action_space),
+        "observation_space": describe(observation_space),
+        **extra,
     }
 
     async def gymnasium_spaces() -> dict[str, Any]:
         return described
 
     app.add_api_route(SPACES_ROUTE, gymnasium_spaces, methods=["GET"], tags=["gymnasium"])
-    return app
 
 
 def _make(env: EnvSource, make_kwargs: dict[str, Any]) -> gymnasium.Env[Any, Any]:

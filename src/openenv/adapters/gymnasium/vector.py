@@ -38,16 +38,22 @@ import orjson
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from openenv import protocol, protocol_v2
+from openenv import protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
 from openenv.adapters.gymnasium.vector_link import VectorLink, decode_infos
-from openenv.client._base import auth_headers, http_detail, http_url, ssl_context, ws_url
+from openenv.client._base import (
+    auth_headers,
+    error_from,
+    http_detail,
+    http_url,
+    ssl_context,
+    ws_url,
+)
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
     SessionClosedError,
-    server_error,
 )
 
 __all__ = ["RemoteGymnasiumEnv", "RemoteVectorEnv"]
@@ -287,10 +293,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                     continue  # a notice, or a reply the caller gave up on
                 left -= 1
                 if reply["type"] == "error":
-                    data = reply["data"]
-                    details = {k: v for k, v in data.items() if k not in ("code", "message")}
-                    code = protocol.ErrorCode(data["code"])
-                    error = error or server_error(code, data["message"], details)
+                    error = error or error_from(reply["data"])
                 else:
                     replies[reply["session"]] = reply
         if error is not None:

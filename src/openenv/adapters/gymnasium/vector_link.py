@@ -17,12 +17,11 @@ from gymnasium.vector import AutoresetMode
 from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol
-from openenv.client._base import ws_url
+from openenv.client._base import error_from, ws_url
 from openenv.errors import (
     ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
-    server_error,
 )
 
 __all__ = ["VectorLink", "decode_infos"]
@@ -122,9 +121,7 @@ class VectorLink:
         except TimeoutError:
             raise EnvTimeoutError(f"no reply to {kind!r} within {self.timeout}s") from None
         if reply["type"] == "error":
-            error = reply["data"]
-            details = {k: v for k, v in error.items() if k not in ("code", "message")}
-            raise server_error(protocol.ErrorCode(error["code"]), error["message"], details)
+            raise error_from(reply["data"])
         answer: dict[str, Any] = reply["data"]
         return answer
 
