@@ -137,9 +137,10 @@ bench-fleet: $(STAMP)
 bench-spawn: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/spawn_lag.py --processes 200 --rounds 2
 
-# The CPython releases server/direct_steps.py's TESTED_PYTHONS names besides the
-# machine's 3.11: the suites that drive asyncio's task switch, on each pyenv 3.12
-# and 3.13 found (docs/dependencies.md). Not part of `make test`: CI's Python is 3.11.
+# The suites that drive async steps (eager tasks from Python 3.12; 3.11 enters the
+# session's task instead, server/direct_steps.py), on each pyenv 3.12 and 3.13
+# found (docs/dependencies.md). Not part of `make test`: CI's Python is 3.11, where
+# tests/test_async_direct_steps.py also runs every test with a task per step.
 PY_SUITES := tests/test_async_direct_steps.py tests/test_direct_steps.py tests/test_deadlines.py \
 	tests/test_multiplex.py tests/test_isolation.py tests/test_wsprotocol.py tests/test_session_core.py
 test-pythons:

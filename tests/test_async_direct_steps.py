@@ -1,12 +1,11 @@
-"""``async def`` steps started from the protocol's callback, as a part of the session's task.
+"""``async def`` steps started from the protocol's callback, each in a task of its own.
 
-``Session.try_step`` runs such a step at once, with the session's task entered
-as the current task and in that task's context, until it returns or first
-suspends; a step that suspends is finished by the session's task. To the step
-this must look exactly like being awaited by that task: one current task all
-the way through, one context per session, ``asyncio.timeout`` working even
-when it expires before the task has taken over, and a cancellation of the
-task reaching the step.
+``Session.try_step`` gives such a step a task that runs in the session's own
+context (eagerly where asyncio has eager tasks), and the step replies from
+it. To the step this must look like being awaited by the session's task:
+one current task all the way through a step, one context per session kept
+from step to step, ``asyncio.timeout`` working, and a cancellation of the
+session's task (a shutdown, a stalled client) reaching the step.
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ class Awaiting(PingEnvironment):
                 record["cancelled"] = True
                 raise
         elif kind == "timeout":
-            # A deadline already passed: its timer is due before the session's
-            # task can take the step over, so the task is cancelled first.
+            # A deadline already passed: it cancels the step's own task, and
+            # asyncio.timeout turns that into TimeoutError inside the step.
             try:
                 async with asyncio.timeout(0):
                     await asyncio.sleep(30)
@@ -73,6 +72,27 @@ class Awaiting(PingEnvironment):
         record["after"] = asyncio.current_task()
         record["context value"] = last_message.get()
         return super().step(action.model_copy(update={"message": kind}))
+
+
+@pytest.fixture(autouse=True, params=["as shipped", "a task per step"])
+def step_tasks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: as this Python runs async steps, and in a task of their
+    own per step (what Python 3.12 and later do, with eager tasks; on 3.11 the
+    same code, with tasks that start on the next loop round)."""
+    if request.param == "as shipped":
+        return
+    from openenv.server import direct_steps
+
+    def task_per_step(
+        loop: asyncio.AbstractEventLoop, coro: Any, *, context: contextvars.Context | None
+    ) -> asyncio.Task[Any]:
+        factory = getattr(asyncio, "eager_task_factory", None)
+        if factory is not None:
+            task: asyncio.Task[Any] = factory(loop, coro, context=context)
+            return task
+        return loop.create_task(coro, context=context)
+
+    monkeypatch.setattr(direct_steps, "_eager_task_factory", task_per_step)
 
 
 def awaiting_app(
@@ -90,7 +110,7 @@ def step(message: str, request_id: int | None = None) -> dict[str, Any]:
     return frame
 
 
-async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
+async def test_each_step_runs_in_one_task_and_in_the_sessions_own_context(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     handled = count_handle(monkeypatch)
@@ -109,43 +129,13 @@ async def test_every_part_of_a_step_runs_in_the_sessions_own_task_and_context(
         await tracker.until_closed(2)
     assert len(handled) == 2  # the resets: no step went through handle()
     first_steps, (other,) = seen[: len(kinds)], seen[len(kinds) :]
-    (task,) = {id(r["before"]) for r in first_steps} | {id(r["after"]) for r in first_steps}
-    assert first_steps[0]["before"] is not None
-    assert id(other["before"]) != task
+    for record in seen:  # one current task through each step, suspended or not
+        assert record["before"] is not None
+        assert record["before"] is record["after"]
     # One context per session, kept from step to step, as the session's task keeps it.
     assert [r["previous"] for r in first_steps] == ["", *kinds[:-1]]
     assert [r["context value"] for r in first_steps] == kinds
     assert other["previous"] == ""
-
-
-async def test_a_step_that_cannot_start_outside_the_task_is_left_to_handle() -> None:
-    # Without the session's task, or with another task running (so the
-    # session's cannot be entered), try_step runs nothing and leaves the
-    # session as it found it, for handle() to answer the frame.
-    seen: list[dict[str, Any]] = []
-    app, tracker = awaiting_app(seen)
-    frame = orjson.dumps(step("plain", 1)).decode()
-    with run_server(app) as url:
-        async with session_socket(url) as ws:
-            await exchange(ws, {"type": "reset"})
-            (connection,) = app.state.openenv.connections
-            session = connection.session
-
-            async def attempts() -> list[tuple[bool, bool, bool]]:
-                outcomes = []
-                for task in (None, connection._task):
-                    taken = session.try_step(frame, lambda _: None, task, connection.context)
-                    outcomes.append((taken, session.busy, session.suspended))
-                return outcomes
-
-            server_loop = connection.closed.get_loop()
-            running = asyncio.run_coroutine_threadsafe(attempts(), server_loop)
-            assert await asyncio.wrap_future(running) == [(False, False, False)] * 2
-            assert seen == []
-            reply = await exchange(ws, step("plain", 2))
-            assert reply["id"] == 2
-            assert reply["data"]["observation"] == {"message": "plain", "count": 1}
-        await tracker.until_closed(1)
 
 
 async def test_pipelined_steps_that_suspend_keep_their_order() -> None:
@@ -165,7 +155,7 @@ async def test_pipelined_steps_that_suspend_keep_their_order() -> None:
     assert counts == [*range(1, 61), 0, *range(1, 60)]
 
 
-async def test_a_deadline_that_expires_before_the_task_takes_over_reaches_the_step() -> None:
+async def test_a_deadline_inside_a_step_is_the_steps_own() -> None:
     seen: list[dict[str, Any]] = []
     app, tracker = awaiting_app(seen)
     with run_server(app) as url:
@@ -245,16 +235,18 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_on_an_untested_python_async_steps_take_the_task_path_alike(
+async def test_without_eager_tasks_or_a_tested_task_switch_async_steps_take_the_task_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # What a Python outside TESTED_PYTHONS gets: no task switch, so every async
-    # step is served by the session's task (handle()), with the same replies
-    # and the same one task and context per session.
+    # What a Python with neither gets (no eager tasks, and not a CPython whose
+    # asyncio internals were tested): every async step is served by the
+    # session's task (handle()), with the same replies, one task per step and
+    # one context per session.
     from openenv.server import direct_steps
 
-    monkeypatch.setattr(direct_steps, "_enter_task", None)
-    monkeypatch.setattr(direct_steps, "_leave_task", None)
+    monkeypatch.setattr(direct_steps, "_eager_task_factory", None)
+    monkeypatch.setattr(direct_steps, "_enter", None)
+    monkeypatch.setattr(direct_steps, "_leave", None)
     handled = count_handle(monkeypatch)
     seen: list[dict[str, Any]] = []
     app, tracker = awaiting_app(seen)
@@ -268,5 +260,5 @@ async def test_on_an_untested_python_async_steps_take_the_task_path_alike(
                 assert reply["data"]["observation"] == {"message": kind, "count": i + 1}
         await tracker.until_closed(1)
     assert len(handled) == 1 + len(kinds)  # the reset and every step went through handle()
-    assert len({id(r["before"]) for r in seen} | {id(r["after"]) for r in seen}) == 1
+    assert all(r["before"] is r["after"] for r in seen)
     assert [r["previous"] for r in seen] == ["", *kinds[:-1]]

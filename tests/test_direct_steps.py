@@ -1,8 +1,8 @@
 """Steps started from the protocol's callback (``Session.try_step``).
 
 On openenv's WebSocket protocol a well-formed step runs and replies without
-waking the session's task (a plain ``def`` on its lane, an ``async def`` right
-there); everything else goes through ``Session.handle``. These tests pin that
+waking the session's task (a plain ``def`` on its lane, an ``async def`` in a
+task of its own); everything else goes through ``Session.handle``. These tests pin that
 both paths answer alike and that the direct one keeps the guarantees: order,
 no ``close()`` beside a running step, errors, and a freed slot. What is
 particular to an ``async def`` step that suspends is in
@@ -342,7 +342,17 @@ class AsyncExiting(PingEnvironment):
         raise SystemExit(3)
 
 
-@pytest.mark.parametrize("env_cls", [Exiting, AsyncExiting], ids=["def", "async"])
+class AsyncExitingLater(PingEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        await asyncio.sleep(0)  # in the step's task now, not the protocol's callback
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize(
+    "env_cls",
+    [Exiting, AsyncExiting, AsyncExitingLater],
+    ids=["def", "async", "async-after-suspending"],
+)
 @pytest.mark.parametrize("ws_protocol", [OURS, STOCK])
 async def test_a_step_that_raises_a_base_exception_ends_only_its_session(
     env_cls: Any, ws_protocol: str

@@ -2,18 +2,26 @@
 
 A session whose endpoint has a direct channel (``server/direct.py``) offers
 each incoming frame to ``try_step`` first: a well-formed step of a plain
-``def`` goes straight to its lane, and an ``async def`` step runs right there,
-as a part of the session's task, until it returns or first suspends (what an
-eager task does on Python 3.12, inside a task that already exists). Anything
-else is left to ``Session.handle``, which answers it in full.
+``def`` goes straight to its lane, and an ``async def`` step runs at once,
+until it returns or first suspends, in a task: a step that never suspends is
+answered right there, with no loop round. Anything else is left to
+``Session.handle``, which answers it in full.
 
-Running a coroutine as a part of an existing task takes
-``asyncio.tasks._enter_task``/``_leave_task``, which no public interface
-offers (an eager task is a new task per step, the cost this path saves). So
-they are used only on the CPython releases this was tested with
-(``TESTED_PYTHONS``); on any other, ``async def`` steps take the task path,
-as they do under uvicorn's own protocols: correct, and about 15% more CPU per
-step.
+Which task depends on what the running asyncio offers:
+
+* Python 3.12 and later: an eager task of its own (``asyncio.eager_task_factory``,
+  public), in the session's ``contextvars.Context``.
+* CPython 3.11, which has no eager tasks: the session's own task, entered with
+  ``asyncio.tasks._enter_task``/``_leave_task`` (private; a new task per step
+  costs 15-18% of the server's CPU per echo step there, measured). A step that
+  suspends is finished by that task (``settled``). 3.11 receives security
+  fixes only, so its asyncio no longer changes; the internal is used on it
+  alone (``TESTED_PYTHONS``).
+* Anything else: ``try_step`` declines, and the session's task serves the step
+  (``handle``), as under uvicorn's own protocols.
+
+Either way, one step runs in one current task, and the steps of a session
+share one context, so context variables carry over from step to step.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import sys
 import time
 import types
@@ -69,14 +78,15 @@ class DirectStepping:
     ) -> bool:
         """Start a well-formed step from a callback, without waking a task.
 
-        A plain ``def`` step goes to its lane. An ``async def`` step runs here,
-        as a part of ``task`` (the session's task, whose ``context`` it runs in),
-        until it returns or first suspends; then ``suspended`` is true and the
-        session's task must finish it with ``settled()``. ``reply`` gets the
-        reply frame on the loop thread once the step returns; until then
-        ``busy`` is true. ``False`` (anything else: other messages, bad frames,
-        a step already running) leaves the frame to ``handle``, which answers it
-        in full.
+        A plain ``def`` step goes to its lane; an ``async def`` step runs in
+        ``context`` (the session's), in an eager task of its own or as a part
+        of ``task`` (the session's task, on Python 3.11), until it returns or
+        first suspends. If it suspended as a part of ``task``, ``suspended`` is
+        true and that task must finish it with ``settled()``. ``reply`` gets
+        the reply frame on the loop thread once the step returns, which may be
+        before this returns; until then ``busy`` is true. ``False`` (anything
+        else: other messages, bad frames, a step already running) leaves the
+        frame to ``handle``, which answers it in full.
         """
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
@@ -96,6 +106,12 @@ class DirectStepping:
         """``try_step`` for a request already decoded (one of a v2 frame's)."""
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
+        if (
+            self._async_step
+            and _eager_task_factory is None
+            and (task is None or context is None or _enter is None)
+        ):
+            return False  # no task to run it in here: handle() runs it in the session's
         try:
             step = protocol.plain_step(request)
             if step is None:
@@ -110,31 +126,53 @@ class DirectStepping:
         self._direct_step = receiver
         if not self._async_step:
             self._dispatch_step(call.args, {}, receiver)  # its outcome comes in a later callback
-        elif not self._start_async(receiver, call.args[0], task, context):
+            return True
+        if _eager_task_factory is not None:
+            self._start_eager(receiver, call.args[0], context)
+        elif not self._start_in(receiver, call.args[0], task, context):
             self.busy = False
             self._direct_step = None
             return False
         return True
 
-    def _start_async(
+    def _start_eager(
+        self, step: DirectStep, action: Any, context: contextvars.Context | None
+    ) -> None:
+        """Run an ``async def`` step in an eager task of its own (Python 3.12+)."""
+        try:
+            coro = self.env.step(action)
+        except BaseException as exc:  # raised before returning its coroutine
+            self._stepped(step, False, exc)
+            return
+        if not isinstance(coro, types.CoroutineType):
+            self._stepped(step, True, coro)  # an awaitable: _stepped awaits it in a task
+            return
+        assert _eager_task_factory is not None
+        step.task = _eager_task_factory(
+            asyncio.get_running_loop(), run_step(step, coro), context=context
+        )
+
+    def _start_in(
         self,
         step: DirectStep,
         action: Any,
         task: asyncio.Task[Any] | None,
         context: contextvars.Context | None,
     ) -> bool:
-        """Run an ``async def`` step as a part of ``task``, until it returns or first
-        suspends; ``False`` if it cannot start here (nothing has run).
+        """Run an ``async def`` step as a part of ``task`` (Python 3.11), until it
+        returns or first suspends; ``False`` if it cannot start here (nothing has run).
 
-        What an eager task does (Python 3.12), inside a task that already exists:
+        What an eager task does on 3.12, inside a task that already exists:
         ``asyncio.current_task()`` is ``task``, so ``asyncio.timeout`` and task
         groups work, and the rest runs in that same task (``settled``).
         """
-        if task is None or context is None or _enter_task is None or _leave_task is None:
-            return False  # no task given, or an asyncio without these: the task runs it
+        assert task is not None
+        assert context is not None
+        assert _enter is not None
+        assert _leave is not None
         loop = task.get_loop()
         try:
-            _enter_task(loop, task)
+            _enter(loop, task)
         except RuntimeError:  # another task is running: not a protocol callback
             return False
         try:
@@ -149,30 +187,49 @@ class DirectStepping:
                 except BaseException as exc:
                     ok, value = False, exc
                 else:
-                    self._suspended = (coro, awaiting)
+                    self._suspended = (coro, awaiting)  # the session's task finishes it
                     return True
+        except BaseException as exc:  # raised before returning its coroutine
+            ok, value = False, exc
         finally:
-            _leave_task(loop, task)
+            _leave(loop, task)
         self._stepped(step, ok, value)
         return True
 
     @property
     def suspended(self) -> bool:
-        """Whether an ``async def`` step ``try_step`` started waits for ``settled()``."""
+        """Whether an ``async def`` step ``try_step`` started waits for ``settled()``
+        (only on Python 3.11: elsewhere it runs in a task of its own)."""
         return self._suspended is not None
+
+    @property
+    def step_task(self) -> asyncio.Future[None] | None:
+        """The task running the step ``try_step`` started, if it runs in one."""
+        step = self._direct_step
+        return None if step is None else step.task
+
+    def interrupt(self) -> None:
+        """Cancel the step ``try_step`` started, if it runs in a task: the
+        session's own task is being cancelled (a shutdown, a stalled client), and
+        the step hears of it as it would have inside that task. The session ends."""
+        step = self._direct_step
+        if step is not None and step.task is not None and not step.task.done():
+            step.interrupted = True
+            step.task.cancel()
 
     async def settled(self, error: BaseException | None = None) -> None:
         """Wait until the step ``try_step`` started has replied.
 
-        An ``async def`` step that suspended there goes on here, in the
-        session's task, with ``error`` (a cancellation of that task) thrown in.
+        A step that suspended as a part of the session's task (Python 3.11)
+        goes on here, in that task, with ``error`` (a cancellation of the task)
+        thrown in.
         """
         suspended, self._suspended = self._suspended, None
         if suspended is not None and self._direct_step is not None:
             coro, awaiting = suspended
             step = self._direct_step
-            step.resumed = True
-            await await_step(step, resume(coro, awaiting, error))
+            step.interrupted = True  # a cancellation from here on is the session task's
+            await run_step(step, resume(coro, awaiting, error))
         while self._direct_step is not None:
             if self._settled is None:
                 self._settled = asyncio.get_running_loop().create_future()
@@ -183,12 +240,12 @@ class DirectStepping:
         awaitable = not isinstance(value, Observation) and inspect.isawaitable(value)
         if ok and awaitable and not step.awaited:
             # A plain def that returned an awaitable: finish it in a task.
-            step.task = asyncio.ensure_future(await_step(step, value))
+            step.task = asyncio.ensure_future(run_step(step, value))
             return
         reply: str | None = None
         try:
-            if not ok and step.resumed and isinstance(value, asyncio.CancelledError):
-                # The session's own task is cancelled (a shutdown): it ends
+            if not ok and step.interrupted and isinstance(value, asyncio.CancelledError):
+                # The session's own task was cancelled (a shutdown): it ends
                 # the session as it unwinds, and nobody waits for a reply.
                 self._end(CloseCode.GOING_AWAY)
             elif not ok and not isinstance(value, Exception):
@@ -211,14 +268,14 @@ class DirectStepping:
 class DirectStep:
     """A step started by ``Session.try_step``: the lane's receiver of its outcome."""
 
-    __slots__ = ("awaited", "call", "reply", "resumed", "session", "task")
+    __slots__ = ("awaited", "call", "interrupted", "reply", "session", "task")
 
     def __init__(self, session: DirectStepping, call: Call, reply: Callable[[str], None]) -> None:
         self.session = session
         self.call = call
         self.reply = reply
-        self.awaited = False  # a plain def returned an awaitable, now awaited
-        self.resumed = False  # an async def step that suspended, now in the session's task
+        self.awaited = False  # its awaitable is being awaited in a task
+        self.interrupted = False  # its task was cancelled by the session's (``interrupt``)
         self.task: asyncio.Future[None] | None = None  # the task awaiting it
 
     def cancelled(self) -> bool:
@@ -231,21 +288,30 @@ class DirectStep:
         self.session._stepped(self, False, exception)
 
 
-async def await_step(step: DirectStep, awaitable: Any) -> None:
+async def run_step(step: DirectStep, awaitable: Any) -> None:
+    """Await a step's awaitable and hand its outcome to the session: the body of
+    its task. Whatever it raises ends at the session (``SystemExit`` included:
+    an environment's failure never stops the server); a cancellation also ends
+    the task."""
     step.awaited = True
     try:
         result = await awaitable
     except BaseException as exc:
-        step.set_exception(exc)  # the session must hear of it, even of a cancellation
-        if not isinstance(exc, Exception):
+        step.set_exception(exc)
+        if isinstance(exc, asyncio.CancelledError):
             raise
     else:
         step.set_result(result)
 
 
+# asyncio's public eager tasks (Python 3.12 and later).
+_eager_task_factory: Callable[..., asyncio.Future[None]] | None = getattr(
+    asyncio, "eager_task_factory", None
+)
+
 # The CPython releases whose asyncio's ``_enter_task``/``_leave_task`` this was
-# tested with (the suite's direct-step tests, on each).
-TESTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
+# tested with (the suite's direct-step tests): only where there are no eager tasks.
+TESTED_PYTHONS = ((3, 11),)
 
 
 def _task_switch(
@@ -264,7 +330,15 @@ def _task_switch(
     return getattr(asyncio.tasks, "_enter_task", None), getattr(asyncio.tasks, "_leave_task", None)
 
 
-_enter_task, _leave_task = _task_switch()
+_enter, _leave = _task_switch()
+
+if _eager_task_factory is None and _enter is None:
+    logging.getLogger("openenv.server").warning(
+        "async def steps are served by their session's task on %s %s (no eager tasks, and "
+        "asyncio's task switch untested here): correct, ~15%% more CPU per step",
+        sys.implementation.name,
+        ".".join(map(str, sys.version_info[:3])),
+    )
 
 
 @types.coroutine
@@ -272,7 +346,7 @@ def resume(
     coro: Coroutine[Any, Any, Any], awaiting: Any, error: BaseException | None
 ) -> Generator[Any, Any, Any]:
     """Go on with ``coro`` in the task that awaits this, from where it suspended
-    (awaiting ``awaiting``) outside any task: what ``await coro`` would have done."""
+    (awaiting ``awaiting``) in ``_start_in``: what ``await coro`` would have done."""
     try:
         if error is not None:
             awaiting = coro.throw(error)

@@ -5,8 +5,9 @@ and sends the reply. On openenv's WebSocket protocol a step skips that task:
 the protocol offers the frame to ``Connection._take`` from its own callback
 (``Session.try_step``). A plain ``def`` step goes to a worker thread, and its
 reply is sent from the batch that brings its result back; an ``async def``
-step runs there and then, as a part of the session's task, and replies at
-once unless it suspends, in which case the task is woken to finish it.
+step runs there and then, in an eager task of its own (or, on Python 3.11, as
+a part of the session's task), and replies at once unless it suspends
+(``server/direct_steps.py``).
 
 No send waits on the client for longer than ``send_timeout``: openenv's
 protocol aborts a connection whose peer leaves its write buffer full that
@@ -150,8 +151,8 @@ class Connection:
                     except asyncio.CancelledError as cancelled:
                         if not session.suspended:
                             raise
-                        # Before this task took over the step _take started: the
-                        # step hears of it (its asyncio.timeout may be why).
+                        # Before this task took over the step _take started in
+                        # it: the step hears of it (its asyncio.timeout may be why).
                         self._waiting = False
                         await session.settled(cancelled)
                         continue
@@ -167,7 +168,7 @@ class Connection:
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 if kind == NOTIFY:
                     if session.suspended:
-                        await session.settled()  # an async def step _take started
+                        await session.settled()  # an async def step _take started in this task
                     continue
                 frame = message.get("text")
                 if frame is None:
@@ -210,6 +211,11 @@ class Connection:
                     reason = "error"
                     await self._close_socket(session.close_code)
                     break
+        except asyncio.CancelledError:
+            # A shutdown or a stalled client: a step _take started hears of it
+            # too, as it would have inside this task (aclose waits for it).
+            session.interrupt()
+            raise
         except _GONE:
             pass  # the peer vanished mid-exchange; the slot is freed below
         except Exception:
@@ -236,7 +242,8 @@ class Connection:
         if not session.try_step(frame, self._reply, self._task, self.context):
             return False
         if session.suspended:
-            # An async def step awaits something: this task finishes it.
+            # An async def step started in this task awaits something: the task
+            # finishes it.
             self._waiting = False
             channel = self._channel
             assert channel is not None
@@ -277,7 +284,8 @@ class Connection:
         return [self.expire("idle_timeout")]
 
     def describe(self, task: asyncio.Task[Any]) -> str | None:
-        return f"session {self.session.id}" if task is self._task else None
+        session = self.session
+        return f"session {session.id}" if task in (self._task, session.step_task) else None
 
     def abort(self) -> None:
         """Drop the connection now (unsent replies and all) and end its task.

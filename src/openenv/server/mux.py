@@ -402,8 +402,9 @@ class MuxConnection:
 
     def describe(self, task: asyncio.Task[Any]) -> str | None:
         for lane in list(self.lanes.values()):
-            if lane.task is task and lane.session is not None:
-                return f"session {lane.session.id}"
+            session = lane.session
+            if session is not None and task in (lane.task, session.step_task):
+                return f"session {session.id}"
         return None
 
     def abort(self) -> None:

@@ -58,16 +58,16 @@ class Session(SessionCore, DirectStepping):
         self._ticket = LaneTicket()
         self._submit = functools.partial(service.handoff.submit, self._ticket)
         # Steps without a deadline may start outside any coroutine (``try_step``):
-        # a plain ``def`` on the lane, an ``async def`` right there until it first
-        # suspends; nothing to time out.
+        # a plain ``def`` on the lane, an ``async def`` at once, in a task;
+        # nothing to time out.
         self._recorder = getattr(service, "recorder", None)
         # A recorded session takes the one path where request and reply meet.
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
         self._direct_step: DirectStep | None = None  # the one in flight
-        # An ``async def`` step that suspended in ``try_step``, and what it awaits:
-        # ``settled()`` finishes it in the session's task.
+        # An ``async def`` step that suspended as a part of the session's task
+        # (Python 3.11), and what it awaits: ``settled()`` finishes it there.
         self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
         self._settled: asyncio.Future[None] | None = None
         service.registry.add(self)
@@ -158,6 +158,7 @@ class Session(SessionCore, DirectStepping):
         ``aclose`` frees the slot without waiting for a call still running on a
         thread, and without ``close()``, which must not run beside that call."""
         self.cancel_queued(self._closing_because)
+        self.interrupt()  # an async def step try_step started: nobody will wait for it
         # Only a call in flight now makes close() unsafe; an idle one still closes.
         self._abandoned = self.busy or self.stuck is not None or self._direct_step is not None
 
