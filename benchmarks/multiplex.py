@@ -10,7 +10,8 @@ changing speed meets both alike:
   their 64 replies. Reported: steps per second and per server CPU-second.
 * **CartPole-v1** through the Gymnasium adapter, 64 environments:
   ``RemoteVectorEnv`` (server on core 0) against ``SyncVectorEnv`` in process
-  (on core 1), the same random actions.
+  (on core 1), the same random actions; the vector session also with
+  ``busy_poll=0`` (a client that sleeps while it waits).
 * **scale**: 16,384 sessions held open, over 16 v2 connections and over 16,384
   v1 connections: server memory per session, and the p99 of a step's latency
   (v2: a batch's round trip) while every session steps.
@@ -179,14 +180,17 @@ def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[floa
         ),
     }
     running = {kind: Running(server) for kind, server in servers.items()}
-    out: dict[str, list[float]] = {"remote": [], "remote-vector": [], "sync": []}
+    kinds = ("sync", "remote", "remote-vector", "remote-vector-sleeping")
+    out: dict[str, list[float]] = {kind: [] for kind in kinds}
     try:
         for _ in range(rounds):
-            for kind in ("sync", "remote", "remote-vector"):
-                url = running[kind].url if kind in running else "-"
+            for kind in kinds:
+                server_kind = kind.removesuffix("-sleeping")
+                url = running[server_kind].url if server_kind in running else "-"
                 argv = [
                     "taskset", "-c", "1", str(PY), __file__, "--vector", kind.split("-")[0], url,
                     "--calls", str(calls), "--num-envs", str(num_envs),
+                    "--busy-poll", "0" if kind.endswith("-sleeping") else "default",
                 ]  # fmt: skip
                 done = subprocess.run(argv, capture_output=True, text=True, check=True)
                 rate = float(json.loads(done.stdout)["steps_per_s"])
@@ -198,7 +202,7 @@ def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[floa
     return out
 
 
-def vector_rate(kind: str, url: str, calls: int, num_envs: int) -> float:
+def vector_rate(kind: str, url: str, calls: int, num_envs: int, busy_poll: str) -> float:
     import gymnasium
     from gymnasium.vector import SyncVectorEnv
 
@@ -208,7 +212,8 @@ def vector_rate(kind: str, url: str, calls: int, num_envs: int) -> float:
     if kind == "sync":
         envs = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs)
     else:
-        envs = RemoteVectorEnv(url, num_envs=num_envs)
+        polling = {} if busy_poll == "default" else {"busy_poll": float(busy_poll)}
+        envs = RemoteVectorEnv(url, num_envs=num_envs, **polling)
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 2, (calls + 50, num_envs))
     envs.reset(seed=0)
@@ -306,6 +311,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--per-connection", type=int, default=64)
     parser.add_argument("--num-envs", type=int, default=64)
+    parser.add_argument("--busy-poll", default="default", help="RemoteVectorEnv's busy_poll")
     args = parser.parse_args()
     if args.v2_load:
         report = asyncio.run(
@@ -315,7 +321,8 @@ def main() -> None:
         return
     if args.vector:
         kind, url = args.vector
-        print(json.dumps({"steps_per_s": vector_rate(kind, url, args.calls, args.num_envs)}))
+        rate = vector_rate(kind, url, args.calls, args.num_envs, args.busy_poll)
+        print(json.dumps({"steps_per_s": rate}))
         return
     encodings()
     echo_runs = echo(args.rounds, args.duration) if not args.cartpole_only else {}
@@ -334,15 +341,19 @@ def main() -> None:
     # compare alike on a machine whose speed changes from second to second.
     per_round = {
         kind: [r / s for r, s in zip(pole[kind], pole["sync"], strict=True)]
-        for kind in ("remote", "remote-vector")
+        for kind in pole
+        if kind != "sync"
     }
-    print(
-        f"CartPole-v1 x64, medians: SyncVectorEnv {med(pole['sync']):,.0f} env-steps/s; "
-        f"RemoteVectorEnv over 64 sessions {med(pole['remote']):,.0f} "
-        f"({med(per_round['remote']):.2f}x, rounds {_ratios(per_round['remote'])}), over one "
-        f"vector session {med(pole['remote-vector']):,.0f} "
-        f"({med(per_round['remote-vector']):.2f}x, rounds {_ratios(per_round['remote-vector'])})"
-    )
+    print(f"CartPole-v1 x64, medians: SyncVectorEnv {med(pole['sync']):,.0f} env-steps/s")
+    for kind, what in (
+        ("remote", "RemoteVectorEnv over 64 sessions"),
+        ("remote-vector", "RemoteVectorEnv over one vector session"),
+        ("remote-vector-sleeping", "the same with busy_poll=0"),
+    ):
+        print(
+            f"  {what}: {med(pole[kind]):,.0f} env-steps/s, {med(per_round[kind]):.2f}x "
+            f"(rounds {_ratios(per_round[kind])})"
+        )
     if not args.skip_scale:
         scale(16384, 16, args.duration)
 

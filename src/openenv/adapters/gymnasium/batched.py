@@ -141,7 +141,8 @@ class GymnasiumVectorEnvironment(Environment[VectorAction, VectorObservation, St
         if self.vector is None or self._shape != (num_envs, mode.value):
             if self.vector is not None:
                 self.vector.close()
-            self.vector = SyncVectorEnv([self._make] * num_envs, autoreset_mode=mode)
+            # copy=False: each reply is encoded before the next step reuses the buffer.
+            self.vector = SyncVectorEnv([self._make] * num_envs, autoreset_mode=mode, copy=False)
             self._shape = (num_envs, mode.value)
         options = dict(options or {})
         if "reset_mask" in options:

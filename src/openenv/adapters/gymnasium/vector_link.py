@@ -17,7 +17,8 @@ from gymnasium.vector import AutoresetMode
 from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol
-from openenv.client._base import error_from, ws_url
+from openenv.client._base import error_from, ssl_context, ws_url
+from openenv.client.blocking_ws import BlockingWebSocket
 from openenv.errors import (
     ConnectionFailedError,
     EnvTimeoutError,
@@ -38,36 +39,34 @@ class VectorLink:
         num_envs: int,
         autoreset_mode: AutoresetMode,
         max_envs: int,
+        busy_poll: float = 0.0,
     ) -> None:
         if num_envs > max_envs:
             raise ValueError(
                 f"num_envs={num_envs}, but this server's vector sessions hold at most {max_envs}"
             )
-        from websockets.sync.client import connect
-
         self.num_envs = num_envs
         self.autoreset_mode = autoreset_mode
         self.timeout = timeout
         self._ids = itertools.count()
-        self._stack = contextlib.ExitStack()
         url = ws_url(base_url)
         try:
-            self._ws: Any = self._stack.enter_context(
-                connect(
-                    url,
-                    additional_headers=headers,
-                    compression=None,
-                    max_size=2**26,
-                    open_timeout=timeout,
-                )
+            # Driven in the caller's thread: a reply is parsed by the thread
+            # waiting for it, with no hand-over from a reader thread.
+            self._ws: BlockingWebSocket | None = BlockingWebSocket(
+                url,
+                headers=headers,
+                open_timeout=timeout,
+                busy_poll=busy_poll,
+                ssl_context=ssl_context() if url.startswith("wss") else None,
             )
         except OSError as exc:
             raise ConnectionFailedError(url, str(exc)) from None
         try:
             self._call("state", None)  # a server at capacity says so now, not at reset
         except BaseException:
-            self._ws = None
-            self._stack.close()
+            ws, self._ws = self._ws, None
+            ws.close()
             raise
 
     def reset(self, seed: Any, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -97,7 +96,7 @@ class VectorLink:
             with contextlib.suppress(OSError, ConnectionClosed):
                 ws.send(protocol.request_frame("close"))
         finally:
-            self._stack.close()
+            ws.close()
 
     def _call(
         self, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
