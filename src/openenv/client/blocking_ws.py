@@ -37,7 +37,9 @@ from websockets.uri import parse_uri
 
 __all__ = ["BlockingWebSocket"]
 
-_READ = 1 << 18
+# Bytes read at a time, into one buffer per connection: a busy-polling recv
+# makes no allocation per attempt.
+_READ = 1 << 16
 # What a non-blocking read raises when nothing has come (a TLS socket: SSLWantReadError).
 _NOTHING_YET = (BlockingIOError, InterruptedError, ssl.SSLWantReadError)
 _CLOSE_TIMEOUT = 2.0
@@ -84,6 +86,8 @@ class BlockingWebSocket:
         )
         self._busy_poll = busy_poll
         self._typical = 0.0  # how long recv waited for a message, smoothed
+        self._buffer = bytearray(_READ)
+        self._view = memoryview(self._buffer)
         self._messages: deque[str | bytes] = deque()
         self._fragments: list[bytes] = []
         self._fragment_text = False
@@ -149,11 +153,10 @@ class BlockingWebSocket:
 
     def _poll(self, until: float) -> None:
         """Read without sleeping until a message comes, or ``until``."""
-        sock = self._sock
-        sock.settimeout(0.0)
+        self._sock.settimeout(0.0)
         while not self._messages and self._protocol.state is State.OPEN:
             try:
-                data = sock.recv(_READ)
+                data = self._receive()
             except _NOTHING_YET:
                 if time.monotonic() >= until:
                     return
@@ -189,12 +192,17 @@ class BlockingWebSocket:
             raise TimeoutError("no message in time")
         self._sock.settimeout(remaining)
         try:
-            data = self._sock.recv(_READ)
+            data = self._receive()
         except TimeoutError:
             raise TimeoutError("no message in time") from None
         except OSError:  # reset by the peer: as the end of the stream
             data = b""
         self._feed(data)
+
+    def _receive(self) -> bytes:
+        """What the socket has now (``b""``: the end of the stream), as its timeout allows."""
+        count = self._sock.recv_into(self._buffer)
+        return self._view[:count].tobytes()
 
     def _feed(self, data: bytes) -> None:
         protocol = self._protocol
@@ -249,7 +257,7 @@ class BlockingWebSocket:
                 while self._protocol.state is State.OPEN:
                     self._sock.settimeout(0.0)
                     try:
-                        data = self._sock.recv(_READ)
+                        data = self._receive()
                     except _NOTHING_YET:
                         break
                     except OSError:
