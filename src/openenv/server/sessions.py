@@ -75,13 +75,15 @@ class Session(SessionCore, DirectStepping):
         if self._recorder is not None:
             self._recorder.opened(self.id)
 
-    async def handle(self, frame: str | bytes) -> str | None:
-        """Serve one client frame; return the reply frame, or ``None`` for ``close``."""
-        return await self._handle(frame, None)
+    # Plain functions returning the coroutine: no coroutine of their own around
+    # it, one frame less for every request in flight.
+    def handle(self, frame: str | bytes) -> Coroutine[Any, Any, str | None]:
+        """Serve one client frame; await the reply frame, or ``None`` for ``close``."""
+        return self._handle(frame, None)
 
-    async def handle_request(self, request: dict[str, Any]) -> str | None:
+    def handle_request(self, request: dict[str, Any]) -> Coroutine[Any, Any, str | None]:
         """Serve one request already decoded (a v2 frame carries many): as ``handle``."""
-        return await self._handle(None, request)
+        return self._handle(None, request)
 
     async def _handle(self, frame: str | bytes | None, obj: dict[str, Any] | None) -> str | None:
         self.busy = True
