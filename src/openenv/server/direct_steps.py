@@ -94,7 +94,7 @@ class DirectStepping:
             request = protocol.decode_frame(frame)
         except FrameError:
             return False
-        return self.try_step_request(request, reply, task, context)
+        return self._try_step(request, reply, task, context)
 
     def try_step_request(
         self,
@@ -106,6 +106,15 @@ class DirectStepping:
         """``try_step`` for a request already decoded (one of a v2 frame's)."""
         if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
             return False
+        return self._try_step(request, reply, task, context)
+
+    def _try_step(
+        self,
+        request: dict[str, Any],
+        reply: Callable[[str], None],
+        task: asyncio.Task[Any] | None,
+        context: contextvars.Context | None,
+    ) -> bool:
         if (
             self._async_step
             and _eager_task_factory is None
