@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex clean chromium sandbox-python \
+	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-callgrind clean chromium sandbox-python \
 	openreward-sdk
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -153,6 +153,15 @@ test-pythons:
 			-e envs/counter_env -e envs/benchmark_env; } || exit 1; \
 		echo "== $$py"; $$v/bin/pytest -q -p no:cacheprovider $(PY_SUITES) || exit 1; \
 	done
+
+# Instructions per echo step under callgrind (valgrind): steady where the machine's
+# speed is not. BASELINE=REV also counts that revision's (exported by run.py).
+bench-callgrind: $(STAMP)
+	benchmarks/callgrind_steps.sh this "" 18990
+	@if [ -n "$(BASELINE)" ]; then \
+		src=$$($(BIN)/python -c "import sys; sys.path.insert(0, 'benchmarks'); from run import export_src; print(export_src('$(BASELINE)'))" | tail -1); \
+		benchmarks/callgrind_steps.sh $(BASELINE) "$$src" 18991; \
+	fi
 
 clean:
 	rm -rf $(VENV) $(VENV_MIN) $(VENV_OR) .venv-3.1[23].* .pytest_cache .mypy_cache .ruff_cache
