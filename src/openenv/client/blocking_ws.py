@@ -35,6 +35,8 @@ from websockets.protocol import State
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from openenv.client._base import ssl_context as default_ssl_context
+
 __all__ = ["BlockingWebSocket"]
 
 # Bytes read at a time, into one buffer per connection: a busy-polling recv
@@ -60,7 +62,7 @@ class BlockingWebSocket:
             waiting core awake, which saves the wake-up of an idle core when the
             reply comes (tens of microseconds on a VM), at the cost of that
             core while it waits.
-        ssl_context: For ``wss://`` (default: ``ssl.create_default_context()``).
+        ssl_context: For ``wss://`` (default: the clients' shared one, httpx's CA bundle).
 
     Raises ``OSError`` (``TimeoutError`` included) if it cannot connect, and
     websockets' ``InvalidHandshake`` errors if the server refuses the handshake.
@@ -97,7 +99,7 @@ class BlockingWebSocket:
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if uri.secure:
-                context = ssl_context if ssl_context is not None else ssl.create_default_context()
+                context = ssl_context if ssl_context is not None else default_ssl_context()
                 self._sock = context.wrap_socket(self._sock, server_hostname=uri.host)
             request = self._protocol.connect()
             for name, value in (headers or {}).items():
@@ -254,15 +256,7 @@ class BlockingWebSocket:
             if not self._lock.acquire(blocking=False):
                 continue  # a call is reading: it answers the pings itself
             try:
-                while self._protocol.state is State.OPEN:
-                    self._sock.settimeout(0.0)
-                    try:
-                        data = self._receive()
-                    except _NOTHING_YET:
-                        break
-                    except OSError:
-                        data = b""
-                    self._feed(data)
+                self._poll(until=0.0)  # what has come, without waiting for more
             except (OSError, ConnectionClosed):
                 pass  # the next call hears of it
             finally:

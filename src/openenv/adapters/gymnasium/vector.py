@@ -133,7 +133,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 open_timeout=timeout,
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
-                ssl_context=ssl_context() if url.startswith("wss") else None,
             )
         except OSError as exc:
             raise ConnectionFailedError(url, str(exc)) from None

@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode
 from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol
-from openenv.client._base import error_from, ssl_context, ws_url
+from openenv.client._base import error_from, ws_url
 from openenv.client.blocking_ws import BlockingWebSocket
 from openenv.errors import (
     ConnectionFailedError,
@@ -58,7 +58,6 @@ class VectorLink:
                 headers=headers,
                 open_timeout=timeout,
                 busy_poll=busy_poll,
-                ssl_context=ssl_context() if url.startswith("wss") else None,
             )
         except OSError as exc:
             raise ConnectionFailedError(url, str(exc)) from None
