@@ -40,7 +40,7 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import CloseCode, FrameError
 from openenv.server.session_core import Call
-from openenv.server.session_host import SessionLog, SessionState
+from openenv.server.session_host import OPEN, SessionLog, SessionState
 from openenv.types import Observation
 
 __all__ = ["DirectStep", "DirectStepping"]
@@ -88,7 +88,7 @@ class DirectStepping:
         else: other messages, bad frames, a step already running) leaves the
         frame to ``handle``, which answers it in full.
         """
-        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
+        if not self.direct_steps or self.busy or self.state is not OPEN:
             return False
         try:
             request = protocol.decode_frame(frame)
@@ -104,7 +104,7 @@ class DirectStepping:
         context: contextvars.Context | None = None,
     ) -> bool:
         """``try_step`` for a request already decoded (one of a v2 frame's)."""
-        if not self.direct_steps or self.busy or self.state is not SessionState.OPEN:
+        if not self.direct_steps or self.busy or self.state is not OPEN:
             return False
         return self._try_step(request, reply, task, context)
 

@@ -33,6 +33,7 @@ from openenv.protocol import CloseCode, ErrorCode
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
 from openenv.server.mux import MuxConnection
 from openenv.server.service import EnvService, SessionRefused
+from openenv.server.session_host import OPEN
 from openenv.server.sessions import Session, SessionState
 
 __all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
@@ -116,9 +117,9 @@ class Connection:
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._max_size = service.settings.max_message_size
         self._send_timeout = service.settings.send_timeout
-        self._clock = asyncio.get_running_loop().time
-        # When the reply being sent started waiting on the client (None: no send waits).
-        self.sending_since: float | None = None
+        # Odd while a reply waits on the client (``Served.sends``): a count, not
+        # a clock read per reply.
+        self.sends = 0
         self._stalled = False
         self._expired_for: str | None = None
         # openenv's WebSocket protocol offers each data frame to _take first: a
@@ -141,10 +142,10 @@ class Connection:
             channel.take_frames(self._take)
         try:
             while True:
-                self._waiting = True
                 if inbox is None:
                     message = await receive()
                 else:
+                    self._waiting = True  # only _take reads it, with a channel
                     try:
                         while (message := inbox.receive_nowait()) is None:
                             await inbox.arrival()
@@ -156,11 +157,11 @@ class Connection:
                         self._waiting = False
                         await session.settled(cancelled)
                         continue
-                self._waiting = False
+                    self._waiting = False
                 kind = message["type"]
                 if kind == "websocket.disconnect":
                     break
-                if session.state is not SessionState.OPEN:
+                if session.state is not OPEN:
                     if kind == NOTIFY and self._expired_for is None:
                         # A step started by _take ended the session; its error is sent.
                         reason = "internal_error"
@@ -184,7 +185,7 @@ class Connection:
                     break
                 if session.busy:
                     await session.settled()  # a frame sent while _take's step ran
-                    if session.state is not SessionState.OPEN:
+                    if session.state is not OPEN:
                         continue  # its NOTIFY is next in line
                 reply = await session.handle(frame)
                 if reply is None:
@@ -197,7 +198,7 @@ class Connection:
                 if inbox is None or not inbox.send_text(reply):
                     # No timer per reply: the service sweeps for sends stuck past
                     # send_timeout and stalls their connection (``stall``).
-                    self.sending_since = self._clock()
+                    self.sends += 1
                     try:
                         await send({"type": "websocket.send", "text": reply})
                     except asyncio.CancelledError:
@@ -206,8 +207,8 @@ class Connection:
                         self._task.uncancel()  # type: ignore[union-attr]
                         raise TimeoutError("send_timeout") from None
                     finally:
-                        self.sending_since = None
-                if session.state is not SessionState.OPEN:
+                        self.sends += 1
+                if session.state is not OPEN:
                     reason = "error"
                     await self._close_socket(session.close_code)
                     break
@@ -254,12 +255,12 @@ class Connection:
         channel = self._channel
         assert channel is not None
         channel.send_now(frame)  # False: closing or gone, and run() hears of that
-        if self.session.state is not SessionState.OPEN:
+        if self.session.state is not OPEN:
             channel.notify()
 
     async def expire(self, reason: str) -> None:
         """End the session from outside (idle timeout, shutdown) and free its slot."""
-        if self.session.state is not SessionState.OPEN:
+        if self.session.state is not OPEN:
             return
         self.session.state = SessionState.CLOSING
         self._expired_for = reason
@@ -276,7 +277,7 @@ class Connection:
 
     def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
         session = self.session
-        if session.state is not SessionState.OPEN or session.busy:
+        if session.state is not OPEN or session.busy:
             return []
         if session.last_active >= deadline:
             return []

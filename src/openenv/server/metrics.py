@@ -76,15 +76,21 @@ class Metrics:
         self._sessions = sessions
         self.opened = 0
         self.closed: Counter[str] = Counter()
-        self.steps = 0
         self.step_seconds = Histogram(_STEP_BUCKETS)
         self.errors: Counter[str] = Counter()
+
+    @property
+    def steps(self) -> int:
+        """Steps served: one per observation of ``step_seconds``."""
+        return self.step_seconds.count
 
     def numbers(self) -> dict[str, Any]:
         """This process's counters, as plain JSON (what a worker publishes).
 
         >>> m = Metrics(None)  # type: ignore[arg-type]
-        >>> m.steps, m.errors["TIMEOUT"] = 3, 1
+        >>> for seconds in (0.001, 0.002, 0.5):
+        ...     m.step_seconds.observe(seconds)
+        >>> m.errors["TIMEOUT"] = 1
         >>> m.numbers()["steps"], m.numbers()["errors"]
         (3, {'TIMEOUT': 1})
         """

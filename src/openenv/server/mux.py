@@ -31,7 +31,8 @@ from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
 from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
-from openenv.server.sessions import Session, SessionState
+from openenv.server.session_host import OPEN
+from openenv.server.sessions import Session
 
 __all__ = ["Lane", "MuxConnection"]
 
@@ -88,8 +89,8 @@ class MuxConnection:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def sending_since(self) -> float | None:
-        return self.outbox.sending_since
+    def sends(self) -> int:
+        return self.outbox.sends
 
     def _peer_gone(self) -> None:
         self._gone = True
@@ -260,11 +261,7 @@ class MuxConnection:
         self._answered()
         self._reply(lane.key, reply)
         session = lane.session
-        if (
-            session is not None
-            and session.state is not SessionState.OPEN
-            and self.lanes.get(lane.key) is lane
-        ):
+        if session is not None and session.state is not OPEN and self.lanes.get(lane.key) is lane:
             # It ended the session: the notice goes in the same frame as its error.
             self._spawn(session.aclose(self._announce_end(lane)))
 
@@ -279,7 +276,7 @@ class MuxConnection:
             await self._close_lane(lane, "client_close")
             return protocol_v2.closed_frame("client_close", request_id=request_id)
         reply = await session.handle_request(item)
-        if session.state is not SessionState.OPEN:
+        if session.state is not OPEN:
             if reply is not None:
                 self._reply(lane.key, reply)
             await self._end_lane(lane)
@@ -377,7 +374,7 @@ class MuxConnection:
             for lane in self.lanes.values()
             if lane.task is None
             and lane.session is not None
-            and lane.session.state is SessionState.OPEN
+            and lane.session.state is OPEN
             and not lane.session.busy  # a step the fast path started
             and lane.session.last_active < deadline
         ]

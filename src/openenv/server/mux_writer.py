@@ -32,14 +32,13 @@ class Outbox:
         self._send = send
         self._channel = channel
         self._on_gone = on_gone
-        self._clock = asyncio.get_running_loop().time
         self._frames: list[str] = []
         self._keys: list[SessionKey] = []
         self._untagged: list[str] = []  # replies about a frame, not a session
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting
         self._task: asyncio.Task[None] | None = None
-        # When the send in progress began waiting on the peer (the service's sweep reads it).
-        self.sending_since: float | None = None
+        # Odd while a send waits on the peer (``Served.sends``; the service's sweep reads it).
+        self.sends = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._write())
@@ -83,11 +82,11 @@ class Outbox:
                     continue
                 if channel is not None and channel.send_text(frame):
                     continue
-                self.sending_since = self._clock()
+                self.sends += 1
                 try:
                     await self._send({"type": "websocket.send", "text": frame})
                 finally:
-                    self.sending_since = None
+                    self.sends += 1
         except GONE:
             self._on_gone()  # the reader hears of it from receive, too
 

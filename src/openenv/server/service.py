@@ -54,8 +54,9 @@ class Served(Protocol):
     closed: asyncio.Future[None]  # done once every session of it is closed
 
     @property
-    def sending_since(self) -> float | None:
-        """When the send in progress began waiting on the peer (``None``: none waits)."""
+    def sends(self) -> int:
+        """Two for every send begun, minus one while it waits on the peer: odd means
+        a send is waiting, and the same odd number at two sweeps, the same send."""
 
     async def expire(self, reason: str) -> None:
         """End every session (a shutdown): close frames, environments closed."""
@@ -371,17 +372,29 @@ class EnvService:
     async def _abort_stalled_sends(self, limit: float) -> None:
         """Stall every connection whose reply has waited on its client past ``limit``.
 
-        One sweep for all connections, rather than a timer around every reply.
+        One sweep for all connections, rather than a timer around every reply;
+        a connection counts its sends (``Served.sends``) instead of reading a
+        clock for each. So a send is timed from the first sweep that saw it:
+        stalled after ``limit`` to ``limit + interval``.
         """
         interval = min(max(limit / 4, 0.05), 1.0)
         loop = asyncio.get_running_loop()
+        waiting: dict[Served, tuple[int, float]] = {}  # a send in progress, first seen
         while True:
             await asyncio.sleep(interval)
-            cutoff = loop.time() - limit
+            now = loop.time()
+            still: dict[Served, tuple[int, float]] = {}
             for connection in list(self.connections):
-                since = connection.sending_since
-                if since is not None and since < cutoff:
+                sends = connection.sends
+                if not sends & 1:
+                    continue
+                seen = waiting.get(connection)
+                since = seen[1] if seen is not None and seen[0] == sends else now
+                if now - since >= limit:
                     connection.stall()
+                else:
+                    still[connection] = (sends, since)
+            waiting = still
 
     async def _reap_idle(self, idle_limit: float) -> None:
         interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)

@@ -317,7 +317,6 @@ class SessionCore:
         if ok and call.kind is _STEP and isinstance(value, Observation):
             # Nearly every call: outcome() and _encode() for a step, unrolled.
             self._metrics.step_seconds.observe(time.perf_counter() - call.started)
-            self._metrics.steps += 1
             reply = protocol.observation_frame(value, call.request_id)
             self._bad_frames = 0
             return reply
@@ -336,7 +335,6 @@ class SessionCore:
         if kind is _STEP:
             observation = self._checked(call, value, Observation)
             self._metrics.step_seconds.observe(time.perf_counter() - call.started)
-            self._metrics.steps += 1
             return observation
         if kind is CallKind.RESET:
             observation = self._checked(call, value, Observation)

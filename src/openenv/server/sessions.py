@@ -75,34 +75,42 @@ class Session(SessionCore, DirectStepping):
         if self._recorder is not None:
             self._recorder.opened(self.id)
 
-    # Plain functions returning the coroutine: no coroutine of their own around
-    # it, one frame less for every request in flight.
-    def handle(self, frame: str | bytes) -> Coroutine[Any, Any, str | None]:
-        """Serve one client frame; await the reply frame, or ``None`` for ``close``."""
-        return self._handle(frame, None)
-
-    def handle_request(self, request: dict[str, Any]) -> Coroutine[Any, Any, str | None]:
-        """Serve one request already decoded (a v2 frame carries many): as ``handle``."""
-        return self._handle(None, request)
-
-    async def _handle(self, frame: str | bytes | None, obj: dict[str, Any] | None) -> str | None:
+    async def handle(
+        self, frame: str | bytes | None, request: dict[str, Any] | None = None
+    ) -> str | None:
+        """Serve one client frame, or one ``request`` already decoded (a v2 frame
+        carries many); return the reply frame, or ``None`` for ``close``."""
         self.busy = True
-        started = time.time()
+        recorder = self._recorder
+        started = time.time() if recorder is not None else 0.0
         reply: str | None = None
         try:
-            if obj is None:
-                assert frame is not None
-                try:
-                    obj = protocol.decode_frame(frame)
-                except FrameError as exc:
-                    reply = self.refusal(exc)
-                    return reply
-            work = self.plan(obj)
+            try:
+                if request is None:
+                    assert frame is not None
+                    request = protocol.decode_frame(frame)
+                # Nearly every request is a step: the core's plan() without its frame.
+                step = protocol.plain_step(request)
+                work = self.step_call(*step) if step is not None else self.plan(request)
+            except FrameError as exc:
+                reply = self.refusal(exc)
+                return reply
             if not isinstance(work, Call):
                 reply = work  # answered at once (or None: a close)
                 return reply
             try:
-                value = await self._perform(work)
+                if work.timeout is None and work.kind is _STEP:
+                    # Nearly every call: a step without a deadline, awaited right
+                    # here (no coroutine of _perform's around it), its kind known
+                    # since the session began.
+                    if self._async_step:
+                        value = await work.fn(*work.args)
+                    else:
+                        value = await self._submit(work.fn, work.args, work.kwargs)
+                    if not isinstance(value, Observation) and inspect.isawaitable(value):
+                        value = await value
+                else:
+                    value = await self._perform(work)
             except Exception as exc:
                 reply = self.finish(work, False, exc)
             else:
@@ -113,25 +121,22 @@ class Session(SessionCore, DirectStepping):
         except BaseException as exc:
             # SystemExit or the like out of an environment's coroutine: it ends
             # this session, never the server (as on the direct path).
-            reply = self.internal_error(exc, obj.get("id") if obj is not None else None)
+            reply = self.internal_error(exc, request.get("id") if request is not None else None)
             return reply
         finally:
             self.busy = False
             self.last_active = time.monotonic()
-            if self._recorder is not None and reply is not None:  # a close is its own event
+            if recorder is not None and reply is not None:  # a close is its own event
                 if frame is None:
-                    frame = protocol.json_text(obj)
-                self._recorder.call(self.id, started, frame, reply)
+                    frame = protocol.json_text(request)
+                recorder.call(self.id, started, frame, reply)
+
+    def handle_request(self, request: dict[str, Any]) -> Coroutine[Any, Any, str | None]:
+        """``handle`` for a request already decoded."""
+        return self.handle(None, request)
 
     async def _perform(self, call: Call) -> Any:
         """Run ``call``: a plain ``def`` on a worker thread, within its deadline."""
-        if call.timeout is None and call.kind is _STEP:
-            # The hot path: calls.call without its coroutine around it, one
-            # suspended frame less for every step in flight.
-            result = await calls.start(call.fn, call.args, call.kwargs, self._submit)
-            if not isinstance(result, Observation) and inspect.isawaitable(result):
-                result = await result
-            return result
         return await calls.call(
             call.fn, *call.args, submit=self._submit, timeout=call.timeout, **call.kwargs
         )
