@@ -530,7 +530,8 @@ ObsT = TypeVar("ObsT", bound=Observation)
 
 def observation_from_payload(cls: type[ObsT], payload: ObservationPayload) -> ObsT:
     """Rebuild a typed observation from an ``observation`` reply."""
-    return cls.model_validate(
+    # model_validate without its Python wrapper: one per reply a client reads.
+    return cls.__pydantic_validator__.validate_python(  # type: ignore[no-any-return]
         {
             **payload.observation,
             "reward": payload.reward,

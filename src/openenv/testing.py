@@ -41,9 +41,14 @@ def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str
     config.setdefault("ws", "openenv.server.wsprotocol:WebSocketProtocol")
     config.setdefault("http", "openenv.server.httpprotocol:HttpToolsProtocol")
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **config))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="openenv-test-server", daemon=True
-    )
+
+    def run() -> None:
+        # uvicorn ends a failed startup with sys.exit(3): in this thread, the
+        # caller hears of it below, not as an exception of a stray thread.
+        with contextlib.suppress(SystemExit):
+            server.run(sockets=[sock])
+
+    thread = threading.Thread(target=run, name="openenv-test-server", daemon=True)
     thread.start()
     try:
         while not server.started:

@@ -141,7 +141,12 @@ class GracefulServer(uvicorn.Server):
             self._restore_gc = None
         for server in self.servers:
             server.close()  # stop accepting before draining
-        await asyncio.gather(*(service.drain() for service in list(LIVE_SERVICES)))
+        # Only this server's: another server of the process (a thread with a
+        # loop of its own) goes on serving.
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(service.drain() for service in list(LIVE_SERVICES) if service.loop is loop)
+        )
         await super().shutdown(sockets)
 
 

@@ -124,6 +124,9 @@ class EnvService:
         self.registry = SessionRegistry(concurrency.max_concurrent_envs)
         self.metrics = Metrics(self.registry)
         self.draining = False
+        # The loop the service serves on while its lifespan runs: a shutdown
+        # drains the services of its own loop, not another server's in the process.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Served] = set()
         self.handoff = Handoff(settings.max_threads)
@@ -277,6 +280,7 @@ class EnvService:
         if board is not None:
             self.registry.attach(board)
             publisher = asyncio.create_task(self._publish_metrics(board))
+        self.loop = asyncio.get_running_loop()
         LIVE_SERVICES.add(self)
         restore_gc = tune_gc(self.settings.gc_threshold)
         self.watchdog.start(asyncio.get_running_loop())
@@ -304,6 +308,7 @@ class EnvService:
                 self.recorder.close()
                 self.recorder = None
             LIVE_SERVICES.discard(self)
+            self.loop = None
             self.handoff.shutdown()
             self._handoff_stopped = True
             restore_gc()
