@@ -455,9 +455,9 @@ def json_text(value: Any) -> str:
 def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
     """Encode an observation reply; reward and done travel beside the fields."""
     # The model's prebuilt serializer, without an ``exclude`` set to resolve on
-    # every call; the envelope fields are then moved out of the dump.
-    # The envelope's values come from the dump too: a pydantic model's attribute
-    # reads pass through its __getattr__ hook, several times dearer than a dict's.
+    # every call; the envelope's fields are then moved out of the dump (read from
+    # it, not the model: a pydantic attribute read passes through the model's
+    # __getattr__ hook, several times dearer than a dict's).
     fields = observation.__pydantic_serializer__.to_python(observation, mode="json")
     payload: dict[str, Any] = {
         "observation": fields,

@@ -55,8 +55,8 @@ class Served(Protocol):
 
     @property
     def sends(self) -> int:
-        """Two for every send begun, minus one while it waits on the peer: odd means
-        a send is waiting, and the same odd number at two sweeps, the same send."""
+        """Counts each send's start and its end: odd while a send waits on the
+        peer, and the same odd number at two sweeps means the same send waits."""
 
     async def expire(self, reason: str) -> None:
         """End every session (a shutdown): close frames, environments closed."""
