@@ -94,9 +94,7 @@ def test_a_server_that_is_not_there_is_one_error_before_any_load() -> None:
     ],
 )
 def test_with_no_action_every_reference_env_is_stepped_with_a_valid_one(app_module: str) -> None:
-    # A fresh app: the module's own may be served by the session's echo fixture,
-    # which the end of this server's lifespan would drain with it.
-    app = importlib.reload(importlib.import_module(app_module)).app
+    app = importlib.import_module(app_module).app
     with run_server(app) as url:
         report = run_bench(url, sessions=4, steps=20)
     assert (report.steps, report.sessions_ok, dict(report.errors)) == (80, 4, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import httpx
@@ -345,3 +346,34 @@ async def test_only_a_close_the_environment_defines_runs_on_a_worker_thread() ->
             await slots_free(url)
         assert "reset" in submitted
         assert submitted.count("close") == closes, (env_cls.__name__, submitted)
+
+
+async def test_one_app_on_two_servers_shares_its_cap_and_each_server_drains_its_own() -> None:
+    # A test's fixture and a test may serve the same app object at once: one
+    # cap for both, and the server that stops first (here the one started
+    # first) ends only its own sessions; the other keeps serving.
+    tracker = Tracker()
+    app = ping_app(tracker, max_envs=2)
+    first_server, second_server = contextlib.ExitStack(), contextlib.ExitStack()
+    with second_server:
+        with first_server:
+            first_url = first_server.enter_context(run_server(app))
+            second_url = second_server.enter_context(run_server(app))
+            on_first, on_second = ping_client(first_url), ping_client(second_url)
+            await on_first.reset()
+            await on_second.reset()
+            with pytest.raises(CapacityError):
+                await ping_client(first_url).reset()
+        with pytest.raises(SessionClosedError):
+            await on_first.step(Ping())
+        assert (await on_second.step(Ping(message="still here"))).observation.count == 1
+        newcomer = ping_client(second_url)  # the slot the first server's session held
+        await newcomer.reset()
+        assert (await newcomer.step(Ping())).observation.count == 1
+        await asyncio.gather(on_second.close(), newcomer.close())
+    await tracker.until_closed(3)
+    # Served again after both have stopped.
+    with run_server(app) as url:
+        again = ping_client(url)
+        await again.reset()
+        await again.close()

@@ -279,6 +279,9 @@ class Handoff:
         home = self._home
         if home is None or home.loop is not loop:
             home = self._home = _Home(loop)
+            # A watch scheduled on the previous loop may never run (its server
+            # stopped): this loop gets its own.
+            self._watching = False
         call = _Call(ticket, fn, args, kwargs, receiver, home)
         if ticket.slow:
             self._submit_slow(call)
@@ -392,8 +395,10 @@ class Handoff:
                     self._fast_starved = full
                     for _ in range(min(max(1, stuck), len(self._pending))):
                         self._wake_one()
-        assert self._home is not None
-        self._home.loop.call_later(self.blocking_after, self._watch)
+        loop = asyncio.get_running_loop()
+        if self._home is not None and self._home.loop is loop:
+            loop.call_later(self.blocking_after, self._watch)
+        # Otherwise another loop has become home, with a watch of its own.
 
     def _detach_blocked(self) -> None:
         """Move fast threads blocked past ``stuck_after`` out of the fast lane (caller

@@ -145,7 +145,7 @@ class GracefulServer(uvicorn.Server):
         # loop of its own) goes on serving.
         loop = asyncio.get_running_loop()
         await asyncio.gather(
-            *(service.drain() for service in list(LIVE_SERVICES) if service.loop is loop)
+            *(service.drain() for service in list(LIVE_SERVICES) if loop in service.loops)
         )
         await super().shutdown(sockets)
 

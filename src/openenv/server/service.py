@@ -123,10 +123,12 @@ class EnvService:
         self.metadata = metadata or _default_metadata(env_factory, env_cls)
         self.registry = SessionRegistry(concurrency.max_concurrent_envs)
         self.metrics = Metrics(self.registry)
-        self.draining = False
-        # The loop the service serves on while its lifespan runs: a shutdown
-        # drains the services of its own loop, not another server's in the process.
-        self.loop: asyncio.AbstractEventLoop | None = None
+        # The loops of the servers serving this app now (usually one), each with
+        # whether it is shutting down: two servers of one app in a process (a
+        # test's fixture and a test) share its cap, and each drains only its own.
+        self._serving: dict[asyncio.AbstractEventLoop, bool] = {}
+        self._board: SlotBoard | None = None
+        self._restore_gc: Callable[[], None] = _nothing
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Served] = set()
         self.handoff = Handoff(settings.max_threads)
@@ -265,53 +267,70 @@ class EnvService:
     ) -> asyncio.Future[Any]:
         return self.handoff.submit(self._factory_ticket, fn, args, kwargs, timed=timed)
 
+    @property
+    def draining(self) -> bool:
+        """Whether the server running this loop is shutting down (sessions refused)."""
+        try:
+            return self._serving.get(asyncio.get_running_loop(), False)
+        except RuntimeError:  # no loop running: no server here
+            return False
+
+    @property
+    def loops(self) -> frozenset[asyncio.AbstractEventLoop]:
+        """The loops of the servers serving this app now."""
+        return frozenset(self._serving)
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
-        # Fresh threads per run: the same app may be served again after a shutdown.
-        if self._handoff_stopped:
-            self.handoff = Handoff(self.settings.max_threads)
-            self._handoff_stopped = False
-        self.draining = False
-        if self.settings.record is not None:
-            self.recorder = Recorder(self.settings.record)
-        # Under `openenv serve --workers N` every worker counts on one board: one cap.
-        board = SlotBoard.from_env(str(self.metadata.name))
-        publisher = None
+        loop = asyncio.get_running_loop()
+        first = not self._serving
+        self._serving[loop] = False
+        if first:
+            # Fresh threads per run: the same app may be served again after a shutdown.
+            if self._handoff_stopped:
+                self.handoff = Handoff(self.settings.max_threads)
+                self._handoff_stopped = False
+            if self.settings.record is not None:
+                self.recorder = Recorder(self.settings.record)
+            # Under `openenv serve --workers N` every worker counts on one board: one cap.
+            self._board = SlotBoard.from_env(str(self.metadata.name))
+            if self._board is not None:
+                self.registry.attach(self._board)
+            LIVE_SERVICES.add(self)
+            self._restore_gc = tune_gc(self.settings.gc_threshold)
+            self.watchdog.start(loop)  # the first server's loop only
+        tasks = [asyncio.create_task(self._abort_stalled_sends(self.settings.send_timeout))]
+        board = self._board
         if board is not None:
-            self.registry.attach(board)
-            publisher = asyncio.create_task(self._publish_metrics(board))
-        self.loop = asyncio.get_running_loop()
-        LIVE_SERVICES.add(self)
-        restore_gc = tune_gc(self.settings.gc_threshold)
-        self.watchdog.start(asyncio.get_running_loop())
-        reaper = None
+            tasks.append(asyncio.create_task(self._publish_metrics(board)))
         if self.concurrency.session_timeout is not None:
-            reaper = asyncio.create_task(self._reap_idle(self.concurrency.session_timeout))
-        sweeper = asyncio.create_task(self._abort_stalled_sends(self.settings.send_timeout))
+            tasks.append(asyncio.create_task(self._reap_idle(self.concurrency.session_timeout)))
         try:
             async with contextlib.AsyncExitStack() as hooks:
                 for hook in self.lifespan_hooks:
                     await hooks.enter_async_context(hook())
                 yield
         finally:
-            for task in (reaper, publisher, sweeper):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self.drain()
-            self.watchdog.stop()
-            if board is not None:
-                board.publish(self.metrics.numbers())  # the last steps count too
-            self.registry.detach()
-            if self.recorder is not None:
-                self.recorder.close()
-                self.recorder = None
-            LIVE_SERVICES.discard(self)
-            self.loop = None
-            self.handoff.shutdown()
-            self._handoff_stopped = True
-            restore_gc()
+            if first:
+                self.watchdog.stop()
+            del self._serving[loop]
+            if not self._serving:  # the last server of this app: let go of it all
+                if board is not None:
+                    board.publish(self.metrics.numbers())  # the last steps count too
+                self.registry.detach()
+                self._board = None
+                if self.recorder is not None:
+                    self.recorder.close()
+                    self.recorder = None
+                LIVE_SERVICES.discard(self)
+                self.handoff.shutdown()
+                self._handoff_stopped = True
+                self._restore_gc()
 
     def health_problems(self) -> list[str]:
         """Why ``/health`` should say "degraded" (empty: it should not).
@@ -346,8 +365,10 @@ class EnvService:
         an environment stuck in a blocking call is left behind (and logged)
         without ``close()`` rather than holding the shutdown.
         """
-        self.draining = True
-        connections = list(self.connections)
+        loop = asyncio.get_running_loop()
+        if loop in self._serving:
+            self._serving[loop] = True
+        connections = self._served_here(loop)
         if not connections:
             return
         expiring = [asyncio.ensure_future(c.expire("shutdown")) for c in connections]
@@ -389,7 +410,7 @@ class EnvService:
             await asyncio.sleep(interval)
             now = loop.time()
             still: dict[Served, tuple[int, float]] = {}
-            for connection in list(self.connections):
+            for connection in self._served_here(loop):
                 sends = connection.sends
                 if not sends & 1:
                     continue
@@ -403,14 +424,19 @@ class EnvService:
 
     async def _reap_idle(self, idle_limit: float) -> None:
         interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             deadline = time.monotonic() - idle_limit
-            for connection in list(self.connections):
+            for connection in self._served_here(loop):
                 # Each on its own: a client that does not read its close frame
                 # (bounded by send_timeout) must not hold up the next sweep.
                 for closing in connection.idle_closings(deadline):
                     self._spawn(closing)
+
+    def _served_here(self, loop: asyncio.AbstractEventLoop) -> list[Served]:
+        """The connections of the server running ``loop`` (usually all of them)."""
+        return [c for c in self.connections if c.closed.get_loop() is loop]
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -442,3 +468,7 @@ def _default_metadata(
         description=doc.split("\n\n", 1)[0].replace("\n", " "),
         supports_concurrent_sessions=bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False)),
     )
+
+
+def _nothing() -> None:
+    """What undoes a setting that was not changed."""
