@@ -284,7 +284,6 @@ class EnvService:
     async def lifespan(self, app: object) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         first = not self._serving
-        self._serving[loop] = False
         if first:
             # Fresh threads per run: the same app may be served again after a shutdown.
             if self._handoff_stopped:
@@ -299,6 +298,8 @@ class EnvService:
             LIVE_SERVICES.add(self)
             self._restore_gc = tune_gc(self.settings.gc_threshold)
             self.watchdog.start(loop)  # the first server's loop only
+        # Serving from here: a start that failed above leaves no trace of this loop.
+        self._serving[loop] = False
         tasks = [asyncio.create_task(self._abort_stalled_sends(self.settings.send_timeout))]
         board = self._board
         if board is not None:
