@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-__all__ = ["DEFAULT_GC_THRESHOLD", "tune_gc"]
+__all__ = ["DEFAULT_GC_THRESHOLD", "tune_gc", "unchanged"]
 
 # Allocations between young collections while serving (CPython's default: 700).
 DEFAULT_GC_THRESHOLD = 20_000
@@ -30,7 +30,7 @@ def tune_gc(threshold: int | None) -> Callable[[], None]:
     """
     before = gc.get_threshold()
     if threshold is None or before[0] >= threshold:
-        return lambda: None
+        return unchanged
     gc.freeze()  # the app, its modules and models: scanned by no collection from now on
     gc.set_threshold(threshold, *before[1:])
 
@@ -39,3 +39,7 @@ def tune_gc(threshold: int | None) -> Callable[[], None]:
         gc.set_threshold(*before)
 
     return restore
+
+
+def unchanged() -> None:
+    """What undoes a setting that was not changed: nothing."""

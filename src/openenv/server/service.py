@@ -19,7 +19,7 @@ from openenv.protocol import CloseCode, ErrorCode
 from openenv.server import calls
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.factory import environment_class, state_class
-from openenv.server.gc_tuning import tune_gc
+from openenv.server.gc_tuning import tune_gc, unchanged
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.isolation import isolated_factory
 from openenv.server.metrics import Metrics
@@ -128,7 +128,7 @@ class EnvService:
         # test's fixture and a test) share its cap, and each drains only its own.
         self._serving: dict[asyncio.AbstractEventLoop, bool] = {}
         self._board: SlotBoard | None = None
-        self._restore_gc: Callable[[], None] = _nothing
+        self._restore_gc: Callable[[], None] = unchanged
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Served] = set()
         self.handoff = Handoff(settings.max_threads)
@@ -469,7 +469,3 @@ def _default_metadata(
         description=doc.split("\n\n", 1)[0].replace("\n", " "),
         supports_concurrent_sessions=bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False)),
     )
-
-
-def _nothing() -> None:
-    """What undoes a setting that was not changed."""
