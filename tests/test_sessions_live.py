@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from pathlib import Path
 
 import httpx
 import orjson
@@ -377,3 +378,28 @@ async def test_one_app_on_two_servers_shares_its_cap_and_each_server_drains_its_
         again = ping_client(url)
         await again.reset()
         await again.close()
+
+
+async def test_a_start_that_fails_leaves_the_app_ready_to_be_served_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slot board that cannot be made (its folder is a file) fails the start,
+    # and the caller hears of it; the app is then served as if new, and its
+    # shutdown lets go of everything (no server left on its books).
+    not_a_folder = tmp_path / "board"
+    not_a_folder.write_text("")
+    tracker = Tracker()
+    app = ping_app(tracker)
+    service = app.state.openenv
+    monkeypatch.setenv("OPENENV_SLOT_BOARD", str(not_a_folder))
+    with pytest.raises(RuntimeError, match="exited during startup"), run_server(app):
+        pass  # pragma: no cover - the server never starts
+    assert service.loops == frozenset()
+    monkeypatch.delenv("OPENENV_SLOT_BOARD")
+    with run_server(app) as url:
+        assert len(service.loops) == 1
+        client = ping_client(url)
+        await client.reset()
+        assert (await client.step(Ping())).observation.count == 1
+    await tracker.until_closed(1)
+    assert service.loops == frozenset()
