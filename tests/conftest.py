@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -30,6 +31,15 @@ def echo_url() -> Iterator[str]:
     """One echo server for the whole test session."""
     with run_server(echo_app) as url:
         yield url
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_of_the_module() -> Iterator[None]:
+    """Collect cycles after each module, so an object it left unclosed (a socket,
+    a transport) is reported against that module rather than wherever the
+    garbage collector happens to run next."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

@@ -199,6 +199,7 @@ def test_workers_share_one_cap_and_a_killed_worker_is_replaced(tmp_path: Path) -
             for client, _ in doomed:  # their connection ends with the process
                 with pytest.raises(SessionClosedError):
                     await client.step(Ping())
+                await client.close()
             assert await steps_ok(others)  # the other worker's sessions go on
             held = others
 
@@ -259,6 +260,11 @@ async def how_it_ended(client: WebSocketEnvClient) -> str | int | None:
         return refused.message
     except SessionClosedError as closed:
         return closed.close_code
+    finally:
+        # Before asyncio.run closes the loop: a socket the server is closing
+        # meanwhile would otherwise be left half-closed, and reported unclosed
+        # by whichever later test the garbage collector happens to run in.
+        await client.close()
 
 
 @pytest.mark.timeout(120)
