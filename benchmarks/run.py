@@ -332,16 +332,23 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
 PAIRED = ("ours-def", "ours-async", "bare-starlette-uvloop-orjson")
 
 
-def paired(rounds: int, sessions: int, duration: float) -> dict[str, list[float]]:
-    """Server CPU per step (us) of servers sharing core 0, each under the same load at once.
+def paired(
+    rounds: int, sessions: int, duration: float
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Server CPU per step (us) of servers sharing core 0, each under the same load at
+    once, and each one's p99 step latency (ms) meanwhile.
 
     Measured one after another, servers meet a machine whose speed changes by
     more than the margins compared (here it switches between two regimes every
     few seconds); side by side they meet the same machine, and what each one
     spends per step is what decides its throughput alone when it is CPU-bound.
     """
-    chosen = [s for s in servers() if s.name in PAIRED]
+    # With --baseline, that revision's servers share the core too: the fairest
+    # comparison this machine allows.
+    wanted = {*PAIRED, "base-def", "base-async"}
+    chosen = [s for s in servers() if s.name in wanted]
     out: dict[str, list[float]] = {s.name: [] for s in chosen}
+    p99: dict[str, list[float]] = {s.name: [] for s in chosen}
     for _ in range(rounds):
         running = [Running(server) for server in chosen]
         try:
@@ -359,6 +366,7 @@ def paired(rounds: int, sessions: int, duration: float) -> dict[str, list[float]
                 window_from = started + report["setup_s"] + 1.0 + 0.2
                 cpu = sampler.window(window_from, window_from + duration - 0.4)["server_cpu"]
                 out[server.name].append(cpu / report["steps_per_s"] * 1e6)
+                p99[server.name].append(report["latency_ms"]["p99"])
             print(
                 "paired: " + ", ".join(f"{name} {us[-1]:.1f} us/step" for name, us in out.items()),
                 flush=True,
@@ -366,7 +374,23 @@ def paired(rounds: int, sessions: int, duration: float) -> dict[str, list[float]
         finally:
             for r in running:
                 r.stop()
-    return out
+    return out, p99
+
+
+def against_baseline(
+    kind: str, costs: dict[str, list[float]], tails: dict[str, list[float]]
+) -> str:
+    """``ours-KIND`` against ``base-KIND`` round by round: both met the same machine."""
+    ours, base = f"ours-{kind}", f"base-{kind}"
+    speed = [b / o - 1 for o, b in zip(costs[ours], costs[base], strict=True)]
+    tail = [o / b - 1 for o, b in zip(tails[ours], tails[base], strict=True)]
+    return (
+        f"`{ours}` against `{base}`, each round: steps per server CPU-second "
+        + ", ".join(f"{x:+.1%}" for x in speed)
+        + f" (median **{median(speed):+.1%}**); p99 "
+        + ", ".join(f"{x:+.1%}" for x in tail)
+        + f" (median **{median(tail):+.1%}**)."
+    )
 
 
 def isolation(reps: int, half: int, cycles: int) -> dict[str, list[float]]:
@@ -586,24 +610,28 @@ def main() -> None:
     if "throughput" not in skip:
         lines += table(throughput(names, levels, args.reps, args.duration), levels)
     if "paired" not in skip:
-        costs = paired(args.reps, 512, args.duration)
+        costs, tails = paired(args.reps, 512, args.duration)
         bare = median(costs["bare-starlette-uvloop-orjson"])
         lines += [
-            "**Side by side** (C=512): `ours-def`, `ours-async` and the bare uvloop+orjson "
-            "echo on core 0 at once, each under its own load generator on core 1, "
+            "**Side by side** (C=512): "
+            + ", ".join(f"`{name}`" for name in costs)
+            + " on core 0 at once, each under its own load generator on core 1, "
             f"{args.reps} rounds; server CPU per step, medians, and the steps each makes per "
-            "server CPU-second against the bare echo's",
+            "server CPU-second against the bare echo's; p99 step latency meanwhile",
             "",
-            "| server | CPU per step | each round | x bare uvloop+orjson |",
-            "|---|---:|---|---:|",
+            "| server | CPU per step | each round | x bare uvloop+orjson | p99 ms |",
+            "|---|---:|---|---:|---:|",
             *(
                 f"| {name} | {median(us):.1f} us | {', '.join(f'{u:.1f}' for u in us)} | "
-                f"{bare / median(us):.2f} |"
+                f"{bare / median(us):.2f} | {median(tails[name]):.1f} |"
                 for name, us in costs.items()
             ),
             "",
         ]
-        print("\n".join(lines[-len(costs) - 3 :]), flush=True)
+        for kind in ("def", "async"):
+            if f"base-{kind}" in costs:
+                lines += [against_baseline(kind, costs, tails), ""]
+        print("\n".join(lines[-len(costs) - 7 :]), flush=True)
     if "isolation" not in skip:
         iso = isolation(args.reps, 256, cycles=12)
         alone, beside = median(iso["alone"]), median(iso["beside_slow"])
