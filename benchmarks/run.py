@@ -334,21 +334,23 @@ PAIRED = ("ours-def", "ours-async", "bare-starlette-uvloop-orjson")
 
 def paired(
     rounds: int, sessions: int, duration: float
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
     """Server CPU per step (us) of servers sharing core 0, each under the same load at
-    once, and each one's p99 step latency (ms) meanwhile.
+    once; each one's p99 step latency (ms) meanwhile, and the p99 of its sessions'
+    connects (ms), all of them connecting at once.
 
     Measured one after another, servers meet a machine whose speed changes by
     more than the margins compared (here it switches between two regimes every
     few seconds); side by side they meet the same machine, and what each one
     spends per step is what decides its throughput alone when it is CPU-bound.
     """
-    # With --baseline, that revision's servers share the core too: the fairest
-    # comparison this machine allows.
-    wanted = {*PAIRED, "base-def", "base-async"}
+    # With --baseline, that revision's servers (and plain uvicorn, ours and
+    # theirs) share the core too: the fairest comparison this machine allows.
+    wanted = {*PAIRED, "base-def", "base-async", "ours-plain", "base-plain"} if BASELINE else PAIRED
     chosen = [s for s in servers() if s.name in wanted]
     out: dict[str, list[float]] = {s.name: [] for s in chosen}
     p99: dict[str, list[float]] = {s.name: [] for s in chosen}
+    connects: dict[str, list[float]] = {s.name: [] for s in chosen}
     for _ in range(rounds):
         running = [Running(server) for server in chosen]
         try:
@@ -367,6 +369,7 @@ def paired(
                 cpu = sampler.window(window_from, window_from + duration - 0.4)["server_cpu"]
                 out[server.name].append(cpu / report["steps_per_s"] * 1e6)
                 p99[server.name].append(report["latency_ms"]["p99"])
+                connects[server.name].append(report["connect_ms"]["p99"])
             print(
                 "paired: " + ", ".join(f"{name} {us[-1]:.1f} us/step" for name, us in out.items()),
                 flush=True,
@@ -374,22 +377,24 @@ def paired(
         finally:
             for r in running:
                 r.stop()
-    return out, p99
+    return out, p99, connects
 
 
-def against_baseline(
-    kind: str, costs: dict[str, list[float]], tails: dict[str, list[float]]
-) -> str:
-    """``ours-KIND`` against ``base-KIND`` round by round: both met the same machine."""
+def against_baseline(kind: str, *measures: dict[str, list[float]]) -> str:
+    """``ours-KIND`` against ``base-KIND`` round by round (both met the same machine):
+    CPU per step as steps per CPU-second, then the latencies as they are."""
     ours, base = f"ours-{kind}", f"base-{kind}"
-    speed = [b / o - 1 for o, b in zip(costs[ours], costs[base], strict=True)]
-    tail = [o / b - 1 for o, b in zip(tails[ours], tails[base], strict=True)]
+    costs, *latencies = measures
+    parts = [[b / o - 1 for o, b in zip(costs[ours], costs[base], strict=True)]]
+    parts += [[o / b - 1 for o, b in zip(m[ours], m[base], strict=True)] for m in latencies]
+    names = ["steps per server CPU-second", "p99", "connects p99"]
     return (
-        f"`{ours}` against `{base}`, each round: steps per server CPU-second "
-        + ", ".join(f"{x:+.1%}" for x in speed)
-        + f" (median **{median(speed):+.1%}**); p99 "
-        + ", ".join(f"{x:+.1%}" for x in tail)
-        + f" (median **{median(tail):+.1%}**)."
+        f"`{ours}` against `{base}`, each round: "
+        + "; ".join(
+            f"{name} " + ", ".join(f"{x:+.1%}" for x in part) + f" (median **{median(part):+.1%}**)"
+            for name, part in zip(names, parts, strict=False)
+        )
+        + "."
     )
 
 
@@ -610,27 +615,29 @@ def main() -> None:
     if "throughput" not in skip:
         lines += table(throughput(names, levels, args.reps, args.duration), levels)
     if "paired" not in skip:
-        costs, tails = paired(args.reps, 512, args.duration)
+        costs, tails, connects = paired(args.reps, 512, args.duration)
         bare = median(costs["bare-starlette-uvloop-orjson"])
         lines += [
             "**Side by side** (C=512): "
             + ", ".join(f"`{name}`" for name in costs)
             + " on core 0 at once, each under its own load generator on core 1, "
             f"{args.reps} rounds; server CPU per step, medians, and the steps each makes per "
-            "server CPU-second against the bare echo's; p99 step latency meanwhile",
+            "server CPU-second against the bare echo's; p99 step latency meanwhile, and "
+            "the p99 of the 512 connects (every server's at once)",
             "",
-            "| server | CPU per step | each round | x bare uvloop+orjson | p99 ms |",
-            "|---|---:|---|---:|---:|",
+            "| server | CPU per step | each round | x bare uvloop+orjson | p99 ms | connects p99 |",
+            "|---|---:|---|---:|---:|---:|",
             *(
                 f"| {name} | {median(us):.1f} us | {', '.join(f'{u:.1f}' for u in us)} | "
-                f"{bare / median(us):.2f} | {median(tails[name]):.1f} |"
+                f"{bare / median(us):.2f} | {median(tails[name]):.1f} | "
+                f"{median(connects[name]):.0f} ms |"
                 for name, us in costs.items()
             ),
             "",
         ]
-        for kind in ("def", "async"):
+        for kind in ("def", "async", "plain"):
             if f"base-{kind}" in costs:
-                lines += [against_baseline(kind, costs, tails), ""]
+                lines += [against_baseline(kind, costs, tails, connects), ""]
         print("\n".join(lines[-len(costs) - 7 :]), flush=True)
     if "isolation" not in skip:
         iso = isolation(args.reps, 256, cycles=12)

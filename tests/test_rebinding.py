@@ -104,6 +104,17 @@ def test_a_rebound_page_cannot_reach_http_routes() -> None:
             assert http.get(path).status_code == 200, path
 
 
+def test_every_host_gets_its_own_answer_among_many_different_ones() -> None:
+    # More Host values than the server keeps answers for, and each asked again
+    # after the others: a kept answer never leaks to another name.
+    hosts = [f"evil{i}.example" for i in range(100)] + [f"10.0.0.{i}" for i in range(100)]
+    with run_server(ping_app(Tracker())) as url, httpx.Client(base_url=url) as http:
+        for _ in range(2):
+            for host in hosts:
+                status = http.get("/health", headers={"Host": host}).status_code
+                assert status == (403 if host.startswith("evil") else 200), host
+
+
 def test_a_rebound_page_cannot_open_mcp_sessions() -> None:
     TrackedCounter.tracker = Tracker()
     app = create_app(

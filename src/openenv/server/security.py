@@ -47,6 +47,8 @@ PUBLIC_PATHS = frozenset({"/health", "/web"})
 # Routes a page could use to act, not just read: a browser's Origin is checked there.
 # (/create and /call are OpenReward's: server/openreward.py checks them by these names.)
 _ORIGIN_CHECKED_PATHS = frozenset({"/mcp", "/create", "/call"})
+# Host values whose answer HostAllowList keeps; past this many it starts over.
+_SEEN_HOSTS = 64
 
 
 def is_public(path: str) -> bool:
@@ -86,8 +88,21 @@ class HostAllowList:
         self.any = "*" in names
         self._exact = frozenset(n for n in names if not n.startswith("*."))
         self._suffixes = tuple(n[1:] for n in names if n.startswith("*."))
+        # Answers for the Host values seen lately: every connection asks, nearly
+        # always with the same few values, and parsing an IP literal costs about
+        # a twentieth of a WebSocket connect.
+        self._seen: dict[str, bool] = {}
 
     def allows(self, host: str) -> bool:
+        known = self._seen.get(host)
+        if known is None:
+            known = self._allows(host)
+            if len(self._seen) >= _SEEN_HOSTS:
+                self._seen.clear()  # clients choose Host values: they must not grow it
+            self._seen[host] = known
+        return known
+
+    def _allows(self, host: str) -> bool:
         if self.any:
             return True
         name = host_name(host)
