@@ -99,9 +99,11 @@ sandbox-python:
 bench-tools: $(STAMP)
 	$(BIN)/python benchmarks/tool_sessions.py --sessions 1000 --mcp-sessions 50
 
-# Closed-loop load against our server, OpenEnv and bare echo servers; see benchmarks/.
+# Closed-loop load against our server, OpenEnv, bare echo servers and our server as it
+# was at BASELINE (the revision speed is held against; BASELINE= leaves it out); see benchmarks/.
+BASELINE ?= c40abeb
 bench-servers: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/run.py $(if $(BASELINE),--baseline $(BASELINE))
 
 # Runners on every engine against a hand-written asyncio.gather floor.
 bench-runtime: $(STAMP)
