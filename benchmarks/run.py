@@ -332,12 +332,18 @@ def throughput(names: list[str], levels: list[int], reps: int, duration: float) 
 PAIRED = ("ours-def", "ours-async", "bare-starlette-uvloop-orjson")
 
 
-def paired(
-    rounds: int, sessions: int, duration: float
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
-    """Server CPU per step (us) of servers sharing core 0, each under the same load at
-    once; each one's p99 step latency (ms) meanwhile, and the p99 of its sessions'
-    connects (ms), all of them connecting at once.
+@dataclass
+class Paired:
+    """What ``paired`` measured, per server name, one value per round."""
+
+    cpu_us: dict[str, list[float]]  # server CPU per step
+    p99_ms: dict[str, list[float]]  # p99 step latency meanwhile
+    connect_p99_ms: dict[str, list[float]]  # p99 of its sessions' connects, all at once
+
+
+def paired(rounds: int, sessions: int, duration: float) -> Paired:
+    """Server CPU per step of servers sharing core 0, each under the same load at
+    once, with each one's step and connect latencies.
 
     Measured one after another, servers meet a machine whose speed changes by
     more than the margins compared (here it switches between two regimes every
@@ -348,9 +354,9 @@ def paired(
     # theirs) share the core too: the fairest comparison this machine allows.
     wanted = {*PAIRED, "base-def", "base-async", "ours-plain", "base-plain"} if BASELINE else PAIRED
     chosen = [s for s in servers() if s.name in wanted]
-    out: dict[str, list[float]] = {s.name: [] for s in chosen}
-    p99: dict[str, list[float]] = {s.name: [] for s in chosen}
-    connects: dict[str, list[float]] = {s.name: [] for s in chosen}
+    names = [s.name for s in chosen]
+    run = Paired({n: [] for n in names}, {n: [] for n in names}, {n: [] for n in names})
+    out = run.cpu_us
     for _ in range(rounds):
         running = [Running(server) for server in chosen]
         try:
@@ -368,8 +374,8 @@ def paired(
                 window_from = started + report["setup_s"] + 1.0 + 0.2
                 cpu = sampler.window(window_from, window_from + duration - 0.4)["server_cpu"]
                 out[server.name].append(cpu / report["steps_per_s"] * 1e6)
-                p99[server.name].append(report["latency_ms"]["p99"])
-                connects[server.name].append(report["connect_ms"]["p99"])
+                run.p99_ms[server.name].append(report["latency_ms"]["p99"])
+                run.connect_p99_ms[server.name].append(report["connect_ms"]["p99"])
             print(
                 "paired: " + ", ".join(f"{name} {us[-1]:.1f} us/step" for name, us in out.items()),
                 flush=True,
@@ -380,24 +386,23 @@ def paired(
         # The loads start one after another: rotate who goes first, so no server's
         # sessions always connect into the others' handshakes.
         chosen = chosen[1:] + chosen[:1]
-    return out, p99, connects
+    return run
 
 
-def against_baseline(kind: str, *measures: dict[str, list[float]]) -> str:
-    """``ours-KIND`` against ``base-KIND`` round by round (both met the same machine):
-    CPU per step as steps per CPU-second, then the latencies as they are."""
+def against_baseline(kind: str, run: Paired) -> str:
+    """``ours-KIND`` against ``base-KIND`` round by round (both met the same machine)."""
     ours, base = f"ours-{kind}", f"base-{kind}"
-    costs, *latencies = measures
-    parts = [[b / o - 1 for o, b in zip(costs[ours], costs[base], strict=True)]]
-    parts += [[o / b - 1 for o, b in zip(m[ours], m[base], strict=True)] for m in latencies]
-    names = ["steps per server CPU-second", "p99", "connects p99"]
+
+    def change(values: dict[str, list[float]], *, per_cpu_second: bool = False) -> str:
+        pairs = zip(values[ours], values[base], strict=True)
+        # CPU per step compares as steps per CPU-second (base/ours); latencies as they are.
+        part = [b / o - 1 if per_cpu_second else o / b - 1 for o, b in pairs]
+        return ", ".join(f"{x:+.1%}" for x in part) + f" (median **{median(part):+.1%}**)"
+
     return (
-        f"`{ours}` against `{base}`, each round: "
-        + "; ".join(
-            f"{name} " + ", ".join(f"{x:+.1%}" for x in part) + f" (median **{median(part):+.1%}**)"
-            for name, part in zip(names, parts, strict=False)
-        )
-        + "."
+        f"`{ours}` against `{base}`, each round: steps per server CPU-second "
+        f"{change(run.cpu_us, per_cpu_second=True)}; p99 {change(run.p99_ms)}; "
+        f"connects p99 {change(run.connect_p99_ms)}."
     )
 
 
@@ -618,8 +623,10 @@ def main() -> None:
     if "throughput" not in skip:
         lines += table(throughput(names, levels, args.reps, args.duration), levels)
     if "paired" not in skip:
-        costs, tails, connects = paired(args.reps, 512, args.duration)
+        run = paired(args.reps, 512, args.duration)
+        costs = run.cpu_us
         bare = median(costs["bare-starlette-uvloop-orjson"])
+        first = len(lines)
         lines += [
             "**Side by side** (C=512): "
             + ", ".join(f"`{name}`" for name in costs)
@@ -632,16 +639,16 @@ def main() -> None:
             "|---|---:|---|---:|---:|---:|",
             *(
                 f"| {name} | {median(us):.1f} us | {', '.join(f'{u:.1f}' for u in us)} | "
-                f"{bare / median(us):.2f} | {median(tails[name]):.1f} | "
-                f"{median(connects[name]):.0f} ms |"
+                f"{bare / median(us):.2f} | {median(run.p99_ms[name]):.1f} | "
+                f"{median(run.connect_p99_ms[name]):.0f} ms |"
                 for name, us in costs.items()
             ),
             "",
         ]
         for kind in ("def", "async", "plain"):
             if f"base-{kind}" in costs:
-                lines += [against_baseline(kind, costs, tails, connects), ""]
-        print("\n".join(lines[-len(costs) - 7 :]), flush=True)
+                lines += [against_baseline(kind, run), ""]
+        print("\n".join(lines[first:]), flush=True)
     if "isolation" not in skip:
         iso = isolation(args.reps, 256, cycles=12)
         alone, beside = median(iso["alone"]), median(iso["beside_slow"])

@@ -94,6 +94,8 @@ class HostAllowList:
         self._seen: dict[str, bool] = {}
 
     def allows(self, host: str) -> bool:
+        if self.any:
+            return True
         known = self._seen.get(host)
         if known is None:
             known = self._allows(host)
@@ -103,8 +105,6 @@ class HostAllowList:
         return known
 
     def _allows(self, host: str) -> bool:
-        if self.any:
-            return True
         name = host_name(host)
         if name == "localhost" or name.endswith(".localhost") or name in self._exact:
             return True
