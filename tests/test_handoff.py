@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -313,3 +314,131 @@ async def test_untimed_calls_get_asyncios_own_future() -> None:
         assert timed.started() is not None
     finally:
         lane.shutdown()
+
+
+class Outcomes:
+    """A ``BatchReceiver`` that keeps every outcome, and fails on one delivered twice."""
+
+    def __init__(self) -> None:
+        self.got: dict[int, tuple[bool, object]] = {}
+        self.deliveries = 0
+
+    def batch_outcomes(self, outcomes: list[tuple[int, bool, object]], /) -> None:
+        self.deliveries += 1
+        for index, ok, value in outcomes:
+            assert index not in self.got, f"outcome {index} delivered twice"
+            self.got[index] = (ok, value)
+
+    async def wait_for(self, count: int) -> None:
+        for _ in range(2000):  # poll, with a deadline, until ``count`` are in
+            if len(self.got) >= count:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"only {sorted(self.got)} of {count} outcomes came back")
+
+
+async def test_a_batch_runs_every_call_and_reports_each_outcome_once(handoff: Handoff) -> None:
+    def fail() -> None:
+        raise ValueError("boom")
+
+    def stop() -> None:
+        raise StopIteration
+
+    calls = [(LaneTicket(), pow, (i, 2)) for i in range(100)]
+    calls[10] = (LaneTicket(), fail, ())
+    calls[20] = (LaneTicket(), stop, ())
+    outcomes = Outcomes()
+    handoff.dispatch_batch(calls, outcomes)
+    await outcomes.wait_for(len(calls))
+    assert {i: v for i, (ok, v) in outcomes.got.items() if ok} == {
+        i: i * i for i in range(100) if i not in (10, 20)
+    }
+    assert repr(outcomes.got[10][1]) == "ValueError('boom')"
+    assert isinstance(outcomes.got[20][1], RuntimeError)
+    assert outcomes.deliveries < len(calls)  # outcomes that came back together, together
+    assert handoff.threads <= 4
+
+
+async def test_a_blocking_call_in_a_batch_holds_back_only_itself(handoff: Handoff) -> None:
+    gate = threading.Event()
+    slow = LaneTicket()
+    calls = [(slow, gate.wait, (30,))] + [(LaneTicket(), abs, (-i,)) for i in range(1, 20)]
+    outcomes = Outcomes()
+    try:
+        handoff.dispatch_batch(calls, outcomes)
+        # The thread running the batch blocks in its first call; the watch hands
+        # the rest of the batch to another thread.
+        await outcomes.wait_for(19)
+        assert outcomes.got == {i: (True, i) for i in range(1, 20)}
+    finally:
+        gate.set()
+    await outcomes.wait_for(20)
+    assert outcomes.got[0] == (True, True)
+
+
+async def test_a_call_of_a_batch_that_took_long_moves_its_ticket_to_the_slow_lane(
+    handoff: Handoff,
+) -> None:
+    slow, quick = LaneTicket(), LaneTicket()
+    outcomes = Outcomes()
+    handoff.dispatch_batch([(slow, time.sleep, (0.05,)), (quick, abs, (-1,))], outcomes)
+    await outcomes.wait_for(2)
+    assert (slow.slow, quick.slow) == (16, 0)  # longer than slow_after (0.01 s), or not
+
+
+async def test_a_slow_ticket_in_a_batch_runs_on_the_slow_lane(handoff: Handoff) -> None:
+    slow = LaneTicket()
+    slow.slow = 16
+    calls = [
+        (slow, lambda: threading.current_thread().name, ()),
+        (LaneTicket(), lambda: threading.current_thread().name, ()),
+    ]
+    outcomes = Outcomes()
+    handoff.dispatch_batch(calls, outcomes)
+    await outcomes.wait_for(2)
+    assert outcomes.got == {0: (True, "openenv-env-slow"), 1: (True, "openenv-env-fast")}
+
+
+async def test_dropped_calls_of_a_batch_never_run_and_fail_at_once() -> None:
+    lane = Handoff(max_threads=1, blocking_after=0.002, stuck_after=60)
+    gate, ran = threading.Event(), []
+    try:
+        busy = lane.submit(LaneTicket(), gate.wait, (30,), {})  # the one fast thread
+        ending, staying = LaneTicket(), LaneTicket()
+        outcomes = Outcomes()
+        lane.dispatch_batch(
+            [(ending, ran.append, ("ending",)), (staying, ran.append, ("staying",))], outcomes
+        )
+        lane.drop_queued(ending)
+        await outcomes.wait_for(1)
+        assert list(outcomes.got) == [0]
+        assert isinstance(outcomes.got[0][1], NotStarted)
+        gate.set()
+        assert await busy is True
+        await outcomes.wait_for(2)
+        assert outcomes.got[1] == (True, None)
+        assert ran == ["staying"]
+    finally:
+        gate.set()
+        lane.shutdown()
+
+
+async def test_a_receiver_that_raises_does_not_stop_later_batches() -> None:
+    class Broken:
+        def batch_outcomes(self, outcomes: list[tuple[int, bool, object]], /) -> None:
+            raise RuntimeError("a receiver's bug")
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    lane = Handoff(max_threads=1)
+    try:
+        lane.dispatch_batch([(LaneTicket(), abs, (-1,))], Broken())
+        after = Outcomes()
+        lane.dispatch_batch([(LaneTicket(), abs, (-2,))], after)
+        await after.wait_for(1)
+        assert after.got == {0: (True, 2)}
+        assert [str(c["exception"]) for c in reported] == ["a receiver's bug"]
+    finally:
+        lane.shutdown()
+        loop.set_exception_handler(None)

@@ -505,3 +505,45 @@ async def test_the_docs_example_runs_against_the_echo_env() -> None:
     with run_server(app) as url:
         await namespace["train"](url)
         await slots_free(url)
+
+
+class AwaitableStep(PingEnvironment):
+    """A plain ``def`` step that returns an awaitable when asked ``later``."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Any:  # type: ignore[override]
+        async def later() -> Pong:
+            await asyncio.sleep(0)
+            return PingEnvironment.step(self, action)
+
+        return later() if action.message == "later" else PingEnvironment.step(self, action)
+
+
+async def test_a_frames_steps_come_back_right_whatever_each_step_returns() -> None:
+    # One frame: steps that return, raise, and return an awaitable, each of its
+    # own session, in the batch the frame's plain def steps make.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, env_cls=AwaitableStep)) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": k, "type": "open"} for k in range(4)])
+            await replies(ws, 4)
+            for n in range(1, 3):
+                datas = [{"message": "now"}, {"message": "later"}, {"fail": True}, {}]
+                steps = [
+                    {"session": k, "type": "step", "data": data, "id": k}
+                    for k, data in enumerate(datas)
+                ]
+                await send(ws, steps)
+                got = {r["session"]: r for r in await replies(ws, 4)}
+                assert {k: got[k]["type"] for k in got} == {
+                    0: "observation",
+                    1: "observation",
+                    2: "error",
+                    3: "observation",
+                }
+                assert [got[k]["data"]["observation"]["count"] for k in (0, 1, 3)] == [n] * 3
+                assert got[2]["data"]["code"] == "EXECUTION_ERROR"
+                assert [got[k]["id"] for k in range(4)] == [0, 1, 2, 3]
+        finally:
+            await ws.close()
+        await slots_free(url)

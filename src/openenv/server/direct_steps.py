@@ -7,6 +7,12 @@ until it returns or first suspends, in a task: a step that never suspends is
 answered right there, with no loop round. Anything else is left to
 ``Session.handle``, which answers it in full.
 
+A v2 connection (``server/mux.py``) hands the plain ``def`` steps of a frame
+to the threads together: ``start_batched`` plans each (the same checks and
+the same core call as ``try_step``), ``Handoff.dispatch_batch`` runs them,
+and ``batched_outcome`` turns each outcome into its reply, as ``try_step``'s
+receiver does.
+
 Which task depends on what the running asyncio offers:
 
 * Python 3.12 and later: an eager task of its own (``asyncio.eager_task_factory``,
@@ -56,7 +62,7 @@ class DirectStepping:
     direct_steps: bool
     _async_step: bool
     _dispatch_step: Callable[..., None]
-    _direct_step: DirectStep | None
+    _direct_step: DirectStep | Batched | None
     _suspended: tuple[Coroutine[Any, Any, Any], Any] | None
     _settled: asyncio.Future[None] | None
 
@@ -95,6 +101,38 @@ class DirectStepping:
         except FrameError:
             return False
         return self._try_step(request, reply, task, context)
+
+    def start_batched(self, request: dict[str, Any]) -> Call | None:
+        """Plan a well-formed step of a plain ``def`` ``step`` to run in a batch
+        (``Handoff.dispatch_batch``): its call, the session busy from here until
+        ``batched_outcome``. ``None`` (an ``async def`` step, anything but a plain
+        step, a bad action, a step already running) leaves the request to
+        ``try_step_request`` or ``handle``, as for ``try_step``."""
+        if not self.direct_steps or self.busy or self.state is not OPEN or self._async_step:
+            return None
+        step = protocol.plain_step(request)
+        if step is None:
+            return None
+        try:
+            call = self.step_call(*step)
+        except Exception:  # handle() plans it again and answers in full
+            return None
+        self.busy = True
+        self._direct_step = BATCHED
+        return call
+
+    def batched_outcome(
+        self, call: Call, ok: bool, value: Any, reply: Callable[[str], None]
+    ) -> str | None:
+        """The reply to a ``start_batched`` step whose call returned (``ok``) or
+        raised ``value``; ``None`` if it returned an awaitable, which a task
+        awaits and whose reply goes to ``reply``."""
+        if ok and not isinstance(value, Observation) and inspect.isawaitable(value):
+            step = DirectStep(self, call, reply)
+            self._direct_step = step
+            step.task = asyncio.ensure_future(run_step(step, value))
+            return None
+        return self._step_reply(call, ok, value, False)
 
     def try_step_request(
         self,
@@ -222,7 +260,7 @@ class DirectStepping:
         session's own task is being cancelled (a shutdown, a stalled client), and
         the step hears of it as it would have inside that task. The session ends."""
         step = self._direct_step
-        if step is not None and step.task is not None and not step.task.done():
+        if isinstance(step, DirectStep) and step.task is not None and not step.task.done():
             step.interrupted = True
             step.task.cancel()
 
@@ -237,6 +275,7 @@ class DirectStepping:
         if suspended is not None and self._direct_step is not None:
             coro, awaiting = suspended
             step = self._direct_step
+            assert isinstance(step, DirectStep)  # it suspended: no batch's
             step.interrupted = True  # a cancellation from here on is the session task's
             await run_step(step, resume(coro, awaiting, error))
         while self._direct_step is not None:
@@ -251,27 +290,32 @@ class DirectStepping:
             # A plain def that returned an awaitable: finish it in a task.
             step.task = asyncio.ensure_future(run_step(step, value))
             return
+        reply = self._step_reply(step.call, ok, value, step.interrupted)
+        if reply is not None:
+            step.reply(reply)
+
+    def _step_reply(self, call: Call, ok: bool, value: Any, interrupted: bool) -> str | None:
+        """The reply to a step that returned (or raised) ``value``; the session is idle again."""
         reply: str | None = None
         try:
-            if not ok and step.interrupted and isinstance(value, asyncio.CancelledError):
+            if not ok and interrupted and isinstance(value, asyncio.CancelledError):
                 # The session's own task was cancelled (a shutdown): it ends
                 # the session as it unwinds, and nobody waits for a reply.
                 self._end(CloseCode.GOING_AWAY)
             elif not ok and not isinstance(value, Exception):
                 raise value  # KeyboardInterrupt and the like: not the env's failure
             else:
-                reply = self.finish(step.call, ok, value)
+                reply = self.finish(call, ok, value)
         except BaseException as exc:
             # What would have reached handle()'s last resort.
-            reply = self.internal_error(exc, step.call.request_id)
+            reply = self.internal_error(exc, call.request_id)
         self.busy = False
         self.last_active = time.monotonic()
         self._direct_step = None
         settled, self._settled = self._settled, None
         if settled is not None and not settled.done():
             settled.set_result(None)
-        if reply is not None:
-            step.reply(reply)
+        return reply
 
 
 class DirectStep:
@@ -295,6 +339,16 @@ class DirectStep:
 
     def set_exception(self, exception: BaseException, /) -> None:
         self.session._stepped(self, False, exception)
+
+
+class Batched:
+    """What a session's step in a batch is while it runs: no task of its own."""
+
+    __slots__ = ()
+    task: asyncio.Future[None] | None = None
+
+
+BATCHED = Batched()
 
 
 async def run_step(step: DirectStep, awaitable: Any) -> None:

@@ -34,6 +34,14 @@ lanes are full of blocked calls, ``starved`` says so (``/health`` reports
 "degraded"). A call whose ticket is ``closed`` before a thread takes it never
 runs: its receiver gets ``NotStarted``.
 
+``dispatch_batch`` hands over many calls at once (the steps of one v2 frame)
+as one entry of the fast lane, to save each call its own queue entry, receiver
+and wake-ups. A batch keeps every promise above call by call: its calls run in
+order, each outcome goes back as soon as it is there, a session that turns
+slow leaves the fast lane, and when the thread running a batch is stuck in a
+call, the watch puts the rest of the batch back in the lane for a helper to
+go on with, so one slow call holds back only itself.
+
 >>> import asyncio
 >>> async def main() -> int:
 ...     handoff = Handoff(max_threads=2)
@@ -48,17 +56,28 @@ runs: its receiver gets ``NotStarted``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from openenv.errors import ServerSideError
+from openenv.server.handoff_calls import (
+    ENDED,
+    Batch,
+    BatchCall,
+    BatchReceiver,
+    Call,
+    Home,
+    LaneTicket,
+    NotStarted,
+    Receiver,
+    SubmittedCall,
+    run,
+)
 
-__all__ = ["Handoff", "LaneTicket", "NotStarted", "Receiver", "SubmittedCall"]
+__all__ = ["BatchReceiver", "Handoff", "LaneTicket", "NotStarted", "Receiver", "SubmittedCall"]
 
 _monotonic = time.monotonic
 
@@ -66,104 +85,14 @@ _monotonic = time.monotonic
 _SLOW_CREDITS = 16
 
 
-class NotStarted(ServerSideError):
-    """The call's ticket was closed before a thread took the call; it never ran."""
-
-
-class LaneTicket:
-    """Which lane one caller (a session) uses; calls of one ticket never overlap."""
-
-    __slots__ = ("closed", "slow")
-
-    def __init__(self) -> None:
-        self.slow = 0  # > 0: quick calls still needed before returning to the fast lane
-        self.closed = False  # True: calls not yet taken by a thread fail with NotStarted
-
-
-class Receiver(Protocol):
-    """Where a call's outcome goes, on the loop thread: an ``asyncio.Future``, or
-    any object that answers the same three methods (a callback, without a future
-    or a task to wake)."""
-
-    def cancelled(self) -> bool: ...
-    def set_result(self, result: Any, /) -> None: ...
-    def set_exception(self, exception: BaseException, /) -> None: ...
-
-
-class _Home:
-    """Where outcomes go back to: one event loop, and its batch of finished calls.
-
-    Each call keeps the home of the loop it came from, so one handoff shared
-    by two loops (one app served by two servers in one process) hands each
-    outcome back on its own loop's thread.
-    """
-
-    __slots__ = ("done", "loop", "notified")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.done: deque[tuple[_Call, bool, Any]] = deque()
-        self.notified = False
-
-    def deliver(self) -> None:
-        self.notified = False
-        done = self.done
-        while done:
-            call, ok, value = done.popleft()
-            future = call.future
-            if future.cancelled():
-                continue
-            try:
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-            except Exception as exc:  # a receiver's bug must not lose the rest of the batch
-                self.loop.call_exception_handler(
-                    {"message": "a handoff receiver raised", "exception": exc}
-                )
-
-
-class _Call:
-    __slots__ = ("args", "dropped", "fn", "future", "home", "kwargs", "started", "ticket")
-
-    def __init__(
-        self,
-        ticket: LaneTicket,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        future: Receiver,
-        home: _Home,
-    ) -> None:
-        self.ticket = ticket
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.future = future
-        self.home = home
-        self.started = 0.0  # when a thread began it (monotonic); 0.0: not yet
-        self.dropped = False  # refused by drop_queued before any thread took it
-
-
-class SubmittedCall(asyncio.Future[Any]):
-    """``Handoff.submit``'s future: ``started()`` tells whether a thread runs it yet."""
-
-    _call: _Call | None = None
-
-    def started(self) -> float | None:
-        """When a thread began the call (``time.monotonic()``), or ``None`` if none has."""
-        call = self._call
-        return call.started or None if call is not None else None
-
-
 class _Worker:
-    __slots__ = ("current", "detached", "started", "thread", "wake")
+    __slots__ = ("batch", "current", "detached", "started", "thread", "wake")
 
     def __init__(self, handoff: Handoff) -> None:
         self.wake = threading.Lock()
         self.wake.acquire()  # held = asleep; released by the loop to wake the worker
-        self.current: _Call | None = None
+        self.current: LaneTicket | None = None  # the ticket of the call it runs
+        self.batch: Batch | None = None  # the batch it takes its calls from
         self.started = 0.0
         self.detached = False  # left the fast lane while blocked; ends after its call
         self.thread = threading.Thread(
@@ -188,8 +117,8 @@ class Handoff:
         self.blocking_after = blocking_after
         self.slow_after = slow_after
         self.stuck_after = stuck_after
-        self._pending: deque[_Call] = deque()
-        self._home: _Home | None = None  # the last caller's loop
+        self._pending: deque[Call | Batch] = deque()
+        self._home: Home | None = None  # the last caller's loop
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []
@@ -198,11 +127,11 @@ class Handoff:
         self._watching = False
         self._stopped = False
         # The slow lane: a queue, and workers that each run one call at a time.
-        self._slow_queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._slow_queue: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._slow_workers: list[threading.Thread] = []
         self._slow_waiting = 0  # workers waiting on the queue, or about to
         self._slow_queued = 0  # calls in the queue that no worker has taken yet
-        self._slow_calls: set[_Call] = set()  # those calls, for drop_queued
+        self._slow_calls: set[Call] = set()  # those calls, for drop_queued
         self._detached = 0  # fast threads moved out while blocked (count against the slow cap)
         self._fast_starved = False  # work waits and no fast thread can be woken or freed
 
@@ -275,18 +204,48 @@ class Handoff:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         receiver: Receiver,
-    ) -> _Call:
-        home = self._home
-        if home is None or home.loop is not loop:
-            home = self._home = _Home(loop)
-            # A watch scheduled on the previous loop may never run (its server
-            # stopped): this loop gets its own.
-            self._watching = False
-        call = _Call(ticket, fn, args, kwargs, receiver, home)
+    ) -> Call:
+        home = self._home_on(loop)
+        call = Call(ticket, fn, args, kwargs, receiver, home)
         if ticket.slow:
             self._submit_slow(call)
             return call
         self._pending.append(call)
+        self._queued(loop)
+        return call
+
+    def dispatch_batch(
+        self,
+        calls: list[tuple[LaneTicket, Callable[..., Any], tuple[Any, ...]]],
+        receiver: BatchReceiver,
+    ) -> None:
+        """Start ``fn(*args)`` for every ``(ticket, fn, args)`` of ``calls``, in order;
+        ``receiver.batch_outcomes`` gets each ``(index, ok, value)`` on the loop
+        thread as soon as it is there. The tickets must differ (one call per session)."""
+        loop = asyncio.get_running_loop()
+        home = self._home_on(loop)
+        batch = Batch(deque(), receiver, home)
+        fast = batch.calls
+        for index, (ticket, fn, args) in enumerate(calls):
+            if ticket.slow:
+                self._submit_slow(Call(ticket, fn, args, {}, BatchCall(batch, index), home))
+            else:
+                fast.append((index, ticket, fn, args))
+        if fast:
+            self._pending.append(batch)
+            self._queued(loop)
+
+    def _home_on(self, loop: asyncio.AbstractEventLoop) -> Home:
+        home = self._home
+        if home is None or home.loop is not loop:
+            home = self._home = Home(loop)
+            # A watch scheduled on the previous loop may never run (its server
+            # stopped): this loop gets its own.
+            self._watching = False
+        return home
+
+    def _queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Work went into the fast lane: see that a worker comes, and that the watch runs."""
         if not self._kicking:
             # Wake a worker once the loop has queued this round's calls, not
             # for each: with the GIL handed back and forth between every
@@ -296,7 +255,6 @@ class Handoff:
         if not self._watching:
             self._watching = True
             loop.call_later(self.blocking_after, self._watch)
-        return call
 
     def shutdown(self) -> None:
         """Let idle workers exit; busy ones exit after their call. Idempotent."""
@@ -317,8 +275,11 @@ class Handoff:
         with self._lock:
             # list() of a deque is one step under the GIL: the workers' poplefts
             # cannot interleave with it.
-            waiting = [c for c in list(self._pending) if c.ticket is ticket]
+            pending = list(self._pending)
+            waiting = [c for c in pending if isinstance(c, Call) and c.ticket is ticket]
             waiting += [c for c in self._slow_calls if c.ticket is ticket]
+            batches = {id(b): b for b in pending if isinstance(b, Batch)}
+            batches.update((id(w.batch), w.batch) for w in self._active if w.batch is not None)
             for call in waiting:
                 # A worker that took a call of a closed ticket sets ``started``
                 # under this lock before running it: then it is not ours to drop.
@@ -329,11 +290,18 @@ class Handoff:
                         self._slow_calls.discard(call)
                         self._slow_queued -= 1
         for call in dropped:
-            self._finish((call, False, NotStarted("the session ended before the call started")))
+            self._finish((call, False, NotStarted(ENDED)))
+        for batch in batches.values():
+            for entry in [e for e in list(batch.calls) if e[1] is ticket]:
+                try:
+                    batch.calls.remove(entry)  # atomic: a worker took it, or it never will
+                except ValueError:
+                    continue
+                batch.returned(entry[0], False, NotStarted(ENDED))
 
     # -- loop thread --------------------------------------------------------
 
-    def _submit_slow(self, call: _Call) -> None:
+    def _submit_slow(self, call: Call) -> None:
         with self._lock:
             self._slow_queued += 1
             self._slow_calls.add(call)
@@ -377,8 +345,15 @@ class Handoff:
             if not self._pending and not self._active:
                 self._watching = False
                 return
+            stuck_before = _monotonic() - self.blocking_after
+            for worker in self._active:
+                batch = worker.batch
+                blocked = 0.0 < worker.started < stuck_before
+                if blocked and batch is not None and batch.calls and not batch.queued:
+                    # The rest of its batch goes back in the lane, for a helper.
+                    batch.queued = True
+                    self._pending.appendleft(batch)
             if self._pending:
-                stuck_before = _monotonic() - self.blocking_after
                 active = self._active
                 stuck = sum(0.0 < w.started < stuck_before for w in active)
                 if stuck == len(active):
@@ -408,11 +383,11 @@ class Handoff:
         for worker in list(self._active):
             if room <= 0:
                 return
-            call = worker.current
-            if call is None or not 0.0 < worker.started < blocked_before:
+            ticket = worker.current
+            if ticket is None or not 0.0 < worker.started < blocked_before:
                 continue
             worker.detached = True
-            call.ticket.slow = _SLOW_CREDITS
+            ticket.slow = _SLOW_CREDITS
             self._active.remove(worker)
             self._workers.remove(worker)
             self._detached += 1
@@ -444,23 +419,60 @@ class Handoff:
                             return
                         self._idle.append(worker)
                     break
-                if call.ticket.closed:  # rare: its session is ending; settle who owns it
-                    with self._lock:
-                        if call.dropped:
-                            continue
-                        call.started = _monotonic()
-                worker.current = call
-                worker.started = call.started = started = _monotonic()
-                result = _run(call)
-                worker.started = 0.0
-                worker.current = None
-                if _monotonic() - started > self.slow_after:
-                    call.ticket.slow = _SLOW_CREDITS
-                self._finish(result)
+                if isinstance(call, Batch):
+                    self._run_batch(worker, call)
+                else:
+                    if call.ticket.closed:  # rare: its session is ending; settle who owns it
+                        with self._lock:
+                            if call.dropped:
+                                continue
+                            call.started = _monotonic()
+                    worker.current = call.ticket
+                    worker.started = call.started = started = _monotonic()
+                    result = run(call)
+                    worker.started = 0.0
+                    worker.current = None
+                    if _monotonic() - started > self.slow_after:
+                        call.ticket.slow = _SLOW_CREDITS
+                    self._finish(result)
                 if worker.detached:  # replaced in the fast lane while it was blocked
                     with self._lock:
                         self._detached -= 1
                     return
+
+    def _run_batch(self, worker: _Worker, batch: Batch) -> None:
+        """Run a batch's calls until none is left (or this thread left the fast lane)."""
+        batch.queued = False
+        worker.batch = batch
+        calls = batch.calls
+        returned = batch.returned
+        slow_after = self.slow_after
+        now = _monotonic()
+        while not worker.detached:
+            try:
+                index, ticket, fn, args = calls.popleft()
+            except IndexError:
+                break
+            worker.current = ticket
+            worker.started = started = now
+            ok: bool
+            value: Any
+            if ticket.closed:  # taken before drop_queued could remove it: it never runs
+                ok, value = False, NotStarted(ENDED)
+            else:
+                try:
+                    ok, value = True, fn(*args)
+                except StopIteration as exc:  # as in _run
+                    ok, value = False, RuntimeError(f"StopIteration: {exc}")
+                except BaseException as exc:
+                    ok, value = False, exc
+            worker.started = 0.0
+            worker.current = None
+            now = _monotonic()
+            if now - started > slow_after:
+                ticket.slow = _SLOW_CREDITS
+            returned(index, ok, value)
+        worker.batch = None
 
     def _work_slow(self) -> None:
         get = self._slow_queue.get
@@ -488,7 +500,7 @@ class Handoff:
                     self._slow_waiting += 1
                 continue
             started = call.started
-            result = _run(call)
+            result = run(call)
             # Credits follow the call's own length, even if nobody awaits it.
             if _monotonic() - started > self.slow_after:
                 call.ticket.slow = _SLOW_CREDITS
@@ -498,23 +510,8 @@ class Handoff:
             with self._lock:
                 self._slow_waiting += 1
 
-    def _finish(self, result: tuple[_Call, bool, Any]) -> None:
+    def _finish(self, result: tuple[Call, bool, Any]) -> None:
         """Queue a call's outcome for its loop; wake that loop once per batch."""
         home = result[0].home
         home.done.append(result)
-        if not home.notified:
-            home.notified = True
-            # A closed loop raises RuntimeError: nobody is waiting any more.
-            with contextlib.suppress(RuntimeError):
-                home.loop.call_soon_threadsafe(home.deliver)
-
-
-def _run(call: _Call) -> tuple[_Call, bool, Any]:
-    if call.ticket.closed:
-        return (call, False, NotStarted("the session ended before the call started"))
-    try:
-        return (call, True, call.fn(*call.args, **call.kwargs))
-    except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
-        return (call, False, RuntimeError(f"StopIteration: {exc}"))
-    except BaseException as exc:  # handed to the awaiting coroutine
-        return (call, False, exc)
+        home.notify()

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.types import Receive, Send
@@ -29,12 +29,14 @@ from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
+from openenv.server.handoff import LaneTicket
 from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
+from openenv.server.session_core import Call
 from openenv.server.session_host import OPEN
 from openenv.server.sessions import Session
 
-__all__ = ["Lane", "MuxConnection"]
+__all__ = ["FrameSteps", "Lane", "MuxConnection"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -56,6 +58,43 @@ class Lane:
 
     def stepped(self, reply: str) -> None:
         self.connection._stepped(self, reply)
+
+
+class FrameSteps:
+    """The plain ``def`` steps of one frame, handed to the worker threads together.
+
+    Outcomes come back as soon as their steps return (``batch_outcomes``, with
+    those that returned together), and their replies go to the outbox at once.
+    """
+
+    __slots__ = ("calls", "connection", "lanes", "plans")
+
+    def __init__(self, connection: MuxConnection) -> None:
+        self.connection = connection
+        self.lanes: list[Lane] = []
+        self.plans: list[Call] = []
+        self.calls: list[tuple[LaneTicket, Callable[..., Any], tuple[Any, ...]]] = []
+
+    def batch_outcomes(self, outcomes: list[tuple[int, bool, Any]], /) -> None:
+        connection = self.connection
+        lanes, plans = self.lanes, self.plans
+        keys: list[SessionKey] = []
+        replies: list[str] = []
+        for index, ok, value in outcomes:
+            lane = lanes[index]
+            session = lane.session
+            assert session is not None
+            reply = session.batched_outcome(plans[index], ok, value, lane.stepped)
+            if reply is None:
+                continue  # it returned an awaitable: lane.stepped gets the reply
+            if session.state is OPEN:  # nearly always: MuxConnection._stepped, for many
+                keys.append(lane.key)
+                replies.append(reply)
+            else:
+                connection._stepped(lane, reply)
+        if keys:
+            connection.outbox.replies(keys, replies)
+            connection._answered(len(keys))
 
 
 class MuxConnection:
@@ -158,6 +197,8 @@ class MuxConnection:
         except FrameError as exc:
             return self._refuse_frame(exc)
         bad = 0
+        steps: FrameSteps | None = None
+        lanes = self.lanes
         for item in items:
             try:
                 key = protocol_v2.session_key(item)
@@ -165,7 +206,22 @@ class MuxConnection:
                 bad += 1
                 self._error_untagged(exc)
                 continue
-            self._start(key, item)
+            del item["session"]
+            lane = lanes.get(key)
+            if lane is not None and lane.task is None and (session := lane.session) is not None:
+                # A plain step of a plain def joins the frame's batch for the threads.
+                call = session.start_batched(item)
+                if call is not None:
+                    if steps is None:
+                        steps = FrameSteps(self)
+                    steps.lanes.append(lane)
+                    steps.plans.append(call)
+                    steps.calls.append((session.ticket, call.fn, call.args))
+                    self._in_flight += 1
+                    continue
+            self._start(key, item, lane)
+        if steps is not None:
+            self._service.handoff.dispatch_batch(steps.calls, steps)
         if bad and bad == len(items):
             return self._refuse_frame(None)
         self._bad_frames = 0
@@ -192,9 +248,7 @@ class MuxConnection:
             protocol.error_frame(exc.code, exc.message, request_id=exc.request_id, **exc.details)
         )
 
-    def _start(self, key: SessionKey, item: dict[str, Any]) -> None:
-        del item["session"]
-        lane = self.lanes.get(key)
+    def _start(self, key: SessionKey, item: dict[str, Any], lane: Lane | None) -> None:
         if item.get("type") == "open":
             if lane is not None:
                 self._reply(key, _error(ErrorCode.VALIDATION_ERROR, _already_open(key), item))
@@ -206,8 +260,8 @@ class MuxConnection:
         self._in_flight += 1
         if lane.task is None:
             session = lane.session
-            # A plain step of a plain def goes straight to the worker threads, and
-            # its reply from the callback that brings the result: no task to wake.
+            # A plain step of an async def starts at once, and its reply comes
+            # from the callback that brings the result: no task to wake.
             if session is not None and session.try_step_request(item, lane.stepped):
                 return
             lane.queue.append(item)
@@ -250,8 +304,8 @@ class MuxConnection:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _answered(self) -> None:
-        self._in_flight -= 1
+    def _answered(self, count: int = 1) -> None:
+        self._in_flight -= count
         room = self._room
         if room is not None and not room.done() and self._in_flight < self._max_in_flight:
             room.set_result(None)

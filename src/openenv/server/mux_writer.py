@@ -49,6 +49,12 @@ class Outbox:
         self._keys.append(key)
         self._wake_writer()
 
+    def replies(self, keys: list[SessionKey], frames: list[str]) -> None:
+        """Queue v1 replies, ``frames[i]`` of session ``keys[i]``."""
+        self._frames += frames
+        self._keys += keys
+        self._wake_writer()
+
     def untagged(self, frame: str) -> None:
         """Queue a reply about a whole frame (no session)."""
         self._untagged.append(frame)

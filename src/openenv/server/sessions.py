@@ -22,7 +22,7 @@ from openenv import protocol
 from openenv.environment import Environment
 from openenv.protocol import FrameError
 from openenv.server import calls
-from openenv.server.direct_steps import DirectStep, DirectStepping
+from openenv.server.direct_steps import Batched, DirectStep, DirectStepping
 from openenv.server.handoff import LaneTicket
 from openenv.server.session_core import Call, CallKind, SessionCore
 from openenv.server.session_host import (
@@ -65,7 +65,7 @@ class Session(SessionCore, DirectStepping):
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
-        self._direct_step: DirectStep | None = None  # the one in flight
+        self._direct_step: DirectStep | Batched | None = None  # the one in flight
         # An ``async def`` step that suspended as a part of the session's task
         # (Python 3.11), and what it awaits: ``settled()`` finishes it there.
         self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
@@ -130,6 +130,11 @@ class Session(SessionCore, DirectStepping):
                 if frame is None:
                     frame = protocol.json_text(request)
                 recorder.call(self.id, started, frame, reply)
+
+    @property
+    def ticket(self) -> LaneTicket:
+        """This session's lane in the thread hand-over (``server/handoff.py``)."""
+        return self._ticket
 
     def handle_request(self, request: dict[str, Any]) -> Coroutine[Any, Any, str | None]:
         """``handle`` for a request already decoded."""
