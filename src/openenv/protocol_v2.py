@@ -70,6 +70,8 @@ __all__ = [
     "request",
     "session_key",
     "split_frame",
+    "tag",
+    "tagged",
 ]
 
 SUBPROTOCOL = "openenv.v2"
@@ -126,6 +128,20 @@ def _key_text(key: SessionKey) -> str:
     return str(key) if type(key) is int else orjson.dumps(key).decode()
 
 
+def tag(key: SessionKey) -> str:
+    """What ``tagged`` puts in front of a reply of session ``key``.
+
+    >>> tagged('{"type":"observation"}', tag("a"))
+    '{"session":"a","type":"observation"}'
+    """
+    return '{"session":' + _key_text(key) + ","
+
+
+def tagged(frame: str, prefix: str) -> str:
+    """A v1 reply (an object) as a reply of the session whose ``tag`` is ``prefix``."""
+    return prefix + frame[1:]
+
+
 def request(frame: str, key: SessionKey) -> str:
     """A v1 frame (``protocol.request_frame``, an object) as a request of session ``key``."""
     return '{"session":' + _key_text(key) + "," + frame[1:]
@@ -133,14 +149,7 @@ def request(frame: str, key: SessionKey) -> str:
 
 def batch(frames: list[str], keys: list[SessionKey]) -> str:
     """One server frame of v1 replies (objects), each tagged with its session."""
-    return (
-        "["
-        + ",".join(
-            '{"session":' + _key_text(key) + "," + frame[1:]
-            for frame, key in zip(frames, keys, strict=True)
-        )
-        + "]"
-    )
+    return "[" + ",".join(tagged(f, tag(k)) for f, k in zip(frames, keys, strict=True)) + "]"
 
 
 def opened_frame(session_id: str, request_id: RequestId | None) -> str:

@@ -46,11 +46,12 @@ _GONE = GONE
 class Lane:
     """One session of a v2 connection and the requests waiting for it."""
 
-    __slots__ = ("admitted", "connection", "key", "queue", "session", "task")
+    __slots__ = ("admitted", "connection", "key", "queue", "session", "tag", "task")
 
     def __init__(self, connection: MuxConnection, key: SessionKey) -> None:
         self.connection = connection
         self.key = key
+        self.tag = protocol_v2.tag(key)  # what goes in front of its replies
         self.admitted = False  # holds a slot (its environment may still be in the making)
         self.session: Session | None = None  # None while it opens
         self.queue: deque[dict[str, Any]] = deque()
@@ -78,7 +79,6 @@ class FrameSteps:
     def batch_outcomes(self, outcomes: list[tuple[int, bool, Any]], /) -> None:
         connection = self.connection
         lanes, plans = self.lanes, self.plans
-        keys: list[SessionKey] = []
         replies: list[str] = []
         for index, ok, value in outcomes:
             lane = lanes[index]
@@ -88,13 +88,12 @@ class FrameSteps:
             if reply is None:
                 continue  # it returned an awaitable: lane.stepped gets the reply
             if session.state is OPEN:  # nearly always: MuxConnection._stepped, for many
-                keys.append(lane.key)
-                replies.append(reply)
+                replies.append(lane.tag + reply[1:])  # protocol_v2.tagged, inline
             else:
                 connection._stepped(lane, reply)
-        if keys:
-            connection.outbox.replies(keys, replies)
-            connection._answered(len(keys))
+        if replies:
+            connection.outbox.tagged(replies)
+            connection._answered(len(replies))
 
 
 class MuxConnection:
@@ -200,12 +199,14 @@ class MuxConnection:
         steps: FrameSteps | None = None
         lanes = self.lanes
         for item in items:
-            try:
-                key = protocol_v2.session_key(item)
-            except FrameError as exc:
-                bad += 1
-                self._error_untagged(exc)
-                continue
+            key = item.get("session") if type(item) is dict else None
+            if type(key) is not int:  # protocol_v2.session_key's common case, inline
+                try:
+                    key = protocol_v2.session_key(item)
+                except FrameError as exc:
+                    bad += 1
+                    self._error_untagged(exc)
+                    continue
             del item["session"]
             lane = lanes.get(key)
             if lane is not None and lane.task is None and (session := lane.session) is not None:

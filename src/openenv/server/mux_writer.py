@@ -32,9 +32,7 @@ class Outbox:
         self._send = send
         self._channel = channel
         self._on_gone = on_gone
-        self._frames: list[str] = []
-        self._keys: list[SessionKey] = []
-        self._untagged: list[str] = []  # replies about a frame, not a session
+        self._replies: list[str] = []  # tagged with their sessions, or about a whole frame
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting
         self._task: asyncio.Task[None] | None = None
         # Odd while a send waits on the peer (``Served.sends``; the service's sweep reads it).
@@ -45,19 +43,17 @@ class Outbox:
 
     def reply(self, key: SessionKey, frame: str) -> None:
         """Queue a v1 reply of session ``key``."""
-        self._frames.append(frame)
-        self._keys.append(key)
+        self._replies.append(protocol_v2.tagged(frame, protocol_v2.tag(key)))
         self._wake_writer()
 
-    def replies(self, keys: list[SessionKey], frames: list[str]) -> None:
-        """Queue v1 replies, ``frames[i]`` of session ``keys[i]``."""
-        self._frames += frames
-        self._keys += keys
+    def tagged(self, replies: list[str]) -> None:
+        """Queue replies already tagged with their sessions (``protocol_v2.tagged``)."""
+        self._replies += replies
         self._wake_writer()
 
     def untagged(self, frame: str) -> None:
         """Queue a reply about a whole frame (no session)."""
-        self._untagged.append(frame)
+        self._replies.append(frame)
         self._wake_writer()
 
     def _wake_writer(self) -> None:
@@ -66,15 +62,11 @@ class Outbox:
             wake.set_result(None)
 
     def _pending_frame(self) -> str | None:
-        frame = None
-        if self._frames:
-            frame = protocol_v2.batch(self._frames, self._keys)
-            self._frames, self._keys = [], []
-        if self._untagged:
-            untagged = ",".join(self._untagged)
-            frame = f"[{untagged}]" if frame is None else f"{frame[:-1]},{untagged}]"
-            self._untagged = []
-        return frame
+        replies = self._replies
+        if not replies:
+            return None
+        self._replies = []
+        return "[" + ",".join(replies) + "]"
 
     async def _write(self) -> None:
         channel = self._channel

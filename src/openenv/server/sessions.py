@@ -55,8 +55,8 @@ class Session(SessionCore, DirectStepping):
         self._service = service
         self._abandoned = False
         # This session's lane in the thread hand-over (see server/handoff.py).
-        self._ticket = LaneTicket()
-        self._submit = functools.partial(service.handoff.submit, self._ticket)
+        self.ticket = LaneTicket()
+        self._submit = functools.partial(service.handoff.submit, self.ticket)
         # Steps without a deadline may start outside any coroutine (``try_step``):
         # a plain ``def`` on the lane, an ``async def`` at once, in a task;
         # nothing to time out.
@@ -64,7 +64,7 @@ class Session(SessionCore, DirectStepping):
         # A recorded session takes the one path where request and reply meet.
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
         self._async_step = calls.is_async(env.step)
-        self._dispatch_step = functools.partial(service.handoff.dispatch, self._ticket, env.step)
+        self._dispatch_step = functools.partial(service.handoff.dispatch, self.ticket, env.step)
         self._direct_step: DirectStep | Batched | None = None  # the one in flight
         # An ``async def`` step that suspended as a part of the session's task
         # (Python 3.11), and what it awaits: ``settled()`` finishes it there.
@@ -131,11 +131,6 @@ class Session(SessionCore, DirectStepping):
                     frame = protocol.json_text(request)
                 recorder.call(self.id, started, frame, reply)
 
-    @property
-    def ticket(self) -> LaneTicket:
-        """This session's lane in the thread hand-over (``server/handoff.py``)."""
-        return self._ticket
-
     def handle_request(self, request: dict[str, Any]) -> Coroutine[Any, Any, str | None]:
         """``handle`` for a request already decoded."""
         return self.handle(None, request)
@@ -179,7 +174,7 @@ class Session(SessionCore, DirectStepping):
         their callers are answered ``SESSION_ERROR`` with ``because``. For a
         session that is ending."""
         self._closing_because = because
-        self._service.handoff.drop_queued(self._ticket)
+        self._service.handoff.drop_queued(self.ticket)
 
     async def aclose(self, reason: str) -> None:
         """Close the environment and free the slot, exactly once.
@@ -203,9 +198,9 @@ class Session(SessionCore, DirectStepping):
             # Environment's own close() does nothing: no thread hop for it.
             if getattr(close, "__func__", None) is not _NOTHING_TO_CLOSE:
                 submit = self._submit
-                if self._ticket.closed:  # queued calls are refused, but close() must run
+                if self.ticket.closed:  # queued calls are refused, but close() must run
                     ticket = LaneTicket()
-                    ticket.slow = self._ticket.slow
+                    ticket.slow = self.ticket.slow
                     submit = functools.partial(self._service.handoff.submit, ticket)
                 await calls.call(close, submit=submit, timeout=self._settings.close_timeout)
         except calls.DeadlineExceeded as exc:
