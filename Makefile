@@ -113,9 +113,11 @@ bench-runtime: $(STAMP)
 bench-straggler: $(STAMP)
 	$(BIN)/python benchmarks/straggler.py
 
-# Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions.
+# Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions; v2 also
+# as it was at MUX_BASELINE, the main before v2's batches (MUX_BASELINE= leaves it out).
+MUX_BASELINE ?= 678d3f3
 bench-multiplex: $(STAMP)
-	$(BIN)/python benchmarks/multiplex.py
+	$(BIN)/python benchmarks/multiplex.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2

@@ -8,6 +8,8 @@ changing speed meets both alike:
   session per connection, driven by ``openenv bench`` (picows). v2: 8
   connections of 64 sessions, each sending a frame of 64 steps and waiting for
   their 64 replies. Reported: steps per second and per server CPU-second.
+  ``--baseline REV`` also runs v2 against ``openenv serve`` at that git
+  revision in every round (its ``src/`` exported, as ``run.py`` does).
 * **CartPole-v1** through the Gymnasium adapter, 64 environments:
   ``RemoteVectorEnv`` (server on core 0) against ``SyncVectorEnv`` in process
   (on core 1), the same random actions; the vector session also with
@@ -16,7 +18,7 @@ changing speed meets both alike:
   v1 connections: server memory per session, and the p99 of a step's latency
   (v2: a batch's round trip) while every session steps.
 
-    python benchmarks/multiplex.py                # what `make bench-multiplex` runs
+    python benchmarks/multiplex.py --baseline REV  # what `make bench-multiplex` runs
     python benchmarks/multiplex.py --rounds 1 --duration 2 --skip-scale
 """
 
@@ -38,7 +40,18 @@ import orjson
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from run import OPENENV_WS, PY, ROOT, Running, Sampler, Server, measured, uvicorn  # noqa: E402
+from run import (  # noqa: E402
+    BENCH_DIR,
+    OPENENV_WS,
+    PY,
+    ROOT,
+    Running,
+    Sampler,
+    Server,
+    export_src,
+    measured,
+    uvicorn,
+)
 
 ECHO_STEP = {"message": "hello"}
 
@@ -139,20 +152,23 @@ def measured_v2(
 # -- scenarios ------------------------------------------------------------------------
 
 
-def echo(rounds: int, duration: float) -> dict[str, list[dict[str, Any]]]:
-    server = Server(
-        "ours-serve",
-        "openenv serve envs/echo_env",
-        [str(PY.parent / "openenv"), "serve", str(ROOT / "envs" / "echo_env"),
-         "--max-sessions", "20000"],
-    )  # fmt: skip
-    running = Running(server)
-    out: dict[str, list[dict[str, Any]]] = {"v1": [], "v2": []}
+def echo(rounds: int, duration: float, baseline: str = "") -> dict[str, list[dict[str, Any]]]:
+    argv = [str(PY.parent / "openenv"), "serve", str(ROOT / "envs" / "echo_env"),
+            "--max-sessions", "20000"]  # fmt: skip
+    running = Running(Server("ours-serve", "openenv serve envs/echo_env", argv))
+    base = None
+    if baseline:
+        src = export_src(baseline)
+        env = {"PYTHONPATH": f"{src}:{BENCH_DIR}"}
+        base = Running(Server("base-serve", f"openenv serve at {baseline}", argv, env=env))
+    out: dict[str, list[dict[str, Any]]] = {"v1": [], "v2": [], "v2-base": []}
     try:
-        for _ in range(rounds):
+        for n in range(rounds):
             v1 = measured(running, 512, duration, json.dumps(ECHO_STEP))
-            v2 = measured_v2(running, 8, 64, duration)
-            for name, report in (("v1", v1), ("v2", v2)):
+            # Which of the two v2 servers goes first alternates from round to round.
+            v2s = [("v2", running), ("v2-base", base)][:: 1 if n % 2 == 0 else -1]
+            reports = {name: measured_v2(r, 8, 64, duration) for name, r in v2s if r is not None}
+            for name, report in (("v1", v1), *reports.items()):
                 report["per_cpu"] = report["steps_per_s"] / max(report["server_cpu"], 1e-9)
                 out[name].append(report)
                 print(
@@ -162,6 +178,8 @@ def echo(rounds: int, duration: float) -> dict[str, list[dict[str, Any]]]:
                 )
     finally:
         running.stop()
+        if base is not None:
+            base.stop()
     return out
 
 
@@ -295,6 +313,11 @@ def encodings(frames: int = 20_000) -> dict[str, dict[str, float]]:
     return out
 
 
+def _per_round(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[float]:
+    """``a``'s steps per server CPU-second over ``b``'s, round by round."""
+    return [x["per_cpu"] / y["per_cpu"] for x, y in zip(a, b, strict=True)]
+
+
 def _ratios(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
@@ -312,6 +335,7 @@ def main() -> None:
     parser.add_argument("--per-connection", type=int, default=64)
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--busy-poll", default="default", help="RemoteVectorEnv's busy_poll")
+    parser.add_argument("--baseline", default="", help="also run v2 at this git revision")
     args = parser.parse_args()
     if args.v2_load:
         report = asyncio.run(
@@ -325,18 +349,27 @@ def main() -> None:
         print(json.dumps({"steps_per_s": rate}))
         return
     encodings()
-    echo_runs = echo(args.rounds, args.duration) if not args.cartpole_only else {}
+    echo_runs = echo(args.rounds, args.duration, args.baseline) if not args.cartpole_only else {}
     pole = cartpole(args.rounds, args.calls)
     med = statistics.median
     if echo_runs:
         v1 = med(r["per_cpu"] for r in echo_runs["v1"])
         v2 = med(r["per_cpu"] for r in echo_runs["v2"])
+        v2_v1 = _per_round(echo_runs["v2"], echo_runs["v1"])
         print(
             f"\necho, 512 sessions: v1 {med(r['steps_per_s'] for r in echo_runs['v1']):,.0f} "
             f"steps/s ({v1:,.0f}/CPU-s), v2 8x64 "
             f"{med(r['steps_per_s'] for r in echo_runs['v2']):,.0f} steps/s ({v2:,.0f}/CPU-s): "
-            f"v2/v1 per server CPU-second {v2 / v1:.2f}x"
+            f"v2/v1 per server CPU-second {med(v2_v1):.2f}x (rounds {_ratios(v2_v1)})"
         )
+        if echo_runs["v2-base"]:
+            ours_base = _per_round(echo_runs["v2"], echo_runs["v2-base"])
+            base_v1 = _per_round(echo_runs["v2-base"], echo_runs["v1"])
+            print(
+                f"v2 per server CPU-second against {args.baseline}: {med(ours_base):.2f}x "
+                f"(rounds {_ratios(ours_base)}); v2/v1 at {args.baseline} {med(base_v1):.2f}x "
+                f"(rounds {_ratios(base_v1)})"
+            )
     # Each round runs the three back to back: their ratios within a round are what
     # compare alike on a machine whose speed changes from second to second.
     per_round = {
