@@ -329,6 +329,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--cartpole-only", action="store_true", help="only the CartPole rows")
+    parser.add_argument("--echo-only", action="store_true", help="only the echo rows")
     parser.add_argument("--v2-load", metavar="URL")
     parser.add_argument("--vector", nargs=2, metavar=("KIND", "URL"))
     parser.add_argument("--connections", type=int, default=8)
@@ -348,9 +349,10 @@ def main() -> None:
         rate = vector_rate(kind, url, args.calls, args.num_envs, args.busy_poll)
         print(json.dumps({"steps_per_s": rate}))
         return
-    encodings()
+    if not args.echo_only:
+        encodings()
     echo_runs = echo(args.rounds, args.duration, args.baseline) if not args.cartpole_only else {}
-    pole = cartpole(args.rounds, args.calls)
+    pole = cartpole(args.rounds, args.calls) if not args.echo_only else {}
     med = statistics.median
     if echo_runs:
         v1 = med(r["per_cpu"] for r in echo_runs["v1"])
@@ -370,6 +372,8 @@ def main() -> None:
                 f"(rounds {_ratios(ours_base)}); v2/v1 at {args.baseline} {med(base_v1):.2f}x "
                 f"(rounds {_ratios(base_v1)})"
             )
+    if not pole:
+        return
     # Each round runs the three back to back: their ratios within a round are what
     # compare alike on a machine whose speed changes from second to second.
     per_round = {
