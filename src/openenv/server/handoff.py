@@ -462,7 +462,7 @@ class Handoff:
             else:
                 try:
                     ok, value = True, fn(*args)
-                except StopIteration as exc:  # as in _run
+                except StopIteration as exc:  # as in run()
                     ok, value = False, RuntimeError(f"StopIteration: {exc}")
                 except BaseException as exc:
                     ok, value = False, exc

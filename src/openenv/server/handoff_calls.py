@@ -95,7 +95,10 @@ class Home:
             batch = batch_done.popleft()
             batch.flagged = False  # before taking its outcomes: a later one flags it again
             outcomes = batch.outcomes
+            # Only this thread takes from it; the threads running the batch append.
             taken = [outcomes.popleft() for _ in range(len(outcomes))]
+            if not taken:  # two threads of one batch both queued it; the first took all
+                continue
             try:
                 batch.receiver.batch_outcomes(taken)
             except Exception as exc:  # a receiver's bug must not lose the rest of the batch
@@ -120,6 +123,8 @@ class Home:
 
 
 class Call:
+    """One call handed over on its own (``Handoff.submit``/``dispatch``)."""
+
     __slots__ = ("args", "dropped", "fn", "future", "home", "kwargs", "started", "ticket")
 
     def __init__(

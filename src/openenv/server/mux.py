@@ -4,9 +4,11 @@ The wire is in ``protocol_v2.py``. Here each session of the connection is a
 ``Lane``: its ``Session`` (the same one ``/ws`` v1 drives, so deadlines,
 errors, tools and recording behave alike), and the requests waiting their
 turn. A lane with work has one task that serves its requests in order and
-ends when none is left, so an idle session costs no task. Replies go to the
-connection's ``Outbox`` (``server/mux_writer.py``) as they finish, so a slow
-environment holds back only its own reply.
+ends when none is left, so an idle session costs no task. The plain ``def``
+steps of a frame for idle sessions skip the tasks: they go to the worker
+threads together, as one batch (``FrameSteps``, ``Handoff.dispatch_batch``).
+Replies go to the connection's ``Outbox`` (``server/mux_writer.py``) as they
+finish, so a slow environment holds back only its own reply.
 
 The connection reads no further frame while ``max_requests_in_flight``
 requests are unanswered: a client that floods it waits on TCP, not on the
