@@ -49,8 +49,8 @@ sessions.
 '{"session":1,"type":"step","data":{"x":1},"id":4}'
 >>> split_frame("[" + frame + "]")
 [{'session': 1, 'type': 'step', 'data': {'x': 1}, 'id': 4}]
->>> batch(['{"type":"state","data":{},"id":2}'], [0])
-'[{"session":0,"type":"state","data":{},"id":2}]'
+>>> tagged('{"type":"state","data":{},"id":2}', tag(0))
+'{"session":0,"type":"state","data":{},"id":2}'
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ from openenv.protocol import CloseCode, ErrorCode, FrameError, RequestId
 __all__ = [
     "SUBPROTOCOL",
     "SessionKey",
-    "batch",
     "closed_frame",
     "opened_frame",
     "request",
@@ -144,16 +143,11 @@ def tagged(frame: str, prefix: str) -> str:
 
 def request(frame: str, key: SessionKey) -> str:
     """A v1 frame (``protocol.request_frame``, an object) as a request of session ``key``."""
-    return '{"session":' + _key_text(key) + "," + frame[1:]
-
-
-def batch(frames: list[str], keys: list[SessionKey]) -> str:
-    """One server frame of v1 replies (objects), each tagged with its session."""
-    return "[" + ",".join(tagged(f, tag(k)) for f, k in zip(frames, keys, strict=True)) + "]"
+    return tagged(frame, tag(key))
 
 
 def opened_frame(session_id: str, request_id: RequestId | None) -> str:
-    """The reply to ``open`` (untagged; ``batch`` adds the session)."""
+    """The reply to ``open`` (untagged; ``tagged`` adds the session)."""
     return _frame("opened", {"session_id": session_id}, request_id)
 
 

@@ -110,15 +110,10 @@ class DirectStepping:
         ``try_step_request`` or ``handle``, as for ``try_step``."""
         if not self.direct_steps or self.busy or self.state is not OPEN or self._async_step:
             return None
-        step = protocol.plain_step(request)
-        if step is None:
-            return None
-        try:
-            call = self.step_call(*step)
-        except Exception:  # handle() plans it again and answers in full
-            return None
-        self.busy = True
-        self._direct_step = BATCHED
+        call = self._plain_step_call(request)
+        if call is not None:
+            self.busy = True
+            self._direct_step = BATCHED
         return call
 
     def batched_outcome(
@@ -159,12 +154,8 @@ class DirectStepping:
             and (task is None or context is None or _enter is None)
         ):
             return False  # no task to run it in here: handle() runs it in the session's
-        try:
-            step = protocol.plain_step(request)
-            if step is None:
-                return False
-            call = self.step_call(*step)
-        except Exception:  # handle() plans it again and answers (or fails) in full
+        call = self._plain_step_call(request)
+        if call is None:
             return False
         receiver = DirectStep(self, call, reply)
         # Busy from here, as in handle(); _stepped clears both once it replies,
@@ -181,6 +172,15 @@ class DirectStepping:
             self._direct_step = None
             return False
         return True
+
+    def _plain_step_call(self, request: dict[str, Any]) -> Call | None:
+        """The call of a well-formed step; ``None`` for anything else, which
+        ``handle()`` plans again and answers (or fails) in full."""
+        try:
+            step = protocol.plain_step(request)
+            return None if step is None else self.step_call(*step)
+        except Exception:
+            return None
 
     def _start_eager(
         self, step: DirectStep, action: Any, context: contextvars.Context | None

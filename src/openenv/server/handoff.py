@@ -74,6 +74,7 @@ from openenv.server.handoff_calls import (
     NotStarted,
     Receiver,
     SubmittedCall,
+    outcome,
     run,
 )
 
@@ -455,17 +456,8 @@ class Handoff:
                 break
             worker.current = ticket
             worker.started = started = now
-            ok: bool
-            value: Any
-            if ticket.closed:  # taken before drop_queued could remove it: it never runs
-                ok, value = False, NotStarted(ENDED)
-            else:
-                try:
-                    ok, value = True, fn(*args)
-                except StopIteration as exc:  # as in run()
-                    ok, value = False, RuntimeError(f"StopIteration: {exc}")
-                except BaseException as exc:
-                    ok, value = False, exc
+            # A ticket closed after drop_queued looked: the call never runs.
+            ok, value = outcome(ticket, fn, args)
             worker.started = 0.0
             worker.current = None
             now = _monotonic()

@@ -27,10 +27,13 @@ __all__ = [
     "NotStarted",
     "Receiver",
     "SubmittedCall",
+    "outcome",
     "run",
 ]
 
 ENDED = "the session ended before the call started"
+
+_NO_KWARGS: dict[str, Any] = {}  # never mutated
 
 
 class NotStarted(ServerSideError):
@@ -102,9 +105,7 @@ class Home:
             try:
                 batch.receiver.batch_outcomes(taken)
             except Exception as exc:  # a receiver's bug must not lose the rest of the batch
-                self.loop.call_exception_handler(
-                    {"message": "a handoff receiver raised", "exception": exc}
-                )
+                self._receiver_raised(exc)
         done = self.done
         while done:
             call, ok, value = done.popleft()
@@ -117,9 +118,10 @@ class Home:
                 else:
                     future.set_exception(value)
             except Exception as exc:  # a receiver's bug must not lose the rest of the batch
-                self.loop.call_exception_handler(
-                    {"message": "a handoff receiver raised", "exception": exc}
-                )
+                self._receiver_raised(exc)
+
+    def _receiver_raised(self, exc: Exception) -> None:
+        self.loop.call_exception_handler({"message": "a handoff receiver raised", "exception": exc})
 
 
 class Call:
@@ -204,11 +206,21 @@ class SubmittedCall(asyncio.Future[Any]):
 
 
 def run(call: Call) -> tuple[Call, bool, Any]:
-    if call.ticket.closed:
-        return (call, False, NotStarted(ENDED))
+    return (call, *outcome(call.ticket, call.fn, call.args, call.kwargs))
+
+
+def outcome(
+    ticket: LaneTicket,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] = _NO_KWARGS,
+) -> tuple[bool, Any]:
+    """Run ``fn`` (unless its ticket has closed): ``(True, result)`` or ``(False, error)``."""
+    if ticket.closed:
+        return (False, NotStarted(ENDED))
     try:
-        return (call, True, call.fn(*call.args, **call.kwargs))
+        return (True, fn(*args, **kwargs))
     except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
-        return (call, False, RuntimeError(f"StopIteration: {exc}"))
+        return (False, RuntimeError(f"StopIteration: {exc}"))
     except BaseException as exc:  # handed to the awaiting coroutine
-        return (call, False, exc)
+        return (False, exc)
