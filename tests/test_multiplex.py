@@ -547,3 +547,55 @@ async def test_a_frames_steps_come_back_right_whatever_each_step_returns() -> No
         finally:
             await ws.close()
         await slots_free(url)
+
+
+async def test_batched_steps_keep_their_ids_and_are_counted_in_metrics() -> None:
+    # Frame after frame of steps for the same sessions: every reply carries its
+    # own request's id and count, and /metrics counts each step and error once.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    tracker = Tracker()
+    with run_server(ping_app(tracker)) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": k, "type": "open"} for k in range(3)])
+            await replies(ws, 3)
+            for n in range(1, 6):
+                steps = [
+                    {
+                        "session": k,
+                        "type": "step",
+                        "data": {"message": f"{n}/{k}"},
+                        "id": 10 * n + k,
+                    }
+                    for k in range(3)
+                ]
+                steps.append({"session": 2, "type": "step", "data": {"fail": True}, "id": "bad"})
+                await send(ws, steps)
+                got = await replies(ws, 4)
+                ok = {r["session"]: r for r in got if r["type"] == "observation"}
+                assert {k: ok[k]["id"] for k in ok} == {k: 10 * n + k for k in range(3)}
+                assert {k: ok[k]["data"]["observation"]["message"] for k in ok} == {
+                    k: f"{n}/{k}" for k in range(3)
+                }
+                assert {k: ok[k]["data"]["observation"]["count"] for k in ok} == {0: n, 1: n, 2: n}
+                [error] = [r for r in got if r["type"] == "error"]
+                assert (error["session"], error["id"], error["data"]["code"]) == (
+                    2,
+                    "bad",
+                    "EXECUTION_ERROR",
+                )
+            async with httpx.AsyncClient() as http:
+                text = (await http.get(f"{url}/metrics")).text
+        finally:
+            await ws.close()
+        await slots_free(url)
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels or s.labels == {"code": "EXECUTION_ERROR"}
+    }
+    assert values["openenv_steps_total"] == 15
+    assert values["openenv_step_seconds_count"] == 15
+    assert values["openenv_errors_total"] == 5

@@ -69,6 +69,7 @@ __all__ = [
     "json_text",
     "observation_frame",
     "observation_from_payload",
+    "observation_reply",
     "parse_client_message",
     "parse_server_message",
     "plain_step",
@@ -454,6 +455,27 @@ def json_text(value: Any) -> str:
 
 def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
     """Encode an observation reply; reward and done travel beside the fields."""
+    return orjson.dumps(
+        observation_reply(observation, request_id), option=orjson.OPT_SERIALIZE_NUMPY
+    ).decode()
+
+
+def observation_reply(
+    observation: Observation,
+    request_id: RequestId | None = None,
+    into: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``observation_frame`` before encoding: the reply's fields, added to ``into``
+    (a v2 reply's ``session``), for a caller that encodes many replies at once.
+
+    >>> class Seen(Observation):
+    ...     text: str
+    >>> reply = observation_reply(Seen(text="hi", reward=1.0), 7, {"session": 2})
+    >>> reply["session"], reply["type"], reply["id"]
+    (2, 'observation', 7)
+    >>> reply["data"]
+    {'observation': {'text': 'hi'}, 'reward': 1.0, 'done': False}
+    """
     # The model's prebuilt serializer, without an ``exclude`` set to resolve on
     # every call; the envelope's fields are then moved out of the dump (read from
     # it, not the model: a pydantic attribute read passes through the model's
@@ -468,11 +490,12 @@ def observation_frame(observation: Observation, request_id: RequestId | None = N
     del fields["reward"], fields["done"], fields["metadata"]
     if metadata:
         payload["metadata"] = metadata
-    # _frame, inline: this is the reply to nearly every request.
-    frame: dict[str, Any] = {"type": "observation", "data": payload}
+    reply = {} if into is None else into
+    reply["type"] = "observation"
+    reply["data"] = payload
     if request_id is not None:
-        frame["id"] = request_id
-    return orjson.dumps(frame, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        reply["id"] = request_id
+    return reply
 
 
 def state_frame(

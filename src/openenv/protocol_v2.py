@@ -66,6 +66,7 @@ __all__ = [
     "SessionKey",
     "closed_frame",
     "opened_frame",
+    "replies_text",
     "request",
     "session_key",
     "split_frame",
@@ -139,6 +140,16 @@ def tag(key: SessionKey) -> str:
 def tagged(frame: str, prefix: str) -> str:
     """A v1 reply (an object) as a reply of the session whose ``tag`` is ``prefix``."""
     return prefix + frame[1:]
+
+
+def replies_text(replies: list[dict[str, Any]]) -> str:
+    """Replies not yet encoded (``protocol.observation_reply``), encoded at once
+    as a piece of a frame: the array's items, comma-separated, without brackets.
+
+    >>> replies_text([{"session": 0, "type": "opened"}, {"session": 1, "type": "opened"}])
+    '{"session":0,"type":"opened"},{"session":1,"type":"opened"}'
+    """
+    return orjson.dumps(replies, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1]
 
 
 def request(frame: str, key: SessionKey) -> str:

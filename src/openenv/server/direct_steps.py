@@ -8,10 +8,9 @@ answered right there, with no loop round. Anything else is left to
 ``Session.handle``, which answers it in full.
 
 A v2 connection (``server/mux.py``) hands the plain ``def`` steps of a frame
-to the threads together: ``start_batched`` plans each (the same checks and
-the same core call as ``try_step``), ``Handoff.dispatch_batch`` runs them,
-and ``batched_outcome`` turns each outcome into its reply, as ``try_step``'s
-receiver does.
+to the threads together (``server/step_batches.py``); ``batched_outcome``
+answers those of its outcomes that are not a plain observation, as
+``try_step``'s receiver does.
 
 Which task depends on what the running asyncio offers:
 
@@ -63,6 +62,7 @@ class DirectStepping:
     _async_step: bool
     _dispatch_step: Callable[..., None]
     _direct_step: DirectStep | Batched | None
+    batched_call: Call | None  # its last step call of a batch, planned anew for the next
     _suspended: tuple[Coroutine[Any, Any, Any], Any] | None
     _settled: asyncio.Future[None] | None
 
@@ -102,26 +102,12 @@ class DirectStepping:
             return False
         return self._try_step(request, reply, task, context)
 
-    def start_batched(self, request: dict[str, Any]) -> Call | None:
-        """Plan a well-formed step of a plain ``def`` ``step`` to run in a batch
-        (``Handoff.dispatch_batch``): its call, the session busy from here until
-        ``batched_outcome``. ``None`` (an ``async def`` step, anything but a plain
-        step, a bad action, a step already running) leaves the request to
-        ``try_step_request`` or ``handle``, as for ``try_step``."""
-        if not self.direct_steps or self.busy or self.state is not OPEN or self._async_step:
-            return None
-        call = self._plain_step_call(request)
-        if call is not None:
-            self.busy = True
-            self._direct_step = BATCHED
-        return call
-
     def batched_outcome(
         self, call: Call, ok: bool, value: Any, reply: Callable[[str], None]
     ) -> str | None:
-        """The reply to a ``start_batched`` step whose call returned (``ok``) or
-        raised ``value``; ``None`` if it returned an awaitable, which a task
-        awaits and whose reply goes to ``reply``."""
+        """The reply to a step of a batch (``server/step_batches.py``) whose call
+        returned (``ok``) or raised ``value``; ``None`` if it returned an
+        awaitable, which a task awaits and whose reply goes to ``reply``."""
         if ok and not isinstance(value, Observation) and inspect.isawaitable(value):
             step = DirectStep(self, call, reply)
             self._direct_step = step

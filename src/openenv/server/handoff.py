@@ -446,7 +446,7 @@ class Handoff:
         batch.queued = False
         worker.batch = batch
         calls = batch.calls
-        returned = batch.returned
+        outcomes = batch.outcomes
         slow_after = self.slow_after
         now = _monotonic()
         while not worker.detached:
@@ -454,16 +454,20 @@ class Handoff:
                 index, ticket, fn, args = calls.popleft()
             except IndexError:
                 break
+            # The watch reads these two; between calls they keep the last call's
+            # values for the moment it takes to start the next.
             worker.current = ticket
             worker.started = started = now
             # A ticket closed after drop_queued looked: the call never runs.
             ok, value = outcome(ticket, fn, args)
-            worker.started = 0.0
-            worker.current = None
             now = _monotonic()
             if now - started > slow_after:
                 ticket.slow = _SLOW_CREDITS
-            returned(index, ok, value)
+            outcomes.append((index, ok, value))  # Batch.returned, inline
+            if not batch.flagged:
+                batch.flag()
+        worker.started = 0.0
+        worker.current = None
         worker.batch = None
 
     def _work_slow(self) -> None:

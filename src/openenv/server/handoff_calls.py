@@ -170,9 +170,13 @@ class Batch:
         """Queue one call's outcome for the loop (any thread; appends are atomic)."""
         self.outcomes.append((index, ok, value))
         if not self.flagged:
-            self.flagged = True
-            self.home.batch_done.append(self)
-            self.home.notify()
+            self.flag()
+
+    def flag(self) -> None:
+        """Have the loop deliver this batch's outcomes (once until it has)."""
+        self.flagged = True
+        self.home.batch_done.append(self)
+        self.home.notify()
 
 
 class BatchCall:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Send
@@ -31,12 +31,11 @@ from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
-from openenv.server.handoff import LaneTicket
 from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
-from openenv.server.session_core import Call
 from openenv.server.session_host import OPEN
 from openenv.server.sessions import Session
+from openenv.server.step_batches import StepBatch
 
 __all__ = ["FrameSteps", "Lane", "MuxConnection"]
 
@@ -48,12 +47,11 @@ _GONE = GONE
 class Lane:
     """One session of a v2 connection and the requests waiting for it."""
 
-    __slots__ = ("admitted", "connection", "key", "queue", "session", "tag", "task")
+    __slots__ = ("admitted", "connection", "key", "queue", "session", "task")
 
     def __init__(self, connection: MuxConnection, key: SessionKey) -> None:
         self.connection = connection
         self.key = key
-        self.tag = protocol_v2.tag(key)  # what goes in front of its replies
         self.admitted = False  # holds a slot (its environment may still be in the making)
         self.session: Session | None = None  # None while it opens
         self.queue: deque[dict[str, Any]] = deque()
@@ -63,39 +61,23 @@ class Lane:
         self.connection._stepped(self, reply)
 
 
-class FrameSteps:
-    """The plain ``def`` steps of one frame, handed to the worker threads together.
+class FrameSteps(StepBatch):
+    """The plain ``def`` steps of one frame, handed to the worker threads together;
+    replies go to the outbox as soon as their steps return."""
 
-    Outcomes come back as soon as their steps return (``batch_outcomes``, with
-    those that returned together), and their replies go to the outbox at once.
-    """
-
-    __slots__ = ("calls", "connection", "lanes", "plans")
+    __slots__ = ("connection",)
 
     def __init__(self, connection: MuxConnection) -> None:
+        super().__init__()
         self.connection = connection
-        self.lanes: list[Lane] = []
-        self.plans: list[Call] = []
-        self.calls: list[tuple[LaneTicket, Callable[..., Any], tuple[Any, ...]]] = []
 
-    def batch_outcomes(self, outcomes: list[tuple[int, bool, Any]], /) -> None:
+    def encoded(self, replies: list[dict[str, Any]]) -> None:
         connection = self.connection
-        lanes, plans = self.lanes, self.plans
-        replies: list[str] = []
-        for index, ok, value in outcomes:
-            lane = lanes[index]
-            session = lane.session
-            assert session is not None
-            reply = session.batched_outcome(plans[index], ok, value, lane.stepped)
-            if reply is None:
-                continue  # it returned an awaitable: lane.stepped gets the reply
-            if session.state is OPEN:  # nearly always: MuxConnection._stepped, for many
-                replies.append(lane.tag + reply[1:])  # protocol_v2.tagged, inline
-            else:
-                connection._stepped(lane, reply)
-        if replies:
-            connection.outbox.tagged(replies)
-            connection._answered(len(replies))
+        connection.outbox.encoded(protocol_v2.replies_text(replies))
+        connection._answered(len(replies))
+
+    def replied(self, owner: Lane, frame: str) -> None:
+        self.connection._stepped(owner, frame)
 
 
 class MuxConnection:
@@ -198,7 +180,7 @@ class MuxConnection:
         except FrameError as exc:
             return self._refuse_frame(exc)
         bad = 0
-        steps: FrameSteps | None = None
+        steps = FrameSteps(self)
         lanes = self.lanes
         for item in items:
             key = item.get("session") if type(item) is dict else None
@@ -211,19 +193,16 @@ class MuxConnection:
                     continue
             del item["session"]
             lane = lanes.get(key)
-            if lane is not None and lane.task is None and (session := lane.session) is not None:
-                # A plain step of a plain def joins the frame's batch for the threads.
-                call = session.start_batched(item)
-                if call is not None:
-                    if steps is None:
-                        steps = FrameSteps(self)
-                    steps.lanes.append(lane)
-                    steps.plans.append(call)
-                    steps.calls.append((session.ticket, call.fn, call.args))
-                    self._in_flight += 1
-                    continue
+            if (
+                lane is not None
+                and lane.task is None
+                and (session := lane.session) is not None
+                and steps.take(session, item, {"session": key}, lane)
+            ):
+                self._in_flight += 1  # a plain step of a plain def: it joins the batch
+                continue
             self._start(key, item, lane)
-        if steps is not None:
+        if steps.calls:
             self._service.handoff.dispatch_batch(steps.calls, steps)
         if bad and bad == len(items):
             return self._refuse_frame(None)

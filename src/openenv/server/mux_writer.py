@@ -32,7 +32,9 @@ class Outbox:
         self._send = send
         self._channel = channel
         self._on_gone = on_gone
-        self._replies: list[str] = []  # tagged with their sessions, or about a whole frame
+        # Tagged with their sessions, or about a whole frame; each item one reply,
+        # or several encoded together (comma-separated, as in the frame's array).
+        self._replies: list[str] = []
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting
         self._task: asyncio.Task[None] | None = None
         # Odd while a send waits on the peer (``Served.sends``; the service's sweep reads it).
@@ -46,9 +48,9 @@ class Outbox:
         self._replies.append(protocol_v2.tagged(frame, protocol_v2.tag(key)))
         self._wake_writer()
 
-    def tagged(self, replies: list[str]) -> None:
-        """Queue replies already tagged with their sessions (``protocol_v2.tagged``)."""
-        self._replies += replies
+    def encoded(self, replies: str) -> None:
+        """Queue replies encoded together (``protocol_v2.replies_text``)."""
+        self._replies.append(replies)
         self._wake_writer()
 
     def untagged(self, frame: str) -> None:

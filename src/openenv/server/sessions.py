@@ -66,6 +66,7 @@ class Session(SessionCore, DirectStepping):
         self._async_step = calls.is_async(env.step)
         self._dispatch_step = functools.partial(service.handoff.dispatch, self.ticket, env.step)
         self._direct_step: DirectStep | Batched | None = None  # the one in flight
+        self.batched_call: Call | None = None  # see server/step_batches.py
         # An ``async def`` step that suspended as a part of the session's task
         # (Python 3.11), and what it awaits: ``settled()`` finishes it there.
         self._suspended: tuple[Coroutine[Any, Any, Any], Any] | None = None
