@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-callgrind clean chromium sandbox-python \
+	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-v2-path bench-callgrind clean chromium sandbox-python \
 	openreward-sdk
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -79,7 +79,7 @@ pytest: $(STAMP) chromium sandbox-python $(OR_STAMP)
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz test-pythons bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex
+	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-v2-path
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -114,10 +114,14 @@ bench-straggler: $(STAMP)
 	$(BIN)/python benchmarks/straggler.py
 
 # Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions; v2 also
-# as it was at MUX_BASELINE, the main before v2's batches (MUX_BASELINE= leaves it out).
-MUX_BASELINE ?= 678d3f3
+# as it was at MUX_BASELINE, the main before the latest v2 work (MUX_BASELINE= leaves it out).
+MUX_BASELINE ?= 28d961a
 bench-multiplex: $(STAMP)
 	$(BIN)/python benchmarks/multiplex.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
+
+# The loop thread's CPU per v2 step without sockets, this tree against MUX_BASELINE.
+bench-v2-path: $(STAMP)
+	$(BIN)/python benchmarks/v2_path.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2
