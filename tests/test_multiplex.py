@@ -599,3 +599,65 @@ async def test_batched_steps_keep_their_ids_and_are_counted_in_metrics() -> None
     assert values["openenv_steps_total"] == 15
     assert values["openenv_step_seconds_count"] == 15
     assert values["openenv_errors_total"] == 5
+
+
+class Odd(Pong):
+    value: Any = None
+
+
+class OddObservations(PingEnvironment):
+    """A plain ``def`` step whose observation cannot be sent when asked: an int
+    past what JSON encoders take (``big``), or an object pydantic cannot dump."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Any:  # type: ignore[override]
+        pong = PingEnvironment.step(self, action)
+        value = {"big": 2**70, "object": object()}.get(action.message)
+        return Odd(message=pong.message, count=pong.count, value=value)
+
+
+async def test_an_observation_that_cannot_be_sent_ends_only_its_session() -> None:
+    # One frame whose batch holds steps that can be sent and two that cannot:
+    # those two sessions end with SESSION_ERROR, the others are answered, and
+    # go on stepping; every slot comes back.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, env_cls=OddObservations)) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": k, "type": "open"} for k in range(4)])
+            await replies(ws, 4)
+            messages = ["fine", "big", "object", "also fine"]
+            await send(
+                ws,
+                [
+                    {"session": k, "type": "step", "data": {"message": m}, "id": k}
+                    for k, m in enumerate(messages)
+                ],
+            )
+            got = await replies(ws, 6)  # four replies, and a closed notice for each that ended
+            by_kind: dict[str, dict[int, dict[str, Any]]] = {}
+            for reply in got:
+                by_kind.setdefault(reply["type"], {})[reply["session"]] = reply
+            assert sorted(by_kind["observation"]) == [0, 3]
+            assert by_kind["observation"][3]["data"]["observation"]["message"] == "also fine"
+            assert sorted(by_kind["error"]) == [1, 2]
+            assert {by_kind["error"][k]["data"]["code"] for k in (1, 2)} == {"SESSION_ERROR"}
+            assert [by_kind["error"][k]["id"] for k in (1, 2)] == [1, 2]
+            assert sorted(by_kind["closed"]) == [1, 2]
+            await send(ws, [{"session": k, "type": "step", "data": {}, "id": 9} for k in (0, 3)])
+            again = await replies(ws, 2)
+            assert {
+                (r["session"], r["type"], r["data"]["observation"]["count"]) for r in again
+            } == {
+                (0, "observation", 2),
+                (3, "observation", 2),
+            }
+            await servers.until(
+                lambda: _active_is(url, 2), what="the two ended sessions' slots freed"
+            )
+        finally:
+            await ws.close()
+        await slots_free(url)
+
+
+async def _active_is(url: str, count: int) -> bool:
+    return bool((await health(url))["active_sessions"] == count)

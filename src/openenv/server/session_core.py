@@ -348,10 +348,12 @@ class SessionCore:
     ) -> dict[str, Any]:
         """``finish`` for a step call that returned ``observation`` at ``now``
         (``time.perf_counter``), its reply left as its fields added to ``into``
-        (``protocol.observation_reply``), for a caller that encodes many at once."""
+        (``protocol.observation_reply``), for a caller that encodes many at once.
+        Raises (counting nothing) if the observation cannot be dumped."""
+        reply = protocol.observation_reply(observation, call.request_id, into)
         self._metrics.step_seconds.observe(now - call.started)
         self._bad_frames = 0
-        return protocol.observation_reply(observation, call.request_id, into)
+        return reply
 
     def outcome(self, call: Call, value: Any) -> Any:
         """What ``call`` returned, checked and taken in; ``EnvFailure`` if it is unfit."""

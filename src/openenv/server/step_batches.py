@@ -89,6 +89,7 @@ class StepBatch:
         """The ``BatchReceiver`` of ``Handoff.dispatch_batch``."""
         sessions, plans, heads = self.sessions, self.plans, self.heads
         encoded: list[dict[str, Any]] = []
+        which: list[int] = []  # the index of each of them
         clock = time.perf_counter()
         now = time.monotonic()
         for index, ok, value in outcomes:
@@ -99,19 +100,38 @@ class StepBatch:
                 and session.state is OPEN
                 and session._settled is None
             ):
-                # Session._step_reply, for this one case, written out.
-                encoded.append(session.finish_observation(plans[index], value, heads[index], clock))
-                session.busy = False
-                session.last_active = now
-                session._direct_step = None
-                continue
+                try:
+                    reply = session.finish_observation(plans[index], value, heads[index], clock)
+                except Exception:  # it cannot be dumped: the single step's path says so
+                    pass
+                else:
+                    # Session._step_reply, for this one case, written out.
+                    encoded.append(reply)
+                    which.append(index)
+                    session.busy = False
+                    session.last_active = now
+                    session._direct_step = None
+                    continue
             owner = self.owners[index]
             later = functools.partial(self.replied, owner)
-            reply = session.batched_outcome(plans[index], ok, value, later)
-            if reply is not None:  # None: an awaitable, whose reply comes later
-                self.replied(owner, reply)
+            frame = session.batched_outcome(plans[index], ok, value, later)
+            if frame is not None:  # None: an awaitable, whose reply comes later
+                self.replied(owner, frame)
         if encoded:
-            self.encoded(encoded)
+            try:
+                self.encoded(encoded)
+            except Exception:  # one of them cannot be encoded (an int past 64 bits)
+                self._one_by_one(encoded, which)
+
+    def _one_by_one(self, replies: list[dict[str, Any]], which: list[int]) -> None:
+        """Encode each reply alone; one that cannot be encoded ends its session
+        with an internal error, as it would have on the single step's path."""
+        for reply, index in zip(replies, which, strict=True):
+            try:
+                self.encoded([reply])
+            except Exception as exc:
+                session = self.sessions[index]
+                self.replied(self.owners[index], session.internal_error(exc, reply.get("id")))
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         """Observation replies, to encode together (each begun with its ``head``)."""
