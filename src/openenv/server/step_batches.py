@@ -46,9 +46,10 @@ class StepBatch:
     for. ``calls`` is what ``Handoff.dispatch_batch`` takes.
     """
 
-    __slots__ = ("calls", "heads", "owners", "plans", "sessions")
+    __slots__ = ("calls", "heads", "owners", "plans", "sessions", "started")
 
     def __init__(self) -> None:
+        self.started = time.perf_counter()  # when its steps count as planned (the metric's start)
         self.sessions: list[Session] = []
         self.plans: list[Call] = []
         self.heads: list[dict[str, Any]] = []
@@ -72,7 +73,7 @@ class StepBatch:
         if step is None:
             return False
         try:
-            call = session.step_call(step[0], step[1], session.batched_call)
+            call = session.step_call(step[0], step[1], session.batched_call, self.started)
         except Exception:  # a bad action: handle() plans it again and names what is wrong
             return False
         session.batched_call = call
