@@ -40,8 +40,9 @@ class Histogram:
     >>> h = Histogram((0.1, 1.0))
     >>> for seconds in (0.05, 0.5, 5.0):
     ...     h.observe(seconds)
+    >>> h.observe(0.5, count=2)
     >>> h.cumulative(), h.count
-    ([('0.1', 1), ('1.0', 2), ('+Inf', 3)], 3)
+    ([('0.1', 1), ('1.0', 4), ('+Inf', 5)], 5)
     """
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
@@ -49,9 +50,10 @@ class Histogram:
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.sum += seconds
+    def observe(self, seconds: float, count: int = 1) -> None:
+        """Count ``count`` observations of ``seconds`` each."""
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += count
+        self.sum += seconds * count
 
     @property
     def count(self) -> int:

@@ -9,11 +9,13 @@ as ``Session.try_step``, the same ``step_call`` of the I/O-free core),
 
 An observation (nearly every outcome) is answered by the core's
 ``finish_observation`` and left as a dict, so the transport encodes the
-replies of a group at once; anything else (an error, an awaitable to await,
-a session that ended meanwhile) takes ``Session.batched_outcome``, the path
-of a single step, and its frame goes to ``replied``. That split, and the
-session's bookkeeping written out here rather than called, is worth a fifth
-of the loop thread's work per echo step over v2 (measured).
+replies of a group at once; their steps, planned together and answered
+together, are counted in the step-time metric at once too. Anything else (an
+error, an awaitable to await, a session that ended meanwhile, an observation
+that cannot be sent) takes ``Session.batched_outcome``, the path of a single
+step, and its frame goes to ``replied``. That split, and the session's
+bookkeeping written out here rather than called, is a quarter of the loop
+thread's work per echo step over v2 (``benchmarks/v2_path.py``).
 """
 
 from __future__ import annotations
@@ -91,7 +93,6 @@ class StepBatch:
         sessions, plans, heads = self.sessions, self.plans, self.heads
         encoded: list[dict[str, Any]] = []
         which: list[int] = []  # the index of each of them
-        clock = time.perf_counter()
         now = time.monotonic()
         for index, ok, value in outcomes:
             session = sessions[index]
@@ -102,7 +103,7 @@ class StepBatch:
                 and session._settled is None
             ):
                 try:
-                    reply = session.finish_observation(plans[index], value, heads[index], clock)
+                    reply = session.finish_observation(plans[index], value, heads[index])
                 except Exception:  # it cannot be dumped: the single step's path says so
                     pass
                 else:
@@ -119,6 +120,8 @@ class StepBatch:
             if frame is not None:  # None: an awaitable, whose reply comes later
                 self.replied(owner, frame)
         if encoded:
+            # Planned together (``started``) and answered together: one time for all.
+            sessions[which[0]].count_steps(time.perf_counter() - self.started, len(encoded))
             try:
                 self.encoded(encoded)
             except Exception:  # one of them cannot be encoded (an int past 64 bits)
