@@ -120,7 +120,8 @@ class StepBatch:
             if frame is not None:  # None: an awaitable, whose reply comes later
                 self.replied(owner, frame)
         if encoded:
-            # Planned together (``started``) and answered together: one time for all.
+            # Planned together (``started``) and answered together: one time for
+            # all, in the one metric of the one service all the sessions are of.
             sessions[which[0]].count_steps(time.perf_counter() - self.started, len(encoded))
             try:
                 self.encoded(encoded)
