@@ -142,7 +142,7 @@ class Metrics:
         yield CounterMetricFamily("openenv_steps", "Steps served.", value=total["steps"])
         yield HistogramMetricFamily(
             "openenv_step_seconds",
-            "Time spent in step(), in seconds.",
+            "Seconds from a step's request being read and checked to its reply.",
             buckets=step_seconds.cumulative(),
             sum_value=step_seconds.sum,
         )
