@@ -48,14 +48,11 @@ class StepBatch:
     for. ``calls`` is what ``Handoff.dispatch_batch`` takes.
     """
 
-    __slots__ = ("calls", "heads", "owners", "plans", "sessions", "started")
+    __slots__ = ("calls", "started", "steps")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()  # when its steps count as planned (the metric's start)
-        self.sessions: list[Session] = []
-        self.plans: list[Call] = []
-        self.heads: list[dict[str, Any]] = []
-        self.owners: list[Any] = []
+        self.steps: list[tuple[Session, Call, dict[str, Any], Any]] = []  # with head and owner
         self.calls: list[tuple[LaneTicket, Callable[..., Any], tuple[Any, ...]]] = []
 
     def take(
@@ -81,21 +78,18 @@ class StepBatch:
         session.batched_call = call
         session.busy = True
         session._direct_step = BATCHED
-        self.sessions.append(session)
-        self.plans.append(call)
-        self.heads.append(head)
-        self.owners.append(owner)
+        self.steps.append((session, call, head, owner))
         self.calls.append((session.ticket, call.fn, call.args))
         return True
 
     def batch_outcomes(self, outcomes: list[tuple[int, bool, Any]], /) -> None:
         """The ``BatchReceiver`` of ``Handoff.dispatch_batch``."""
-        sessions, plans, heads = self.sessions, self.plans, self.heads
+        steps = self.steps
         encoded: list[dict[str, Any]] = []
         which: list[int] = []  # the index of each of them
         now = time.monotonic()
         for index, ok, value in outcomes:
-            session = sessions[index]
+            session, plan, head, owner = steps[index]
             if (
                 ok
                 and isinstance(value, Observation)
@@ -103,7 +97,7 @@ class StepBatch:
                 and session._settled is None
             ):
                 try:
-                    reply = session.finish_observation(plans[index], value, heads[index])
+                    reply = session.finish_observation(plan, value, head)
                 except Exception:  # it cannot be dumped: the single step's path says so
                     pass
                 else:
@@ -114,15 +108,14 @@ class StepBatch:
                     session.last_active = now
                     session._direct_step = None
                     continue
-            owner = self.owners[index]
             later = functools.partial(self.replied, owner)
-            frame = session.batched_outcome(plans[index], ok, value, later)
+            frame = session.batched_outcome(plan, ok, value, later)
             if frame is not None:  # None: an awaitable, whose reply comes later
                 self.replied(owner, frame)
         if encoded:
             # Planned together (``started``) and answered together: one time for
             # all, in the one metric of the one service all the sessions are of.
-            sessions[which[0]].count_steps(time.perf_counter() - self.started, len(encoded))
+            steps[which[0]][0].count_steps(time.perf_counter() - self.started, len(encoded))
             try:
                 self.encoded(encoded)
             except Exception:  # one of them cannot be encoded (an int past 64 bits)
@@ -135,8 +128,8 @@ class StepBatch:
             try:
                 self.encoded([reply])
             except Exception as exc:
-                session = self.sessions[index]
-                self.replied(self.owners[index], session.internal_error(exc, reply.get("id")))
+                session, _, _, owner = self.steps[index]
+                self.replied(owner, session.internal_error(exc, reply.get("id")))
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         """Observation replies, to encode together (each begun with its ``head``)."""
