@@ -199,10 +199,10 @@ class MuxConnection:
                 and (session := lane.session) is not None
                 and steps.take(session, item, {"session": key}, lane)
             ):
-                self._in_flight += 1  # a plain step of a plain def: it joins the batch
-                continue
+                continue  # a plain step of a plain def: it joins the batch
             self._start(key, item, lane)
         if steps.calls:
+            self._in_flight += len(steps.calls)
             self._service.handoff.dispatch_batch(steps.calls, steps)
         if bad and bad == len(items):
             return self._refuse_frame(None)
