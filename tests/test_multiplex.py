@@ -65,6 +65,17 @@ async def replies(ws: ClientConnection, count: int) -> list[dict[str, Any]]:
     return got
 
 
+async def open_sessions(ws: ClientConnection, count: int) -> None:
+    """Open sessions 0 to ``count - 1`` and read their replies."""
+    await send(ws, [{"session": k, "type": "open"} for k in range(count)])
+    await replies(ws, count)
+
+
+def steps_of(datas: list[Any]) -> list[dict[str, Any]]:
+    """One step per session, session ``k`` with ``datas[k]`` and request id ``k``."""
+    return [{"session": k, "type": "step", "data": data, "id": k} for k, data in enumerate(datas)]
+
+
 @pytest.mark.parametrize("ws", ["openenv", "websockets-sansio"])
 async def test_v1_and_v2_clients_side_by_side(ws: str) -> None:
     tracker = Tracker()
@@ -525,15 +536,10 @@ async def test_a_frames_steps_come_back_right_whatever_each_step_returns() -> No
     with run_server(ping_app(tracker, env_cls=AwaitableStep)) as url:
         ws = await raw_v2(url)
         try:
-            await send(ws, [{"session": k, "type": "open"} for k in range(4)])
-            await replies(ws, 4)
+            await open_sessions(ws, 4)
             for n in range(1, 3):
                 datas = [{"message": "now"}, {"message": "later"}, {"fail": True}, {}]
-                steps = [
-                    {"session": k, "type": "step", "data": data, "id": k}
-                    for k, data in enumerate(datas)
-                ]
-                await send(ws, steps)
+                await send(ws, steps_of(datas))
                 got = {r["session"]: r for r in await replies(ws, 4)}
                 assert {k: got[k]["type"] for k in got} == {
                     0: "observation",
@@ -558,8 +564,7 @@ async def test_batched_steps_keep_their_ids_and_are_counted_in_metrics() -> None
     with run_server(ping_app(tracker)) as url:
         ws = await raw_v2(url)
         try:
-            await send(ws, [{"session": k, "type": "open"} for k in range(3)])
-            await replies(ws, 3)
+            await open_sessions(ws, 3)
             for n in range(1, 6):
                 steps = [
                     {
@@ -623,16 +628,9 @@ async def test_an_observation_that_cannot_be_sent_ends_only_its_session() -> Non
     with run_server(ping_app(tracker, env_cls=OddObservations)) as url:
         ws = await raw_v2(url)
         try:
-            await send(ws, [{"session": k, "type": "open"} for k in range(4)])
-            await replies(ws, 4)
+            await open_sessions(ws, 4)
             messages = ["fine", "big", "object", "also fine"]
-            await send(
-                ws,
-                [
-                    {"session": k, "type": "step", "data": {"message": m}, "id": k}
-                    for k, m in enumerate(messages)
-                ],
-            )
+            await send(ws, steps_of([{"message": m} for m in messages]))
             got = await replies(ws, 6)  # four replies, and a closed notice for each that ended
             by_kind: dict[str, dict[int, dict[str, Any]]] = {}
             for reply in got:
