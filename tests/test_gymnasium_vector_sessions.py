@@ -4,14 +4,20 @@ SyncVectorEnv, in every autoreset mode."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import gymnasium
 import numpy as np
+import orjson
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector.utils import batch_space
+from pydantic import ValidationError
 from servers import health, slots_free
 from test_gymnasium_vector import NUM_ENVS, assert_same_training, checker_warnings, train
+from websockets.asyncio.client import connect
 
 from openenv import (
     CapacityError,
@@ -27,6 +33,9 @@ from openenv.adapters.gymnasium import (
     VectorAction,
     create_gymnasium_vector_app,
 )
+from openenv.adapters.gymnasium.batched import vector_action_model
+from openenv.client import ws_url
+from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
 MAX_ENVS = 16
@@ -117,6 +126,8 @@ async def test_bad_actions_are_refused_and_the_session_goes_on(vector_url: str) 
         remote.reset(seed=0)
         with pytest.raises(EnvValidationError, match="not all in the action space"):
             remote.step(np.array([0, 1, 5, 0]))  # 5 is not in Discrete(2)
+        with pytest.raises(EnvValidationError, match="not values of Discrete"):
+            remote.step(np.array([0, 1, 0.5, 0]))  # nor is 0.5 (not taken as 0)
         with pytest.raises(EnvExecutionError, match="3 actions for 4 environments"):
             remote.step(np.array([0, 1, 1]))
         observations, rewards, *_ = remote.step(np.zeros(4, dtype=np.int64))
@@ -174,6 +185,99 @@ def test_the_environment_checks_actions_that_no_model_checked() -> None:
         env.reset(seed=0, num_envs=2)
         with pytest.raises(EnvError, match="outside the action space"):
             env.step(VectorAction(actions=[0, 5]))
-        assert env.step(VectorAction(actions=[0, 1])).rewards == [1.0, 1.0]
+        assert env.step(VectorAction(actions=[0, 1])).rewards.tolist() == [1.0, 1.0]
     finally:
         env.close()
+
+
+async def test_steps_sent_ahead_each_get_their_own_float32_observations(vector_url: str) -> None:
+    # A v2 client may send a session's next steps before their replies come: each
+    # reply still holds its own step's observations (not a later step's, written
+    # into a shared buffer meanwhile), bit for bit, as float32 numbers.
+    here = local(4)
+    actions = np.random.default_rng(2).integers(0, 2, (30, 4))
+    here.reset(seed=0)
+    expected = [here.step(a)[0] for a in actions]
+    here.close()
+    reset = {"seed": 0, "num_envs": 4, "autoreset_mode": "NextStep"}
+    async with connect(ws_url(vector_url), subprotocols=[SUBPROTOCOL]) as ws:  # type: ignore[list-item]
+        await ws.send('[{"session": 0, "type": "open"}]')
+        await ws.recv()
+        await ws.send(orjson.dumps([{"session": 0, "type": "reset", "data": reset}]).decode())
+        await ws.recv()
+        steps = [
+            {"session": 0, "type": "step", "data": {"actions": a.tolist()}, "id": i}
+            for i, a in enumerate(actions)
+        ]
+        await ws.send(orjson.dumps(steps).decode())
+        texts: list[str] = []
+        got: dict[int, Any] = {}
+        while len(got) < len(steps):
+            text = await ws.recv()
+            assert isinstance(text, str)
+            texts.append(text)
+            for reply in orjson.loads(text):
+                assert reply["type"] == "observation", reply
+                got[reply["id"]] = reply["data"]["observation"]["observations"]
+    for i, observations in got.items():
+        np.testing.assert_array_equal(np.asarray(observations, dtype=np.float32), expected[i])
+    # Written as float32 (at most 9 significant digits), not as the float64 of each.
+    numbers = re.findall(r"-?\d+\.\d+", re.sub(r'"infos":\{.*?\}', "", "".join(texts)))
+    assert numbers
+    assert max(len(n.lstrip("-0.").replace(".", "")) for n in numbers) <= 9
+    await slots_free(vector_url)
+
+
+def test_a_vector_observation_dumps_to_json_lists() -> None:
+    # Reply frames take its arrays as they are; every other dump gets JSON lists.
+    env = GymnasiumVectorEnvironment("CartPole-v1")
+    try:
+        observation = env.reset(seed=0, num_envs=2)
+        dumped = observation.model_dump(mode="json")
+        assert dumped["observations"] == observation.observations.tolist()
+        assert orjson.loads(observation.model_dump_json())["observations"] == dumped["observations"]
+        assert env.step(VectorAction(actions=[0, 1])).model_dump(mode="json")["rewards"] == [
+            1.0,
+            1.0,
+        ]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gymnasium.spaces.Discrete(3, start=-1),
+        gymnasium.spaces.MultiDiscrete([2, 5]),
+        gymnasium.spaces.MultiBinary(3),
+        gymnasium.spaces.Box(-1.0, 2.0, (2,)),
+        gymnasium.spaces.Box(0, 4, (2,), dtype=np.int64),
+    ],
+    ids=repr,
+)
+def test_the_action_model_takes_exactly_the_batches_gymnasium_would(
+    space: gymnasium.Space[Any],
+) -> None:
+    model = vector_action_model(space, "Probe")
+    rng = np.random.default_rng(0)
+    batched = batch_space(space, 4)
+    for _ in range(200):
+        values = batched.sample()
+        if rng.random() < 0.5:  # nudge one value, perhaps out of the space
+            flat = values.reshape(-1)
+            flat[rng.integers(flat.size)] += rng.choice([-2, -1, 1, 2])
+        expected = batched.contains(values.astype(space.dtype))
+        try:
+            model(actions=values.tolist())
+        except ValidationError:
+            assert not expected, values
+        else:
+            assert expected, values
+    # Not values of the space at all: text, too deep, ragged, and halves for integers.
+    sample = batched.sample()
+    wrong = [["1"] * 4, [[[[1]]]] * 4, [*sample.tolist()[:3], [0] * 7]]
+    if np.issubdtype(space.dtype, np.integer):
+        wrong.append((sample + 0.5).tolist())
+    for values in wrong:
+        with pytest.raises(ValidationError, match="not values of"):
+            model(actions=values)

@@ -481,7 +481,7 @@ def observation_reply(
     # every call; the envelope's fields are then moved out of the dump (read from
     # it, not the model: a pydantic attribute read passes through the model's
     # __getattr__ hook, several times dearer than a dict's).
-    fields = observation.__pydantic_serializer__.to_python(observation, mode="json")
+    fields = observation.__pydantic_serializer__.to_python(observation, mode=observation.dump_mode)
     payload: dict[str, Any] = {
         "observation": fields,
         "reward": fields["reward"],

@@ -6,7 +6,7 @@ validation and its documentation all come from one declaration.
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
@@ -61,9 +61,17 @@ class Observation(BaseModel):
     ...     text: str
     >>> Seen(text="hi", reward=1.0, done=True).done
     True
+
+    ``dump_mode`` says how a reply frame dumps the fields: ``"json"`` (pydantic's
+    JSON mode, the default) or ``"python"``, which leaves them as they are for
+    orjson to encode; for fields orjson writes itself, such as numpy arrays
+    (no ``tolist()``, and float32 written as float32). Give those fields a
+    JSON-mode serializer too, for ``model_dump(mode="json")`` (``VectorObservation``
+    of ``openenv.adapters.gymnasium`` does both).
     """
 
     model_config = ConfigDict(extra="forbid")
+    dump_mode: ClassVar[Literal["json", "python"]] = "json"
 
     reward: float | None = Field(default=None, description="Reward for the last action.")
     done: bool = Field(default=False, description="Whether the episode has ended.")
