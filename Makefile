@@ -113,9 +113,10 @@ bench-runtime: $(STAMP)
 bench-straggler: $(STAMP)
 	$(BIN)/python benchmarks/straggler.py
 
-# Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions; v2 also
-# as it was at MUX_BASELINE, the main before the latest v2 work (MUX_BASELINE= leaves it out).
-MUX_BASELINE ?= 28d961a
+# Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions; v2 and the
+# vector session also as they were at MUX_BASELINE, the previous session's main
+# (MUX_BASELINE= leaves them out).
+MUX_BASELINE ?= 12cefae
 bench-multiplex: $(STAMP)
 	$(BIN)/python benchmarks/multiplex.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
 

@@ -13,7 +13,9 @@ changing speed meets both alike:
 * **CartPole-v1** through the Gymnasium adapter, 64 environments:
   ``RemoteVectorEnv`` (server on core 0) against ``SyncVectorEnv`` in process
   (on core 1), the same random actions; the vector session also with
-  ``busy_poll=0`` (a client that sleeps while it waits).
+  ``busy_poll=0`` (a client that sleeps while it waits). One process on core
+  1 holds all four and steps them in turns, ``calls / 8`` steps each, eight
+  turns a round; ratios are taken turn by turn.
 * **scale**: 16,384 sessions held open, over 16 v2 connections and over 16,384
   v1 connections: server memory per session, and the p99 of a step's latency
   (v2: a batch's round trip) while every session steps.
@@ -183,7 +185,9 @@ def echo(rounds: int, duration: float, baseline: str = "") -> dict[str, list[dic
     return out
 
 
-def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[float]]:
+def cartpole(
+    rounds: int, calls: int, baseline: str = "", num_envs: int = 64
+) -> dict[str, list[float]]:
     servers = {
         "remote": Server(
             "cartpole",
@@ -197,52 +201,74 @@ def cartpole(rounds: int, calls: int, num_envs: int = 64) -> dict[str, list[floa
             env={"GYMNASIUM_VECTOR": "1"},
         ),
     }
+    if baseline:
+        env = {"GYMNASIUM_VECTOR": "1", "PYTHONPATH": f"{export_src(baseline)}:{BENCH_DIR}"}
+        servers["remote-vector-base"] = Server(
+            "cartpole-vector-base",
+            f"the same at {baseline}",
+            uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
+            env=env,
+        )
     running = {kind: Running(server) for kind, server in servers.items()}
-    kinds = ("sync", "remote", "remote-vector", "remote-vector-sleeping")
-    out: dict[str, list[float]] = {kind: [] for kind in kinds}
+    out: dict[str, list[float]] = {}
     try:
         for _ in range(rounds):
-            for kind in kinds:
-                server_kind = kind.removesuffix("-sleeping")
-                url = running[server_kind].url if server_kind in running else "-"
-                argv = [
-                    "taskset", "-c", "1", str(PY), __file__, "--vector", kind.split("-")[0], url,
-                    "--calls", str(calls), "--num-envs", str(num_envs),
-                    "--busy-poll", "0" if kind.endswith("-sleeping") else "default",
-                ]  # fmt: skip
-                done = subprocess.run(argv, capture_output=True, text=True, check=True)
-                rate = float(json.loads(done.stdout)["steps_per_s"])
-                out[kind].append(rate)
-                print(f"cartpole {kind}: {rate:,.0f} env-steps/s", flush=True)
+            argv = [
+                "taskset", "-c", "1", str(PY), __file__, "--vector",
+                running["remote"].url, running["remote-vector"].url,
+                "--calls", str(calls), "--num-envs", str(num_envs),
+            ]  # fmt: skip
+            if baseline:
+                argv += ["--vector-base", running["remote-vector-base"].url]
+            done = subprocess.run(argv, capture_output=True, text=True, check=True)
+            for kind, rates in json.loads(done.stdout).items():
+                out.setdefault(kind, []).extend(rates)
+                print(f"cartpole {kind}: {statistics.median(rates):,.0f} env-steps/s", flush=True)
     finally:
         for each in running.values():
             each.stop()
     return out
 
 
-def vector_rate(kind: str, url: str, calls: int, num_envs: int, busy_poll: str) -> float:
+SLICES = 8  # turns a round: each kind steps calls / SLICES times, then the next
+
+
+def vector_rates(
+    sessions_url: str, vector_url: str, calls: int, num_envs: int, base_url: str | None = None
+) -> dict[str, list[float]]:
+    """Each kind's env-steps per second, slice by slice: the kinds take turns in
+    slices of a fraction of a second, so a change in the machine's speed meets
+    every kind alike (timed in separate processes one after another, one kind
+    could get a slow second the others did not)."""
     import gymnasium
     from gymnasium.vector import SyncVectorEnv
 
     from openenv.adapters.gymnasium import RemoteVectorEnv
 
-    envs: Any
-    if kind == "sync":
-        envs = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs)
-    else:
-        polling = {} if busy_poll == "default" else {"busy_poll": float(busy_poll)}
-        envs = RemoteVectorEnv(url, num_envs=num_envs, **polling)
+    envs: dict[str, Any] = {
+        "sync": SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs),
+        "remote": RemoteVectorEnv(sessions_url, num_envs=num_envs),
+        "remote-vector": RemoteVectorEnv(vector_url, num_envs=num_envs),
+        "remote-vector-sleeping": RemoteVectorEnv(vector_url, num_envs=num_envs, busy_poll=0),
+    }
+    if base_url is not None:  # the client is this tree's; the server is the baseline's
+        envs["remote-vector-base"] = RemoteVectorEnv(base_url, num_envs=num_envs)
     rng = np.random.default_rng(0)
-    actions = rng.integers(0, 2, (calls + 50, num_envs))
-    envs.reset(seed=0)
-    for a in actions[:50]:  # warm-up
-        envs.step(a)
-    started = time.perf_counter()
-    for a in actions[50:]:
-        envs.step(a)
-    elapsed = time.perf_counter() - started
-    envs.close()
-    return calls * num_envs / elapsed
+    actions = rng.integers(0, 2, (max(1, calls // SLICES), num_envs))
+    out: dict[str, list[float]] = {kind: [] for kind in envs}
+    for envs_of_kind in envs.values():
+        envs_of_kind.reset(seed=0)
+        for a in actions[:50]:  # warm-up
+            envs_of_kind.step(a)
+    for _ in range(SLICES):
+        for kind, stepped in envs.items():
+            started = time.perf_counter()
+            for a in actions:
+                stepped.step(a)
+            out[kind].append(len(actions) * num_envs / (time.perf_counter() - started))
+    for each in envs.values():
+        each.close()
+    return out
 
 
 def scale(sessions: int, connections: int, duration: float) -> dict[str, Any]:
@@ -331,11 +357,11 @@ def main() -> None:
     parser.add_argument("--cartpole-only", action="store_true", help="only the CartPole rows")
     parser.add_argument("--echo-only", action="store_true", help="only the echo rows")
     parser.add_argument("--v2-load", metavar="URL")
-    parser.add_argument("--vector", nargs=2, metavar=("KIND", "URL"))
+    parser.add_argument("--vector", nargs=2, metavar=("SESSIONS_URL", "VECTOR_URL"))
+    parser.add_argument("--vector-base", metavar="URL", help="a vector server at --baseline")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--per-connection", type=int, default=64)
     parser.add_argument("--num-envs", type=int, default=64)
-    parser.add_argument("--busy-poll", default="default", help="RemoteVectorEnv's busy_poll")
     parser.add_argument("--baseline", default="", help="also run v2 at this git revision")
     args = parser.parse_args()
     if args.v2_load:
@@ -345,14 +371,13 @@ def main() -> None:
         print(json.dumps(report))
         return
     if args.vector:
-        kind, url = args.vector
-        rate = vector_rate(kind, url, args.calls, args.num_envs, args.busy_poll)
-        print(json.dumps({"steps_per_s": rate}))
+        rates = vector_rates(*args.vector, args.calls, args.num_envs, args.vector_base)
+        print(json.dumps(rates))
         return
     if not args.echo_only:
         encodings()
     echo_runs = echo(args.rounds, args.duration, args.baseline) if not args.cartpole_only else {}
-    pole = cartpole(args.rounds, args.calls) if not args.echo_only else {}
+    pole = cartpole(args.rounds, args.calls, args.baseline) if not args.echo_only else {}
     med = statistics.median
     if echo_runs:
         v1 = med(r["per_cpu"] for r in echo_runs["v1"])
@@ -374,9 +399,9 @@ def main() -> None:
             )
     if not pole:
         return
-    # Each round runs the three back to back: their ratios within a round are what
+    # The kinds took turns slice by slice: their ratios within a slice are what
     # compare alike on a machine whose speed changes from second to second.
-    per_round = {
+    per_slice = {
         kind: [r / s for r, s in zip(pole[kind], pole["sync"], strict=True)]
         for kind in pole
         if kind != "sync"
@@ -386,10 +411,23 @@ def main() -> None:
         ("remote", "RemoteVectorEnv over 64 sessions"),
         ("remote-vector", "RemoteVectorEnv over one vector session"),
         ("remote-vector-sleeping", "the same with busy_poll=0"),
+        ("remote-vector-base", f"the same, server at {args.baseline}"),
     ):
+        if kind not in per_slice:
+            continue
+        ratios = per_slice[kind]
+        rounds = [med(ratios[i : i + SLICES]) for i in range(0, len(ratios), SLICES)]
         print(
-            f"  {what}: {med(pole[kind]):,.0f} env-steps/s, {med(per_round[kind]):.2f}x "
-            f"(rounds {_ratios(per_round[kind])})"
+            f"  {what}: {med(pole[kind]):,.0f} env-steps/s, {med(ratios):.2f}x over "
+            f"{len(ratios)} slices (slices {min(ratios):.2f}-{max(ratios):.2f}; "
+            f"rounds {_ratios(rounds)})"
+        )
+    if "remote-vector-base" in pole:
+        pairs = zip(pole["remote-vector"], pole["remote-vector-base"], strict=True)
+        ours = [a / b for a, b in pairs]
+        print(
+            f"  vector session, this tree over {args.baseline}: {med(ours):.2f}x the steps/s "
+            f"(slices {min(ours):.2f}-{max(ours):.2f})"
         )
     if not args.skip_scale:
         scale(16384, 16, args.duration)
