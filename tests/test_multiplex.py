@@ -610,22 +610,35 @@ class Odd(Pong):
     value: Any = None
 
 
+class OddForOrjson(Odd):
+    dump_mode = "python"  # fields go to orjson as they are: it refuses both odd values
+
+
 class OddObservations(PingEnvironment):
     """A plain ``def`` step whose observation cannot be sent when asked: an int
     past what JSON encoders take (``big``), or an object pydantic cannot dump."""
 
+    observation: type[Odd] = Odd
+
     def step(self, action: Ping, **kwargs: Any) -> Any:  # type: ignore[override]
         pong = PingEnvironment.step(self, action)
         value = {"big": 2**70, "object": object()}.get(action.message)
-        return Odd(message=pong.message, count=pong.count, value=value)
+        return self.observation(message=pong.message, count=pong.count, value=value)
 
 
-async def test_an_observation_that_cannot_be_sent_ends_only_its_session() -> None:
+class OddObservationsForOrjson(OddObservations):
+    observation = OddForOrjson
+
+
+@pytest.mark.parametrize("env_cls", [OddObservations, OddObservationsForOrjson])
+async def test_an_observation_that_cannot_be_sent_ends_only_its_session(
+    env_cls: type[OddObservations],
+) -> None:
     # One frame whose batch holds steps that can be sent and two that cannot:
     # those two sessions end with SESSION_ERROR, the others are answered, and
     # go on stepping; every slot comes back.
     tracker = Tracker()
-    with run_server(ping_app(tracker, env_cls=OddObservations)) as url:
+    with run_server(ping_app(tracker, env_cls=env_cls)) as url:
         ws = await raw_v2(url)
         try:
             await open_sessions(ws, 4)

@@ -148,6 +148,30 @@ def test_observation_frame_carries_the_json_dump_of_every_field() -> None:
     }
 
 
+def test_an_observation_dumped_in_python_mode_leaves_its_arrays_to_orjson() -> None:
+    import numpy as np
+    from pydantic import BaseModel, ConfigDict
+
+    class Position(BaseModel):
+        x: int
+
+    class Frame(Observation):
+        model_config = ConfigDict(arbitrary_types_allowed=True)
+        dump_mode = "python"
+
+        pixels: np.ndarray  # type: ignore[type-arg]
+        pos: Position
+
+    tenth = np.float32(0.1)
+    seen = Frame(pixels=np.array([[tenth, 1.0]], dtype=np.float32), pos=Position(x=2))
+    text = protocol.observation_frame(seen, 3)
+    # float32 written as float32 (0.1, not the 0.10000000149011612 of tolist()),
+    # and nested models dumped as pydantic dumps them.
+    assert '"pixels":[[0.1,1.0]]' in text
+    assert orjson.loads(text)["data"]["observation"] == {"pixels": [[0.1, 1.0]], "pos": {"x": 2}}
+    assert float(np.float32(orjson.loads(text)["data"]["observation"]["pixels"][0][0])) == tenth
+
+
 def test_every_client_message_type_is_decoded() -> None:
     # The fast per-type validators must cover the whole union, or a new message
     # type would be refused as UNKNOWN_TYPE.
