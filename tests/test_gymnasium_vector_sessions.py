@@ -133,6 +133,7 @@ async def test_bad_actions_are_refused_and_the_session_goes_on(vector_url: str) 
         observations, rewards, *_ = remote.step(np.zeros(4, dtype=np.int64))
         assert observations.shape == (4, 4)
         assert rewards.tolist() == [1.0] * 4
+        remote.step(observations[:, 2] > 0)  # booleans: Python's 0 and 1
     finally:
         remote.close()
     await slots_free(vector_url)

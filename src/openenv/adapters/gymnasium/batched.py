@@ -254,12 +254,11 @@ def vector_action_model(space: gymnasium.Space[Any], name: str) -> type[VectorAc
 
 def _kinds(space: gymnasium.Space[Any]) -> str:
     """The array kinds (numpy's ``dtype.kind``) a batch of actions may have: integers
-    for an integer space (0.5 is no ``Discrete`` action), any number for a float ``Box``."""
-    if isinstance(space, gymnasium.spaces.MultiBinary):
-        return "iub"
+    (and booleans, which Python counts as integers) for an integer space (0.5 is no
+    ``Discrete`` action), any number for a float ``Box``."""
     if isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating):
-        return "iuf"
-    return "iu"
+        return "iufb"
+    return "iub"
 
 
 def _in_space(space: gymnasium.Space[Any]) -> Callable[[np.ndarray[Any, Any]], bool]:
