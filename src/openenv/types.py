@@ -63,11 +63,12 @@ class Observation(BaseModel):
     True
 
     ``dump_mode`` says how a reply frame dumps the fields: ``"json"`` (pydantic's
-    JSON mode, the default) or ``"python"``, which leaves them as they are for
-    orjson to encode; for fields orjson writes itself, such as numpy arrays
-    (no ``tolist()``, and float32 written as float32). Give those fields a
-    JSON-mode serializer too, for ``model_dump(mode="json")`` (``VectorObservation``
-    of ``openenv.adapters.gymnasium`` does both).
+    JSON mode, the default) or ``"python"`` (pydantic's python mode: nested models
+    become dicts, and values pydantic does not know stay as they are, for orjson to
+    encode). The latter suits fields orjson writes itself, such as numpy arrays (no
+    ``tolist()``, and float32 written as float32); give those a JSON-mode serializer
+    too, for ``model_dump(mode="json")`` (``VectorObservation`` of
+    ``openenv.adapters.gymnasium`` does both).
     """
 
     model_config = ConfigDict(extra="forbid")
