@@ -15,7 +15,7 @@ changing speed meets both alike:
   (on core 1), the same random actions; the vector session also with
   ``busy_poll=0`` (a client that sleeps while it waits). One process on core
   1 holds all four and steps them in turns, ``calls / 8`` steps each, eight
-  turns a round; ratios are taken turn by turn.
+  turns a round (in alternating order); ratios are taken turn by turn.
 * **scale**: 16,384 sessions held open, over 16 v2 connections and over 16,384
   v1 connections: server memory per session, and the p99 of a step's latency
   (v2: a batch's round trip) while every session steps.
@@ -260,8 +260,9 @@ def vector_rates(
         envs_of_kind.reset(seed=0)
         for a in actions[:50]:  # warm-up
             envs_of_kind.step(a)
-    for _ in range(SLICES):
-        for kind, stepped in envs.items():
+    for turn in range(SLICES):
+        # The order alternates, so no kind always follows the same one.
+        for kind, stepped in list(envs.items())[:: 1 if turn % 2 == 0 else -1]:
             started = time.perf_counter()
             for a in actions:
                 stepped.step(a)
