@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -202,12 +203,12 @@ def cartpole(
         ),
     }
     if baseline:
-        env = {"GYMNASIUM_VECTOR": "1", "PYTHONPATH": f"{export_src(baseline)}:{BENCH_DIR}"}
-        servers["remote-vector-base"] = Server(
-            "cartpole-vector-base",
-            f"the same at {baseline}",
-            uvicorn(PY, "server.app:app", ROOT / "envs" / "gymnasium_env", "--ws", OPENENV_WS),
-            env=env,
+        vector = servers["remote-vector"]
+        servers["remote-vector-base"] = dataclasses.replace(
+            vector,
+            name="cartpole-vector-base",
+            what=f"the same at {baseline}",
+            env={**vector.env, "PYTHONPATH": f"{export_src(baseline)}:{BENCH_DIR}"},
         )
     running = {kind: Running(server) for kind, server in servers.items()}
     out: dict[str, list[float]] = {}

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -102,7 +102,7 @@ class VectorObservation(Observation):
     float32, with no ``tolist()`` and no per-item pass of pydantic's.
     """
 
-    dump_mode: ClassVar[Literal["json", "python"]] = "python"
+    dump_mode = "python"
 
     observations: _Batch = Field(default_factory=list)
     rewards: _Batch = Field(default_factory=list)
