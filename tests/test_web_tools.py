@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, Page, Route, expect
 from web_page_kit import chromium, keep_screenshot
 
 from counter_env.models import CounterAction, CounterObservation
@@ -147,6 +148,33 @@ def wordle_url() -> Iterator[str]:
     )
     with run_server(app) as url:
         yield url
+
+
+async def test_the_split_chosen_last_is_listed_whatever_order_the_lists_arrive_in(
+    page: Page, wordle_url: str
+) -> None:
+    # The first split's list is held back until the user has chosen another split
+    # and its list is shown: the late answer must not replace it.
+    held: asyncio.Future[Route] = asyncio.get_running_loop().create_future()
+
+    def hold(route: Route) -> None:
+        held.set_result(route)
+
+    await page.route(re.compile(r"/tasks\?split=train&"), hold)
+    await page.goto(f"{wordle_url}/web")
+    first = await held
+    await page.get_by_label("Split").select_option("test")
+    count = page.locator("#task-count")
+    tasks = page.get_by_label("Task", exact=True)
+    await expect(count).to_have_text(re.compile(r"^\d+ tasks in test"))
+    await expect(tasks).to_have_attribute("aria-busy", "true")
+    await first.continue_()
+    await expect(tasks).to_have_attribute("aria-busy", "false")
+    await expect(count).to_have_text(re.compile(r"^\d+ tasks in test"))
+    await expect(tasks.locator("option").nth(1)).to_have_text("test-0000")
+    await tasks.select_option(label="test-0001")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.get_by_label("Task prompt")).to_contain_text("five-letter")
 
 
 async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: str) -> None:

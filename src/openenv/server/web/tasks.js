@@ -14,7 +14,9 @@ export class TaskPicker {
     this.ui = ui;
     this.load = load;
     this.tasks = [];
-    ui.split.addEventListener("change", () => this.showSplit(ui.split.value));
+    this.asked = 0; // lists asked for so far: only the latest may be shown
+    this.pending = 0; // lists asked for and not yet answered
+    ui.split.addEventListener("change", () => this.showSplit(ui.split.value).catch(() => {}));
   }
 
   async start() {
@@ -30,8 +32,26 @@ export class TaskPicker {
     await this.showSplit(splits[0]);
   }
 
+  // The lists of two splits chosen in quick succession may arrive in either
+  // order; the one chosen last is shown, and the task select is aria-busy
+  // until every list asked for has come back.
   async showSplit(split) {
-    const page = await this.load(`tasks?split=${encodeURIComponent(split)}&limit=${PAGE}`);
+    const asked = ++this.asked;
+    this.setPending(+1);
+    try {
+      const page = await this.load(`tasks?split=${encodeURIComponent(split)}&limit=${PAGE}`);
+      if (asked === this.asked) this.showTasks(split, page);
+    } finally {
+      this.setPending(-1);
+    }
+  }
+
+  setPending(change) {
+    this.pending += change;
+    this.ui.task.setAttribute("aria-busy", String(this.pending > 0));
+  }
+
+  showTasks(split, page) {
     this.tasks = page.tasks || [];
     const none = element("option", { value: "" }, "(none: the environment chooses)");
     const options = this.tasks.map((task, index) =>
