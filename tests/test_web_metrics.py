@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, expect
+from playwright.async_api import Browser, Route, expect
 from web_page_kit import chromium, keep_screenshot
 
 from echo_env.models import EchoAction, EchoObservation
@@ -85,5 +86,29 @@ async def test_errors_are_counted_by_code(browser: Browser, echo_url: str) -> No
             with pytest.raises(Exception, match="VALIDATION_ERROR"):
                 await env.step({"no_such_field": 1})
         await expect(page.locator("#m-errors")).to_have_text("VALIDATION_ERROR: 1")
+    finally:
+        await context.close()
+
+
+async def test_a_server_slow_to_answer_is_not_polled_again_meanwhile(
+    browser: Browser, echo_url: str
+) -> None:
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        await page.clock.install()  # the poll's timer runs when the test says
+        asked: asyncio.Queue[Route] = asyncio.Queue()
+        await page.route("**/metrics", asked.put)
+        await page.goto(f"{echo_url}/web")
+        await page.get_by_text("Server: sessions, queue, steps/s, latency").click()
+        first = await asked.get()
+        await page.clock.run_for(5_000)  # five periods while the first answer is held
+        await first.continue_()
+        await expect(page.locator("#m-sessions")).to_have_text("1 / 8")
+        await page.clock.run_for(1_000)  # the next period asks again
+        await (await asked.get()).continue_()
+        # A request made after all of those, answered: they have all been routed.
+        assert await page.evaluate("fetch('metadata').then((response) => response.ok)")
+        assert asked.empty()
     finally:
         await context.close()

@@ -64,6 +64,7 @@ export class MetricsPanel {
     this.ui = ui;
     this.load = load;
     this.timer = null;
+    this.polling = false;
     this.last = null; // { samples, at }
     ui.panel.addEventListener("toggle", () => (ui.panel.open ? this.start() : this.stop()));
   }
@@ -80,14 +81,21 @@ export class MetricsPanel {
     this.last = null;
   }
 
+  // One request at a time: a server too busy to answer within a period is not
+  // asked again until it has, and answers cannot arrive out of order.
   async poll() {
+    if (this.polling) return;
+    this.polling = true;
     let samples;
     try {
       samples = parseMetrics(await this.load());
     } catch (problem) {
-      this.ui.updated.textContent = `Could not read /metrics: ${problem.message}`;
+      if (this.timer !== null) this.ui.updated.textContent = `Could not read /metrics: ${problem.message}`;
       return;
+    } finally {
+      this.polling = false;
     }
+    if (this.timer === null) return; // the panel was closed meanwhile
     const at = performance.now();
     const { ui } = this;
     const active = total(samples, "openenv_sessions_active");
