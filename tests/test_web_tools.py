@@ -177,6 +177,21 @@ async def test_the_split_chosen_last_is_listed_whatever_order_the_lists_arrive_i
     await expect(page.get_by_label("Task prompt")).to_contain_text("five-letter")
 
 
+async def test_a_split_whose_list_fails_says_so(page: Page, wordle_url: str) -> None:
+    async def fail(route: Route) -> None:
+        await route.fulfill(status=500, body="no")
+
+    await page.route(re.compile(r"/tasks\?split=test&"), fail)
+    await page.goto(f"{wordle_url}/web")
+    await expect(page.locator("#task-count")).to_have_text(re.compile(r"^\d+ tasks in train"))
+    await page.get_by_label("Split").select_option("test")
+    await expect(page.locator("#task-count")).to_have_text(
+        "Could not list the tasks of test: GET tasks?split=test&limit=200 answered 500"
+    )
+    # No task of the other split is left to be chosen by mistake.
+    await expect(page.get_by_label("Task", exact=True).locator("option")).to_have_count(1)
+
+
 async def test_a_wordle_game_from_a_chosen_task_is_won(page: Page, wordle_url: str) -> None:
     await page.goto(f"{wordle_url}/web")
     await expect(page.get_by_label("Split")).to_have_value("train")

@@ -16,7 +16,7 @@ export class TaskPicker {
     this.tasks = [];
     this.asked = 0; // lists asked for so far: only the latest may be shown
     this.pending = 0; // lists asked for and not yet answered
-    ui.split.addEventListener("change", () => this.showSplit(ui.split.value).catch(() => {}));
+    ui.split.addEventListener("change", () => this.showSplit(ui.split.value));
   }
 
   async start() {
@@ -40,7 +40,12 @@ export class TaskPicker {
     this.setPending(+1);
     try {
       const page = await this.load(`tasks?split=${encodeURIComponent(split)}&limit=${PAGE}`);
-      if (asked === this.asked) this.showTasks(split, page);
+      if (asked !== this.asked) return;
+      const tasks = page.tasks || [];
+      const more = page.total > tasks.length ? ` (the first ${tasks.length} of ${page.total})` : "";
+      this.showTasks(tasks, `${page.total} tasks in ${split}${more}`);
+    } catch (problem) {
+      if (asked === this.asked) this.showTasks([], `Could not list the tasks of ${split}: ${problem.message}`);
     } finally {
       this.setPending(-1);
     }
@@ -51,15 +56,14 @@ export class TaskPicker {
     this.ui.task.setAttribute("aria-busy", String(this.pending > 0));
   }
 
-  showTasks(split, page) {
-    this.tasks = page.tasks || [];
+  showTasks(tasks, count) {
+    this.tasks = tasks;
     const none = element("option", { value: "" }, "(none: the environment chooses)");
-    const options = this.tasks.map((task, index) =>
+    const options = tasks.map((task, index) =>
       element("option", { value: String(index) }, task.id ?? `task ${index}`),
     );
     this.ui.task.replaceChildren(none, ...options);
-    const more = page.total > this.tasks.length ? ` (the first ${this.tasks.length} of ${page.total})` : "";
-    this.ui.count.textContent = `${page.total} tasks in ${split}${more}`;
+    this.ui.count.textContent = count;
   }
 
   // The task to reset with, or undefined.
