@@ -155,14 +155,10 @@ async def test_the_split_chosen_last_is_listed_whatever_order_the_lists_arrive_i
 ) -> None:
     # The first split's list is held back until the user has chosen another split
     # and its list is shown: the late answer must not replace it.
-    held: asyncio.Future[Route] = asyncio.get_running_loop().create_future()
-
-    def hold(route: Route) -> None:
-        held.set_result(route)
-
-    await page.route(re.compile(r"/tasks\?split=train&"), hold)
+    held: asyncio.Queue[Route] = asyncio.Queue()
+    await page.route(re.compile(r"/tasks\?split=train&"), held.put)
     await page.goto(f"{wordle_url}/web")
-    first = await held
+    first = await held.get()
     await page.get_by_label("Split").select_option("test")
     count = page.locator("#task-count")
     tasks = page.get_by_label("Task", exact=True)

@@ -87,15 +87,19 @@ export class MetricsPanel {
     if (this.polling) return;
     this.polling = true;
     let samples;
+    let problem = null;
     try {
       samples = parseMetrics(await this.load());
-    } catch (problem) {
-      if (this.timer !== null) this.ui.updated.textContent = `Could not read /metrics: ${problem.message}`;
-      return;
+    } catch (error) {
+      problem = error;
     } finally {
       this.polling = false;
     }
     if (this.timer === null) return; // the panel was closed meanwhile
+    if (problem !== null) {
+      this.ui.updated.textContent = `Could not read /metrics: ${problem.message}`;
+      return;
+    }
     const at = performance.now();
     const { ui } = this;
     const active = total(samples, "openenv_sessions_active");
