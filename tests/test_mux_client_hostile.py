@@ -1,0 +1,193 @@
+"""The v2 client (``MuxClient``) against a server that fails it: a connection cut
+while a batch is out, replies that are not the protocol, replies for nobody,
+and a server that never answers. Every waiting call hears of it at once, with a
+precise error; nothing hangs, and the server frees every slot it held."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+from servers import slots_free
+from tcp_proxy import TcpProxy
+from websockets.asyncio.server import ServerConnection, serve
+
+from openenv import (
+    Action,
+    ConcurrencyConfig,
+    Environment,
+    EnvTimeoutError,
+    MuxClient,
+    Observation,
+    SessionClosedError,
+    State,
+    create_app,
+)
+from openenv.protocol_v2 import SUBPROTOCOL
+from openenv.testing import run_server
+
+
+class Hold(Action):
+    wait: bool = False
+
+
+class Held(Observation):
+    steps: int = 0
+
+
+class HoldingEnvironment(Environment[Hold, Held, State]):
+    """Steps asked to ``wait`` say they have begun (``entered``), then wait for ``gate``."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, entered: threading.Semaphore, gate: threading.Event) -> None:
+        self.entered, self.gate = entered, gate
+        self._state = State()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Held:
+        self._state = State(episode_id=episode_id)
+        return Held()
+
+    def step(self, action: Hold, **kwargs: Any) -> Held:
+        self._state.step_count += 1
+        if action.wait:
+            self.entered.release()
+            self.gate.wait(30)
+        return Held(steps=self._state.step_count)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+def client(url: str, **options: Any) -> MuxClient[Hold, Held, State]:
+    return MuxClient(url, action_cls=Hold, observation_cls=Held, **options)
+
+
+async def test_a_connection_cut_while_a_batch_is_out_fails_each_of_its_steps() -> None:
+    entered, gate = threading.Semaphore(0), threading.Event()
+    factory = functools.partial(HoldingEnvironment, entered, gate)
+    app = create_app(factory, Hold, Held, ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url, TcpProxy(url) as proxy:
+        # No message timeout: only the cut can end the wait.
+        mux = client(proxy.url, message_timeout=None, ping_interval=None)
+        sessions = await mux.open(4)
+        await mux.reset(sessions)
+        batch = asyncio.ensure_future(
+            mux.step(sessions, [Hold(wait=True)] * 4, return_exceptions=True)
+        )
+        for _ in range(4):  # every step is running on the server
+            assert await asyncio.to_thread(entered.acquire, True, 10)
+        assert proxy.cut() == 1
+        results = await batch
+        assert [type(r) for r in results] == [SessionClosedError] * 4
+        assert mux.closed
+        assert all(s.closed for s in sessions)
+        with pytest.raises(SessionClosedError):
+            await sessions[0].step(Hold())
+        with pytest.raises(SessionClosedError):
+            await mux.open(1)
+        await mux.close()
+        gate.set()
+        await slots_free(url)
+
+
+Handler = Callable[[ServerConnection], Awaitable[None]]
+
+
+@asynccontextmanager
+async def fake_v2_server(handler: Handler) -> AsyncIterator[str]:
+    """A WebSocket server that speaks v2's subprotocol and nothing else of it."""
+    async with serve(handler, "127.0.0.1", 0, subprotocols=[SUBPROTOCOL]) as server:  # type: ignore[list-item]
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+
+
+def opens_then(answer: Callable[[list[dict[str, Any]]], str | None]) -> Handler:
+    """A handler that opens every session asked for, then sends ``answer(requests)``
+    for each later frame (``None``: no answer), reading on until the client leaves."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            requests = orjson.loads(frame)
+            if all(r["type"] == "open" for r in requests):
+                opened = [
+                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
+                    for r in requests
+                ]
+                await ws.send(orjson.dumps(opened).decode())
+                continue
+            reply = answer(requests)
+            if reply is not None:
+                await ws.send(reply)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "not json",
+        '{"session": 0}',  # an object, not an array
+        "[1, 2]",  # items that are not replies
+        '[{"session": 0, "type": "closed"}]',  # a notice without its data
+    ],
+)
+async def test_a_reply_frame_that_is_not_the_protocol_fails_every_waiting_call(
+    frame: str,
+) -> None:
+    async with fake_v2_server(opens_then(lambda _: frame)) as url:
+        mux = client(url, message_timeout=None)
+        sessions = await mux.open(3)
+        with pytest.raises(SessionClosedError, match="the connection failed"):
+            await mux.step(sessions, [Hold()] * 3)
+        assert mux.closed
+        with pytest.raises(SessionClosedError, match="the connection failed"):
+            await sessions[1].step(Hold())
+        await mux.close()
+
+
+async def test_replies_for_no_waiting_request_are_passed_over() -> None:
+    def answer(requests: list[dict[str, Any]]) -> str:
+        stray = [
+            {"session": 99, "type": "observation", "data": {}, "id": 10_000},  # nobody's
+            {"session": 0, "type": "error", "data": {"code": "X", "message": "?"}},  # no id
+            {"session": 0, "type": "observation", "data": {}, "id": None},
+        ]
+        real = [
+            {
+                "session": r["session"],
+                "type": "observation",
+                "data": {"observation": {"steps": 7}, "reward": 1.0, "done": False},
+                "id": r["id"],
+            }
+            for r in requests
+        ]
+        return orjson.dumps(stray + real[::-1]).decode()  # in any order
+
+    server = fake_v2_server(opens_then(answer))
+    async with server as url, client(url, message_timeout=None) as mux:
+        sessions = await mux.open(3)
+        results = await mux.step(sessions, [Hold()] * 3)
+        assert [r.observation.steps for r in results] == [7, 7, 7]
+        assert not mux.closed
+
+
+async def test_a_server_that_never_answers_times_out_the_batch_and_closing_is_bounded() -> None:
+    async with fake_v2_server(opens_then(lambda _: None)) as url:
+        mux = client(url, message_timeout=0.2)
+        sessions = await mux.open(2)
+        with pytest.raises(EnvTimeoutError, match=r"no reply to 2 requests within 0\.2s"):
+            await mux.step(sessions, [Hold()] * 2)
+        with pytest.raises(EnvTimeoutError, match=r"no reply to 'step' within 0\.2s"):
+            await sessions[0].step(Hold())
+        # Closing asks the server to close each session, which it never answers
+        # either: the client gives up after its message timeout and closes the socket.
+        await mux.close()
+        assert mux.closed
