@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 import httpx
 from runtime_agents import echo_agent, messages
 from servers import slots_free
+from tcp_proxy import TcpProxy
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, ServerPool, create_app
 from openenv.protocol_v2 import SUBPROTOCOL
-from openenv.runtime import RunConfig, Runners, Task, TaskStatus
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskStatus
 from openenv.testing import run_server
 
 
@@ -94,3 +96,30 @@ def test_runners_place_v2_sessions_over_a_server_pool_by_free_room() -> None:
     # Each server got one shared v2 connection and no v1 one.
     assert small.seen == {"v2": 1}
     assert large.seen == {"v2": 1}
+
+
+async def test_a_connection_cut_mid_run_retries_each_episode_it_held_once() -> None:
+    count = 12
+    first_attempts: set[str] = set()
+    all_in = asyncio.Barrier(count)
+
+    async def cut_mid_episode(session: EpisodeSession) -> list[str]:
+        await session.reset()
+        task_id = session.task.id
+        if task_id not in first_attempts:  # a first attempt: wait for every other one
+            first_attempts.add(task_id)
+            if await all_in.wait() == 0:  # one of them cuts the connection they share
+                assert proxy.cut() == 1
+        return await echo_agent(session)
+
+    app = Sockets(echo_app())
+    with run_server(app) as url, TcpProxy(url) as proxy:
+        config = RunConfig(max_concurrency=count, retry_backoff=0)
+        results = await Runners.run_task(
+            [Task(id=f"t{i}", env=proxy.url, agent=cut_mid_episode) for i in range(count)], config
+        )
+        check(results, count)
+        # Each episode was cut once, and played again on a new connection.
+        assert [r.attempts for r in results] == [2] * count
+        await slots_free(url)
+    assert app.seen == {"v2": 2}
