@@ -106,6 +106,54 @@ class PingEnvironment(Environment[Ping, Pong, PingState]):
             self.tracker.on_close(self)
 
 
+class Hold(Action):
+    wait: bool = False
+
+
+class Held(Observation):
+    steps: int = 0
+
+
+class HoldingEnvironment(Environment[Hold, Held, State]):
+    """Steps asked to ``wait`` say they have begun (``entered``), then wait for ``gate``."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, entered: threading.Semaphore, gate: threading.Event) -> None:
+        self.entered, self.gate = entered, gate
+        self._state = State()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Held:
+        self._state = State(episode_id=episode_id)
+        return Held()
+
+    def step(self, action: Hold, **kwargs: Any) -> Held:
+        self._state.step_count += 1
+        if action.wait:
+            self.entered.release()
+            self.gate.wait(30)
+        return Held(steps=self._state.step_count)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class Holding:
+    """An app of ``HoldingEnvironment``: ``entered`` counts the waiting steps begun,
+    ``gate`` lets them all end."""
+
+    def __init__(self, max_envs: int) -> None:
+        self.entered, self.gate = threading.Semaphore(0), threading.Event()
+        factory = functools.partial(HoldingEnvironment, self.entered, self.gate)
+        self.app = create_app(factory, Hold, Held, ConcurrencyConfig(max_concurrent_envs=max_envs))
+
+    async def until_entered(self, count: int = 1) -> None:
+        """Wait until ``count`` more waiting steps have begun."""
+        for _ in range(count):
+            assert await asyncio.to_thread(self.entered.acquire, True, 10)
+
+
 class AsyncPingEnvironment(PingEnvironment):
     """The same, with ``async def`` reset and step."""
 

@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from servers import Ping, PingEnvironment, Pong
+from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, slots_free
 
 from echo_env import EchoAction, EchoEnv
 from openenv import (
@@ -93,6 +93,23 @@ async def test_message_timeout_raises_instead_of_hanging() -> None:
             await client.step(Ping(block=True))
         gate.set()
         await client.close()
+
+
+async def test_closing_while_another_coroutines_step_hangs_returns() -> None:
+    holding = Holding(max_envs=1)
+    with run_server(holding.app) as url:
+        # No message timeout: the close must not wait on the hung step for ever.
+        client = WebSocketEnvClient(
+            url, action_cls=Hold, observation_cls=Held, message_timeout=None, connect_timeout=0.5
+        )
+        await client.reset()
+        step = asyncio.ensure_future(client.step(Hold(wait=True)))
+        await holding.until_entered()
+        await asyncio.wait_for(client.close(), 30)  # a bound for the test, not the behaviour
+        with pytest.raises(SessionClosedError):
+            await step
+        holding.gate.set()  # the step ends; the server frees the slot
+        await slots_free(url)
 
 
 async def test_dropped_connection_is_a_clear_error() -> None:

@@ -1,69 +1,30 @@
 """The v2 client (``MuxClient``) against a server that fails it: a connection cut
-while a batch is out, replies that are not the protocol, replies for nobody,
-and a server that never answers. Every waiting call hears of it at once, with a
-precise error; nothing hangs, and the server frees every slot it held."""
+while a batch is out, replies that are not the protocol, replies for nobody, a
+server that never answers, a step that hangs while the client closes. Every
+waiting call hears of it at once, with a precise error; nothing hangs, and the
+server frees every slot it held."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import pytest
-from servers import slots_free
+from servers import Held, Hold, Holding, slots_free
 from tcp_proxy import TcpProxy
 from websockets.asyncio.server import ServerConnection, serve
 
 from openenv import (
-    Action,
-    ConcurrencyConfig,
-    Environment,
     EnvTimeoutError,
     MuxClient,
-    Observation,
     SessionClosedError,
     State,
-    create_app,
 )
 from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
-
-
-class Hold(Action):
-    wait: bool = False
-
-
-class Held(Observation):
-    steps: int = 0
-
-
-class HoldingEnvironment(Environment[Hold, Held, State]):
-    """Steps asked to ``wait`` say they have begun (``entered``), then wait for ``gate``."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self, entered: threading.Semaphore, gate: threading.Event) -> None:
-        self.entered, self.gate = entered, gate
-        self._state = State()
-
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Held:
-        self._state = State(episode_id=episode_id)
-        return Held()
-
-    def step(self, action: Hold, **kwargs: Any) -> Held:
-        self._state.step_count += 1
-        if action.wait:
-            self.entered.release()
-            self.gate.wait(30)
-        return Held(steps=self._state.step_count)
-
-    @property
-    def state(self) -> State:
-        return self._state
 
 
 def client(url: str, **options: Any) -> MuxClient[Hold, Held, State]:
@@ -71,10 +32,8 @@ def client(url: str, **options: Any) -> MuxClient[Hold, Held, State]:
 
 
 async def test_a_connection_cut_while_a_batch_is_out_fails_each_of_its_steps() -> None:
-    entered, gate = threading.Semaphore(0), threading.Event()
-    factory = functools.partial(HoldingEnvironment, entered, gate)
-    app = create_app(factory, Hold, Held, ConcurrencyConfig(max_concurrent_envs=4))
-    with run_server(app) as url, TcpProxy(url) as proxy:
+    holding = Holding(max_envs=4)
+    with run_server(holding.app) as url, TcpProxy(url) as proxy:
         # No message timeout: only the cut can end the wait.
         mux = client(proxy.url, message_timeout=None, ping_interval=None)
         sessions = await mux.open(4)
@@ -82,8 +41,7 @@ async def test_a_connection_cut_while_a_batch_is_out_fails_each_of_its_steps() -
         batch = asyncio.ensure_future(
             mux.step(sessions, [Hold(wait=True)] * 4, return_exceptions=True)
         )
-        for _ in range(4):  # every step is running on the server
-            assert await asyncio.to_thread(entered.acquire, True, 10)
+        await holding.until_entered(4)  # every step is running on the server
         assert proxy.cut() == 1
         results = await batch
         assert [type(r) for r in results] == [SessionClosedError] * 4
@@ -94,7 +52,7 @@ async def test_a_connection_cut_while_a_batch_is_out_fails_each_of_its_steps() -
         with pytest.raises(SessionClosedError):
             await mux.open(1)
         await mux.close()
-        gate.set()
+        holding.gate.set()
         await slots_free(url)
 
 
@@ -191,3 +149,21 @@ async def test_a_server_that_never_answers_times_out_the_batch_and_closing_is_bo
         # either: the client gives up after its message timeout and closes the socket.
         await mux.close()
         assert mux.closed
+
+
+async def test_closing_while_a_step_hangs_returns_and_the_server_frees_the_slots_later() -> None:
+    holding = Holding(max_envs=2)
+    with run_server(holding.app) as url:
+        # No message timeout: closing must not wait on the hung step's reply for ever.
+        mux = client(url, message_timeout=None, connect_timeout=0.5)
+        stuck, idle = await mux.open(2)
+        await mux.reset([stuck, idle])
+        step = asyncio.ensure_future(stuck.step(Hold(wait=True)))
+        await holding.until_entered()
+        await asyncio.wait_for(mux.close(), 30)  # a bound for the test, not the behaviour
+        with pytest.raises(SessionClosedError):
+            await step
+        assert stuck.closed
+        assert idle.closed
+        holding.gate.set()  # the step ends; the server closes its session and frees both slots
+        await slots_free(url)

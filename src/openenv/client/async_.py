@@ -236,7 +236,10 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         """End the session; the server closes the environment. Idempotent.
 
         Returns once the server has closed the environment and freed the slot,
-        so a new session can take it right away.
+        so a new session can take it right away; or, if that takes longer than
+        ``connect_timeout`` (a call of another coroutine still runs, the server
+        is hung), after closing the connection: the server frees the slot when
+        the running call ends, and that call raises ``SessionClosedError``.
         """
         self._closed = True
         if self.pool is not None:
@@ -246,12 +249,12 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if ws is None:
             return
         try:
-            async with self._lock:
-                await ws.send(protocol.request_frame("close"))
-            # The server closes the socket after freeing the slot; starting the
-            # close handshake here instead would let the WebSocket layer answer
-            # it before the slot is free.
             async with asyncio.timeout(self.connect_timeout):
+                async with self._lock:  # after a call in flight, not inside its reply
+                    await ws.send(protocol.request_frame("close"))
+                # The server closes the socket after freeing the slot; starting the
+                # close handshake here instead would let the WebSocket layer answer
+                # it before the slot is free.
                 await ws.wait_closed()
         except (ConnectionClosed, TimeoutError):
             pass

@@ -169,7 +169,13 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         return sessions
 
     async def close(self) -> None:
-        """Close every session and the connection (their slots are freed)."""
+        """Close every session and the connection (their slots are freed).
+
+        Returns once the server has closed the sessions, or after
+        ``connect_timeout`` as a v1 client's ``close`` does: a session whose call
+        still runs (its close waits behind it) is closed by the server when
+        that call ends, and what still waits on it raises ``SessionClosedError``.
+        """
         if self._closed:
             return
         self._closed = True
@@ -178,8 +184,9 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             return
         try:
             if self.sessions and self._lost is None:
-                await self.close_sessions(list(self.sessions.values()))
-        except (SessionClosedError, EnvTimeoutError):
+                async with asyncio.timeout(self.connect_timeout):
+                    await self.close_sessions(list(self.sessions.values()))
+        except (SessionClosedError, TimeoutError):  # EnvTimeoutError included
             pass
         finally:
             self._ws = None
@@ -275,6 +282,9 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         try:
             async with asyncio.timeout(self.message_timeout):
                 await asyncio.wait(futures)
+        except asyncio.CancelledError:  # nobody will read them: a late failure stays silent
+            self._forget(futures)
+            raise
         except TimeoutError:
             self._forget(futures)
             raise EnvTimeoutError(
@@ -297,6 +307,9 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         try:
             async with asyncio.timeout(self.message_timeout):
                 reply = await future
+        except asyncio.CancelledError:
+            self._forget([future])
+            raise
         except TimeoutError:
             self._forget([future])
             raise EnvTimeoutError(
