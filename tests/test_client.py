@@ -95,6 +95,32 @@ async def test_message_timeout_raises_instead_of_hanging() -> None:
         await client.close()
 
 
+@pytest.mark.parametrize("given_up", ["timed out", "cancelled"])
+async def test_after_a_call_given_up_on_each_call_gets_its_own_reply(given_up: str) -> None:
+    holding = Holding(max_envs=1)
+    with run_server(holding.app) as url:
+        timeout = 0.2 if given_up == "timed out" else None
+        client = WebSocketEnvClient(
+            url, action_cls=Hold, observation_cls=Held, message_timeout=timeout
+        )
+        await client.reset()
+        if given_up == "timed out":
+            with pytest.raises(EnvTimeoutError):
+                await client.step(Hold(wait=True))
+        else:
+            step = asyncio.ensure_future(client.step(Hold(wait=True)))
+            await holding.until_entered()
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
+        holding.gate.set()  # the step given up on ends; its reply comes late
+        # v1 replies carry no id: the late one must not pass for the next call's.
+        steps = [(await client.step(Hold())).observation.steps for _ in range(3)]
+        assert steps == [2, 3, 4]
+        assert (await client.state()).step_count == 4
+        await client.close()
+
+
 async def test_closing_while_another_coroutines_step_hangs_returns() -> None:
     holding = Holding(max_envs=1)
     with run_server(holding.app) as url:

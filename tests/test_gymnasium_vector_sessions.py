@@ -4,7 +4,9 @@ SyncVectorEnv, in every autoreset mode."""
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ from openenv import (
     ConcurrencyConfig,
     EnvError,
     EnvExecutionError,
+    EnvTimeoutError,
     EnvValidationError,
 )
 from openenv.adapters.gymnasium import (
@@ -282,3 +285,37 @@ def test_the_action_model_takes_exactly_the_batches_gymnasium_would(
     for values in wrong:
         with pytest.raises(ValidationError, match="not values of"):
             model(actions=values)
+
+
+class LateFailure(gymnasium.Env[np.ndarray, np.int64]):
+    """Action 1 waits for ``gate``, then raises; action 0 steps as usual."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> Any:
+        if action == 1:
+            self.gate.wait(30)
+            raise RuntimeError("a late failure")
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+async def test_the_late_error_of_a_step_given_up_on_is_not_the_next_steps() -> None:
+    gate = threading.Event()
+    app = create_gymnasium_vector_app(functools.partial(LateFailure, gate))
+    with run_server(app) as url:
+        envs = RemoteVectorEnv(url, num_envs=2, timeout=0.2)
+        envs.reset(seed=0)
+        with pytest.raises(EnvTimeoutError):
+            envs.step(np.array([1, 0]))
+        gate.set()  # its EXECUTION_ERROR comes now, for a request nobody waits for
+        _, rewards, *_ = envs.step(np.array([0, 0]))
+        assert rewards.tolist() == [1.0, 1.0]
+        envs.close()
+        await slots_free(url)

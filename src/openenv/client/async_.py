@@ -142,6 +142,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # The loop the connection lives on; calls from elsewhere are carried to it.
         self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
+        # Replies still to come for calls given up on (timed out, cancelled): v1
+        # replies carry no id, so each is read and passed over before the next.
+        self._unread = 0
         self._closed = False
 
     @property
@@ -160,6 +163,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
         self.home_loop = asyncio.get_running_loop()
+        self._unread = 0  # a new connection owes no reply
         if self.pool is None:
             self._ws = await self._open(self.url)
             return self
@@ -347,19 +351,34 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             except ConnectionClosed as exc:
                 # The server may have said why (e.g. at capacity) before closing.
                 return await self._last_words(ws, exc)
+            except BaseException:
+                # Cancelled: websockets writes a whole frame before its first await,
+                # so the request went out and its reply will come.
+                self._unread += 1
+                raise
             try:
                 async with asyncio.timeout(self.message_timeout):
+                    while self._unread:  # the server answers in order: theirs come first
+                        await ws.recv()
+                        self._unread -= 1
                     return await ws.recv()
             except TimeoutError:
+                self._unread += 1
                 raise EnvTimeoutError(
                     f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
                 ) from None
             except ConnectionClosed as exc:
                 raise _closed_error(exc) from None
+            except BaseException:  # cancelled while waiting: its reply comes later
+                self._unread += 1
+                raise
 
     async def _last_words(self, ws: ClientConnection, exc: ConnectionClosed) -> str | bytes:
         try:
             async with asyncio.timeout(1.0):
+                while self._unread:
+                    await ws.recv()
+                    self._unread -= 1
                 return await ws.recv()
         except (ConnectionClosed, TimeoutError):
             raise _closed_error(exc) from None

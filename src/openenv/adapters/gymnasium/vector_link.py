@@ -110,7 +110,10 @@ class VectorLink:
                 ws.send(protocol.request_frame(kind, data, request_id))
             while True:
                 reply = orjson.loads(ws.recv(timeout=self.timeout))
-                if reply.get("id") == request_id or reply.get("type") == "error":
+                # Another id: the late reply of a call given up on. An error with
+                # none answers no request in particular (the server at capacity).
+                reply_id = reply.get("id")
+                if reply_id == request_id or (reply_id is None and reply.get("type") == "error"):
                     break
         except ConnectionClosed as exc:
             close = exc.rcvd or exc.sent
