@@ -7,21 +7,24 @@ server frees every slot it held."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import pytest
-from servers import Held, Hold, Holding, slots_free
+from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, Tracker, slots_free
 from tcp_proxy import TcpProxy
 from websockets.asyncio.server import ServerConnection, serve
 
 from openenv import (
+    ConcurrencyConfig,
     EnvTimeoutError,
     MuxClient,
     SessionClosedError,
     State,
+    create_app,
 )
 from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
@@ -167,3 +170,23 @@ async def test_closing_while_a_step_hangs_returns_and_the_server_frees_the_slots
         assert idle.closed
         holding.gate.set()  # the step ends; the server closes its session and frees both slots
         await slots_free(url)
+
+
+async def test_a_session_opened_after_its_caller_gave_up_is_closed_again() -> None:
+    tracker = Tracker()
+    one_slot = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)
+    app = create_app(functools.partial(PingEnvironment, tracker, None), Ping, Pong, one_slot)
+    with run_server(app) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as holder:
+            await holder.open(1)
+            late = MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=0.2)
+            with pytest.raises(EnvTimeoutError):
+                await late.open(1)  # in line for the one slot
+        # The holder left: the session in line opens, for a client that gave up on it,
+        # which closes it at once rather than hold the slot while it lives.
+        await tracker.until_created(2)
+        await tracker.until_closed(2)
+        await slots_free(url)
+        (session,) = await late.open(1)  # the client goes on
+        assert (await session.step(Ping())).observation.count == 1
+        await late.close()

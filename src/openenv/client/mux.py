@@ -380,6 +380,11 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
                 if request_id is None:  # the server ended it: what it still awaits never comes
                     self._fail_pending(session)
         if waiting is None:
+            if item.get("type") == "opened" and key is not None:
+                # Opened after its caller gave up (a timeout while it waited in line
+                # for a slot): nobody will use or close it, so close it now.
+                self._outbox.append(orjson.dumps({"session": key, "type": "close"}).decode())
+                self._flush_soon()
             return
         future, _ = waiting
         if future.done():
