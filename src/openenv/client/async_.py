@@ -351,9 +351,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             except ConnectionClosed as exc:
                 # The server may have said why (e.g. at capacity) before closing.
                 return await self._last_words(ws, exc)
-            except BaseException:
-                # Cancelled: websockets writes a whole frame before its first await,
-                # so the request went out and its reply will come.
+            except asyncio.CancelledError:
+                # websockets writes a whole frame before its first await, so the
+                # request went out and its reply will come.
                 self._unread += 1
                 raise
             try:
@@ -369,7 +369,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 ) from None
             except ConnectionClosed as exc:
                 raise _closed_error(exc) from None
-            except BaseException:  # cancelled while waiting: its reply comes later
+            except asyncio.CancelledError:  # while waiting: its reply comes later
                 self._unread += 1
                 raise
 

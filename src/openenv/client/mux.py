@@ -380,7 +380,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
                 if request_id is None:  # the server ended it: what it still awaits never comes
                     self._fail_pending(session)
         if waiting is None:
-            if item.get("type") == "opened" and key is not None:
+            if item.get("type") == "opened" and key is not None and key not in self.sessions:
                 # Opened after its caller gave up (a timeout while it waited in line
                 # for a slot): nobody will use or close it, so close it now.
                 self._outbox.append(orjson.dumps({"session": key, "type": "close"}).decode())
