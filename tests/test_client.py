@@ -99,14 +99,13 @@ async def test_message_timeout_raises_instead_of_hanging() -> None:
 async def test_after_a_call_given_up_on_each_call_gets_its_own_reply(given_up: str) -> None:
     holding = Holding(max_envs=1)
     with run_server(holding.app) as url:
-        timeout = 0.2 if given_up == "timed out" else None
-        client = WebSocketEnvClient(
-            url, action_cls=Hold, observation_cls=Held, message_timeout=timeout
-        )
+        client = WebSocketEnvClient(url, action_cls=Hold, observation_cls=Held)
         await client.reset()
         if given_up == "timed out":
+            client.message_timeout = 0.2
             with pytest.raises(EnvTimeoutError):
                 await client.step(Hold(wait=True))
+            client.message_timeout = 60
         else:
             step = asyncio.ensure_future(client.step(Hold(wait=True)))
             await holding.until_entered()
@@ -126,9 +125,10 @@ async def test_closing_while_another_coroutines_step_hangs_returns() -> None:
     with run_server(holding.app) as url:
         # No message timeout: the close must not wait on the hung step for ever.
         client = WebSocketEnvClient(
-            url, action_cls=Hold, observation_cls=Held, message_timeout=None, connect_timeout=0.5
+            url, action_cls=Hold, observation_cls=Held, message_timeout=None
         )
         await client.reset()
+        client.connect_timeout = 0.2  # what close() waits for the server
         step = asyncio.ensure_future(client.step(Hold(wait=True)))
         await holding.until_entered()
         await asyncio.wait_for(client.close(), 30)  # a bound for the test, not the behaviour

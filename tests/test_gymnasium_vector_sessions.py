@@ -310,7 +310,9 @@ async def test_the_late_error_of_a_step_given_up_on_is_not_the_next_steps() -> N
     gate = threading.Event()
     app = create_gymnasium_vector_app(functools.partial(LateFailure, gate))
     with run_server(app) as url:
-        envs = RemoteVectorEnv(url, num_envs=2, timeout=0.2)
+        # The blocked step must time out before the gate opens; the other calls
+        # must not, however loaded the machine: a bound that suits both.
+        envs = RemoteVectorEnv(url, num_envs=2, timeout=2.0)
         envs.reset(seed=0)
         with pytest.raises(EnvTimeoutError):
             envs.step(np.array([1, 0]))

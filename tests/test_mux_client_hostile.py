@@ -142,8 +142,9 @@ async def test_replies_for_no_waiting_request_are_passed_over() -> None:
 
 async def test_a_server_that_never_answers_times_out_the_batch_and_closing_is_bounded() -> None:
     async with fake_v2_server(opens_then(lambda _: None)) as url:
-        mux = client(url, message_timeout=0.2)
+        mux = client(url)
         sessions = await mux.open(2)
+        mux.message_timeout = 0.2  # from here on, when nothing is answered
         with pytest.raises(EnvTimeoutError, match=r"no reply to 2 requests within 0\.2s"):
             await mux.step(sessions, [Hold()] * 2)
         with pytest.raises(EnvTimeoutError, match=r"no reply to 'step' within 0\.2s"):
@@ -158,9 +159,10 @@ async def test_closing_while_a_step_hangs_returns_and_the_server_frees_the_slots
     holding = Holding(max_envs=2)
     with run_server(holding.app) as url:
         # No message timeout: closing must not wait on the hung step's reply for ever.
-        mux = client(url, message_timeout=None, connect_timeout=0.5)
+        mux = client(url, message_timeout=None)
         stuck, idle = await mux.open(2)
         await mux.reset([stuck, idle])
+        mux.connect_timeout = 0.2  # what close() waits for its sessions' replies
         step = asyncio.ensure_future(stuck.step(Hold(wait=True)))
         await holding.until_entered()
         await asyncio.wait_for(mux.close(), 30)  # a bound for the test, not the behaviour
@@ -182,6 +184,7 @@ async def test_a_session_opened_after_its_caller_gave_up_is_closed_again() -> No
             late = MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=0.2)
             with pytest.raises(EnvTimeoutError):
                 await late.open(1)  # in line for the one slot
+            late.message_timeout = 60
         # The holder left: the session in line opens, for a client that gave up on it,
         # which closes it at once rather than hold the slot while it lives.
         await tracker.until_created(2)
