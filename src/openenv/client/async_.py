@@ -142,9 +142,10 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # The loop the connection lives on; calls from elsewhere are carried to it.
         self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
-        # Replies still to come for calls given up on (timed out, cancelled): v1
-        # replies carry no id, so each is read and passed over before the next.
-        self._unread = 0
+        # Replies the server still owes on this connection: one per request sent,
+        # less those read. More than one means calls given up on (timed out,
+        # cancelled) whose replies are still to come: v1 replies carry no id.
+        self._owed = 0
         self._closed = False
 
     @property
@@ -163,7 +164,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
         self.home_loop = asyncio.get_running_loop()
-        self._unread = 0  # a new connection owes no reply
+        self._owed = 0  # a new connection owes no reply
         if self.pool is None:
             self._ws = await self._open(self.url)
             return self
@@ -346,40 +347,38 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if ws is None:
             raise SessionClosedError("this client was closed; create a new one")
         async with self._lock:
+            # Owed from here: websockets writes a whole frame before its first
+            # await, so even a call cancelled inside send() has asked.
+            self._owed += 1
             try:
                 await ws.send(frame)
             except ConnectionClosed as exc:
                 # The server may have said why (e.g. at capacity) before closing.
                 return await self._last_words(ws, exc)
-            except asyncio.CancelledError:
-                # websockets writes a whole frame before its first await, so the
-                # request went out and its reply will come.
-                self._unread += 1
-                raise
             try:
                 async with asyncio.timeout(self.message_timeout):
-                    while self._unread:  # the server answers in order: theirs come first
-                        await ws.recv()
-                        self._unread -= 1
-                    return await ws.recv()
+                    return await self._reply(ws)
             except TimeoutError:
-                self._unread += 1
                 raise EnvTimeoutError(
                     f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
                 ) from None
             except ConnectionClosed as exc:
                 raise _closed_error(exc) from None
-            except asyncio.CancelledError:  # while waiting: its reply comes later
-                self._unread += 1
-                raise
+
+    async def _reply(self, ws: ClientConnection) -> str | bytes:
+        """The next message after the replies owed to calls given up on, which the
+        server, answering in order, sends first."""
+        while self._owed > 1:
+            await ws.recv()
+            self._owed -= 1
+        reply = await ws.recv()
+        self._owed -= 1
+        return reply
 
     async def _last_words(self, ws: ClientConnection, exc: ConnectionClosed) -> str | bytes:
         try:
             async with asyncio.timeout(1.0):
-                while self._unread:
-                    await ws.recv()
-                    self._unread -= 1
-                return await ws.recv()
+                return await self._reply(ws)
         except (ConnectionClosed, TimeoutError):
             raise _closed_error(exc) from None
 

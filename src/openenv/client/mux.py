@@ -383,7 +383,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             if item.get("type") == "opened" and key is not None and key not in self.sessions:
                 # Opened after its caller gave up (a timeout while it waited in line
                 # for a slot): nobody will use or close it, so close it now.
-                self._outbox.append(orjson.dumps({"session": key, "type": "close"}).decode())
+                self._outbox.append(protocol_v2.request(protocol.request_frame("close"), key))
                 self._flush_soon()
             return
         future, _ = waiting
