@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 from servers import Ping, PingEnvironment, Pong
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from openenv import (
     CapacityError,
@@ -194,3 +199,77 @@ def test_runners_spread_tasks_over_a_pool_and_never_see_a_refusal() -> None:
         results = Runners.sync_run_task(tasks, config)
     assert [r.status.value for r in results] == ["ok"] * 100
     assert sum(r.steps for r in results) == 300
+
+
+# -- servers that answer their health check wrongly -----------------------------------
+
+NOT_OPENENV_HEALTH = {
+    "a JSON list": ("/health", b"[1, 2]"),
+    "not JSON": ("/health", b"<html>it works</html>"),
+    "a null count": ("/health", b'{"status": "healthy", "max_sessions": null}'),
+    "a count that is a word": ("/health", b'{"status": "healthy", "max_sessions": "many"}'),
+    "a negative count": ("/health", b'{"max_sessions": 9, "active_sessions": -9}'),
+    "a replica listing that is a list": ("/replicas", b"[1]"),
+    "a replica whose URL is a number": ("/replicas", b'{"replicas": [{"url": 5}]}'),
+}
+
+
+def answering(path: str, body: bytes) -> Starlette:
+    """A server that answers ``path`` with ``body`` (and 404 elsewhere)."""
+
+    async def answer(request: Request) -> Response:
+        return Response(body, media_type="application/json")
+
+    return Starlette(routes=[Route(path, answer)])
+
+
+@pytest.mark.parametrize("answer", NOT_OPENENV_HEALTH.values(), ids=NOT_OPENENV_HEALTH.keys())
+def test_a_server_whose_health_makes_no_sense_is_passed_over(answer: tuple[str, bytes]) -> None:
+    with run_server(answering(*answer)) as odd, run_server(app(2)) as good:
+
+        async def scenario() -> None:
+            pool = ServerPool([odd, good])
+            clients = await hold(pool, 2)
+            try:
+                assert active(good) == 2
+                assert [(view.url, view.up) for view in pool.servers()] == [
+                    (odd, False),
+                    (good, True),
+                ]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
+
+
+def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
+    # A byte every 50 ms never trips a timeout between reads; only a bound on
+    # the whole check keeps the pool from waiting on it for ever.
+    stop = threading.Event()
+
+    async def trickle(request: Request) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"status": "healthy", "max_sessions": 9'
+            while not stop.is_set():
+                yield b" "
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(body(), media_type="application/json")
+
+    slow = Starlette(routes=[Route("/health", trickle)])
+    with run_server(slow) as dawdler, run_server(app(2)) as good:
+
+        async def scenario() -> None:
+            pool = ServerPool([dawdler, good], health_timeout=0.5)
+            async with asyncio.timeout(60):  # without a bound: for ever
+                clients = await hold(pool, 2)
+            try:
+                assert active(good) == 2
+                assert [view.up for view in pool.servers()] == [False, True]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        try:
+            asyncio.run(scenario())
+        finally:
+            stop.set()

@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from openenv import protocol
+
 __all__ = ["Fleet", "ReplicaView"]
 
 
@@ -330,14 +332,15 @@ class Fleet:
                 elif view is None:
                     continue
                 try:
-                    health = http.get(f"{view.url}/health").json()
-                except (httpx.HTTPError, ValueError):
+                    answer = http.get(f"{view.url}/health")
+                    health = protocol.Health.model_validate_json(answer.content)
+                except (httpx.HTTPError, ValueError):  # a ValidationError too
                     view.status = "down"
                 else:
-                    view.status = str(health.get("status", "healthy"))
-                    view.active_sessions = int(health.get("active_sessions", 0))
-                    view.max_sessions = int(health.get("max_sessions", 0))
-                    view.queued_sessions = int(health.get("queued_sessions", 0))
+                    view.status = health.status
+                    view.active_sessions = health.active_sessions
+                    view.max_sessions = health.max_sessions
+                    view.queued_sessions = health.queued_sessions
                 with self._lock:
                     if actor in self._actors:
                         self._views[id(actor)] = view

@@ -33,7 +33,15 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from openenv.errors import ServerSideError
-from openenv.protocol_http import EnvInfo, EnvListing, SplitList, TaskPage
+from openenv.protocol_http import (
+    EnvInfo,
+    EnvListing,
+    Health,
+    ReplicaHealth,
+    ReplicaList,
+    SplitList,
+    TaskPage,
+)
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Observation, State
 
@@ -50,9 +58,12 @@ __all__ = [
     "ErrorReply",
     "FrameError",
     "GetPromptRequest",
+    "Health",
     "ListToolsRequest",
     "ObservationReply",
     "PromptReply",
+    "ReplicaHealth",
+    "ReplicaList",
     "RequestId",
     "ResetRequest",
     "ServerMessage",

@@ -1,8 +1,9 @@
-"""The JSON shapes of the HTTP routes beside ``/ws``: splits, task pages, environments.
+"""The JSON shapes of the HTTP routes beside ``/ws``: health, splits, task pages, environments.
 
-Shared by the server (``server/catalog.py``, ``server/multi.py``) and the
-clients (``client/remote.py``); ``openenv.protocol`` re-exports them, as the
-one place the wire is defined.
+Shared by the server (``server/routes.py``, ``server/catalog.py``,
+``server/multi.py``, ``fleet.py``) and the clients (``client/remote.py``,
+``client/pool.py``); ``openenv.protocol`` re-exports them, as the one place the
+wire is defined.
 
 >>> page = TaskPage(split="train", offset=0, limit=2, total=1, tasks=[], next_offset=None)
 >>> page.model_dump_json()
@@ -11,12 +12,64 @@ one place the wire is defined.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SerializeAsAny
+from pydantic import BaseModel, Field, NonNegativeInt, SerializeAsAny
 
 from openenv.tasks import TaskSpec
 from openenv.types import EnvironmentMetadata
 
-__all__ = ["EnvInfo", "EnvListing", "SplitList", "TaskPage"]
+__all__ = [
+    "EnvInfo",
+    "EnvListing",
+    "Health",
+    "ReplicaHealth",
+    "ReplicaList",
+    "SplitList",
+    "TaskPage",
+]
+
+
+class Health(BaseModel):
+    """``GET /health``: whether the server takes sessions, and how full it is.
+
+    Clients that place sessions read it (``ServerPool``, a fleet's directory), so
+    every field has the default a bare ``{"status": "healthy"}`` (OpenEnv's
+    servers) means, and a reply that does not fit this shape at all is a server
+    to pass over, not one to trust.
+
+    >>> Health.model_validate_json(b'{"status": "healthy"}').max_sessions
+    0
+    >>> Health.model_validate_json(b'{"max_sessions": -1}')
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for Health
+    ...
+    """
+
+    status: str = Field(
+        default="healthy",
+        description='"healthy" takes sessions; "degraded" (see reason), "draining", '
+        'and a replica "starting" or "down" do not.',
+    )
+    active_sessions: NonNegativeInt = Field(default=0, description="Sessions holding a slot.")
+    max_sessions: NonNegativeInt = Field(default=0, description="Slots in all (the cap).")
+    queued_sessions: NonNegativeInt = Field(default=0, description="Sessions waiting for a slot.")
+    protocol_version: int = Field(default=1, description="The newest /ws protocol it speaks.")
+    workers: int = Field(default=1, description="Worker processes sharing the cap.")
+    reason: str | None = Field(default=None, description='Why the status is "degraded".')
+
+
+class ReplicaHealth(Health):
+    """One replica of a fleet, as its directory last saw it."""
+
+    url: str = Field(description="The replica's own HTTP root.")
+    node: str = Field(default="", description="The Ray node it runs on.")
+    pid: int = Field(default=0, description="Its server's process id.")
+
+
+class ReplicaList(BaseModel):
+    """``GET /replicas`` of a fleet's directory (``openenv serve --ray``)."""
+
+    replicas: list[ReplicaHealth]
 
 
 class SplitList(BaseModel):

@@ -4,7 +4,10 @@ A client given a pool instead of a URL opens its session on the server with
 the most free room, as the servers advertise it on ``GET /health`` (or a
 fleet's directory on ``GET /replicas``). A server that refuses for capacity,
 or cannot be reached, is passed over and the next one tried; the caller sees
-a refusal only when every server is full for longer than ``wait`` seconds.
+a refusal only when every server is full for longer than ``wait`` seconds. A
+server whose health check takes longer than ``health_timeout`` seconds in all,
+or answers something that is not ``protocol.Health`` (another service on that
+port, a proxy's error page), counts as down until a later check says otherwise.
 
 The pool keeps its own count between health checks: each session it places
 takes one slot from its estimate at once, so a burst of clients spreads over
@@ -65,6 +68,8 @@ class ServerPool:
         refresh: Seconds between health checks of the servers.
         wait: Seconds to wait for room when every server is full.
         api_key: Sent to the servers' HTTP routes (default: ``$OPENENV_API_KEY``).
+        health_timeout: Seconds each server has to answer its health check, in
+            all (a server that trickles its answer is cut off too).
     """
 
     _shared: ClassVar[dict[tuple[str, ...], ServerPool]] = {}
@@ -77,6 +82,7 @@ class ServerPool:
         refresh: float = 1.0,
         wait: float = 60.0,
         api_key: str | None = None,
+        health_timeout: float = 5.0,
     ) -> None:
         items = urls.split(",") if isinstance(urls, str) else list(urls)
         self.urls = tuple(http_url(url.strip()) for url in items if url.strip())
@@ -85,6 +91,7 @@ class ServerPool:
         self.refresh = refresh
         self.wait = wait
         self._api_key = api_key
+        self.health_timeout = health_timeout
         self._servers: dict[str, ServerView] = {}
         self._checked = -float("inf")
         self.waiting = 0  # placements waiting for room, in this process
@@ -105,7 +112,10 @@ class ServerPool:
     def __reduce__(self) -> tuple[Any, ...]:
         # Another process (a Ray or Spark worker) gets its own pool for the same
         # servers, shared by every task it runs there.
-        return (_shared_pool, (self.urls, self.refresh, self.wait, self._api_key))
+        return (
+            _shared_pool,
+            (self.urls, self.refresh, self.wait, self._api_key, self.health_timeout),
+        )
 
     def __repr__(self) -> str:
         return f"ServerPool({list(self.urls)!r})"
@@ -206,8 +216,9 @@ class ServerPool:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         # Loading the CA bundle costs tens of milliseconds: only for https.
         verify = any(url.startswith("https:") for url in self.urls)
-        async with httpx.AsyncClient(timeout=5.0, headers=headers, verify=verify) as http:
-            found = await asyncio.gather(*(_describe(http, url) for url in self.urls))
+        bound = self.health_timeout
+        async with httpx.AsyncClient(timeout=bound, headers=headers, verify=verify) as http:
+            found = await asyncio.gather(*(_describe(http, url, bound) for url in self.urls))
         seen: dict[str, ServerView] = {}
         for servers in found:
             for url, health in servers:
@@ -215,34 +226,38 @@ class ServerPool:
                 if health is None:
                     view.up, view.free = False, 0
                 else:
-                    view.up = health.get("status", "healthy") == "healthy"
-                    view.max_sessions = int(health.get("max_sessions", 0))
-                    taken = int(health.get("active_sessions", 0))
-                    waiting = int(health.get("queued_sessions", 0))
-                    view.free = max(view.max_sessions - taken - waiting, 0) if view.up else 0
+                    view.up = health.status == "healthy"
+                    view.max_sessions = health.max_sessions
+                    taken = health.active_sessions + health.queued_sessions
+                    view.free = max(view.max_sessions - taken, 0) if view.up else 0
                 seen[url] = view
         self._servers = seen
 
 
-async def _describe(http: Any, url: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """``[(server URL, its /health or None if down)]``: one server, or a fleet's replicas."""
+async def _describe(http: Any, url: str, bound: float) -> list[tuple[str, protocol.Health | None]]:
+    """``[(server URL, its health or None if down)]``: one server, or a fleet's replicas."""
     import httpx
 
     try:
-        listing = await http.get(f"{url}/replicas")
-        if listing.status_code == 200:
-            replicas = listing.json().get("replicas", [])
-            return [(http_url(r["url"]), r) for r in replicas if "url" in r]
-        health = await http.get(f"{url}/health")
-        if health.status_code == 200:
-            return [(url, health.json())]
-    except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
+        async with asyncio.timeout(bound):
+            listing = await http.get(f"{url}/replicas")
+            if listing.status_code == 200:
+                replicas = protocol.ReplicaList.model_validate_json(listing.content).replicas
+                return [(http_url(replica.url), replica) for replica in replicas]
+            health = await http.get(f"{url}/health")
+            if health.status_code == 200:
+                return [(url, protocol.Health.model_validate_json(health.content))]
+    except (httpx.HTTPError, OSError, ValueError):  # TimeoutError and ValidationError too
         pass
     return [(url, None)]
 
 
-def _shared_pool(urls: tuple[str, ...], refresh: float, wait: float, api_key: str | None) -> Any:
-    return ServerPool.shared(urls, refresh=refresh, wait=wait, api_key=api_key)
+def _shared_pool(
+    urls: tuple[str, ...], refresh: float, wait: float, api_key: str | None, health_timeout: float
+) -> Any:
+    return ServerPool.shared(
+        urls, refresh=refresh, wait=wait, api_key=api_key, health_timeout=health_timeout
+    )
 
 
 def as_pool(target: str | ServerPool) -> ServerPool | None:

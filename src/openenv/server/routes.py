@@ -9,7 +9,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from openenv.protocol import PROTOCOL_VERSION
+from openenv.protocol import PROTOCOL_VERSION, Health
 from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.metrics import CONTENT_TYPE
@@ -17,17 +17,7 @@ from openenv.server.service import EnvService
 from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
-__all__ = ["HealthResponse", "SchemaResponse", "routes", "web_routes"]
-
-
-class HealthResponse(BaseModel):
-    status: str
-    active_sessions: int
-    max_sessions: int
-    queued_sessions: int
-    protocol_version: int
-    workers: int = 1
-    reason: str | None = None  # why the status is "degraded"
+__all__ = ["SchemaResponse", "routes", "web_routes"]
 
 
 class SchemaResponse(BaseModel):
@@ -41,13 +31,13 @@ def _service(request: Request) -> EnvService:
     return service
 
 
-async def health(request: Request) -> HealthResponse:
+async def health(request: Request) -> Health:
     """Liveness, and how many session slots are taken (in the whole server)."""
     service = _service(request)
     active, queued = service.registry.totals()
     problems = service.health_problems()
     status = "draining" if service.draining else "degraded" if problems else "healthy"
-    return HealthResponse(
+    return Health(
         status=status,
         reason="; ".join(problems) or None,
         active_sessions=active,
@@ -84,7 +74,7 @@ def routes() -> list[BaseRoute]:
             "/health",
             health,
             methods=["GET"],
-            response_model=HealthResponse,
+            response_model=Health,
             response_model_exclude_none=True,  # "reason" only when degraded
         ),
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
