@@ -10,6 +10,9 @@ import threading
 
 import pytest
 from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, slots_free
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
 
 from echo_env import EchoAction, EchoEnv
 from openenv import (
@@ -136,6 +139,50 @@ async def test_closing_while_another_coroutines_step_hangs_returns() -> None:
             await step
         holding.gate.set()  # the step ends; the server frees the slot
         await slots_free(url)
+
+
+NOT_OPENENV_REPLIES = {
+    "not JSON": ("hello", r"malformed frame from server: \(root\): Invalid JSON"),
+    "binary": (b"\x00\x01", r"malformed frame from server: \(root\): Invalid JSON"),
+    "a list": ("[1]", r"\(root\): Input should be an object"),
+    "no data": ('{"type": "observation"}', r"observation\.data: Field required"),
+    "a reward that is a word": (
+        '{"type": "observation", "data": {"observation": {}, "reward": "x", "done": false}}',
+        r"observation\.data\.reward: Input should be a valid number",
+    ),
+    "an unknown type": ('{"type": "surprise", "data": {}}', r"Input tag 'surprise'"),
+    "an error with an unknown code": (
+        '{"type": "error", "data": {"message": "m", "code": "NOPE"}}',
+        r"error\.data\.code: Input should be 'INVALID_JSON'",
+    ),
+    "a reply of another type": (
+        '{"type": "state", "data": {}}',
+        r"expected a reply of type 'observation', got 'state'",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"), NOT_OPENENV_REPLIES.values(), ids=NOT_OPENENV_REPLIES.keys()
+)
+async def test_a_reply_that_is_not_openenvs_fails_the_call_naming_what_is_wrong(
+    reply: str | bytes, named: str
+) -> None:
+    async def answer_once(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.receive_text()
+        if isinstance(reply, bytes):
+            await websocket.send_bytes(reply)
+        else:
+            await websocket.send_text(reply)
+        await websocket.receive()  # until the client leaves
+
+    app = Starlette(routes=[WebSocketRoute("/ws", answer_once)])
+    with run_server(app) as url:
+        client = WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong)
+        with pytest.raises(ValueError, match=named):
+            await client.reset()
+        await client.close()
 
 
 async def test_dropped_connection_is_a_clear_error() -> None:

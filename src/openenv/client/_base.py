@@ -229,9 +229,8 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
             details = message.data.model_extra or {}
             raise server_error(message.data.code, message.data.message, details)
         if not isinstance(message, expected):
-            raise ValueError(
-                f"expected a {expected.model_fields['type'].default!r} reply, got {message.type!r}"
-            )
+            wanted = expected.model_fields["type"].default
+            raise ValueError(f"expected a reply of type {wanted!r}, got {message.type!r}")
         return message
 
 
