@@ -19,11 +19,20 @@ import httpx
 import pytest
 
 from echo_env.models import EchoAction
-from openenv import RunConfig, Runners, ServerPool, Task, WebSocketEnvClient
+from openenv import (
+    RemoteEnv,
+    RequestFailedError,
+    RunConfig,
+    Runners,
+    ServerPool,
+    Task,
+    WebSocketEnvClient,
+)
 from openenv.fleet import Fleet
 from openenv.runtime import EpisodeSession
 
 ECHO = Path(__file__).parents[1] / "envs" / "echo_env"
+COUNTER = ECHO.parent / "counter_env"
 OPENENV = str(Path(sys.executable).with_name("openenv"))
 
 
@@ -232,6 +241,30 @@ def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(two_nodes: 
                 await asyncio.gather(*(c.close() for c in clients))
 
         asyncio.run(play())
+
+
+def test_the_directory_answers_the_environments_other_routes_from_a_replica(
+    two_nodes: list[str],
+) -> None:
+    key = "the-fleets-key"
+    environ = {"OPENENV_API_KEY": key}
+    with Fleet(COUNTER, replicas=1, num_cpus=0.5, interval=0.3, environ=environ) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+        replica = healthy(url)[0]["url"]
+
+        async def read(base: str, api_key: str | None = key) -> tuple[Any, ...]:
+            env = RemoteEnv(base, api_key=api_key)
+            tasks = await env.list_tasks("train", offset=5, limit=3)
+            return await env.list_splits(), tasks, await env.list_tools()
+
+        # Through the directory, the API key and the query string go along.
+        assert asyncio.run(read(url)) == asyncio.run(read(replica))
+        with pytest.raises(RequestFailedError, match="401"):  # the replica checks the key
+            asyncio.run(read(url, api_key=None))
+        assert httpx.get(f"{url}/metrics").status_code == 404  # one replica's are not the fleet's
+        # The web page is sent to a replica whole, since it plays over its own /web/ws.
+        page = httpx.get(f"{url}/web?api_key={key}")
+        assert (page.status_code, page.headers["location"]) == (307, f"{replica}/web?api_key={key}")
 
 
 def both_full(url: str) -> bool:

@@ -8,7 +8,9 @@ has **one address**: a small directory server whose ``GET /replicas`` lists
 every replica with its URL and occupancy, and whose ``GET /health`` sums
 them. Clients hand that address to a ``ServerPool``, which opens each session
 on the replica with the most room; a plain client given it (``/ws``) is
-redirected (307) to the replica with the most room as it connects.
+redirected (307) to the replica with the most room as it connects, and a
+``GET`` of any other route (``/schema``, ``/tasks``, ``/tools``...) is
+answered by a replica that is up.
 
 The fleet scales itself between ``min_replicas`` and ``max_replicas``: one
 more replica when sessions queue anywhere or the fleet's slots are more than
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import threading
 import time
@@ -39,6 +42,10 @@ import httpx
 from openenv import protocol
 
 __all__ = ["Fleet", "ReplicaView"]
+
+# What the directory passes on when a replica answers for it.
+_PASSED_ON = frozenset({"authorization", "x-api-key", "accept"})
+_PASSED_BACK = frozenset({"content-type", "cache-control", "www-authenticate"})
 
 
 @dataclass
@@ -347,7 +354,9 @@ class Fleet:
 
 
 class _Directory:
-    """The fleet's one address: ``/replicas`` and ``/health``, served from this process."""
+    """The fleet's one address, served from this process: ``/replicas`` and ``/health``
+    answered here, ``/ws`` redirected (307) to the replica with the most room, and
+    every other ``GET`` asked of a replica that is up."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -356,7 +365,7 @@ class _Directory:
     def start(self, host: str, port: int) -> str:
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import JSONResponse, RedirectResponse
+        from starlette.responses import JSONResponse, RedirectResponse, Response
         from starlette.routing import Route, WebSocketRoute
         from starlette.websockets import WebSocket
 
@@ -378,6 +387,33 @@ class _Directory:
                 RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
             )
 
+        async def elsewhere(request: Request) -> Response:
+            # The environment's other routes (/schema, /metadata, /splits, /tasks,
+            # /tools...) say the same on every replica: ask one that is up. Read
+            # here and passed on, not redirected: httpx and browsers drop the API
+            # key on a redirect to another host. /metrics is one replica's own.
+            path = request.url.path
+            if path == "/metrics":
+                detail = "each replica has its own /metrics: scrape the URLs /replicas lists"
+                return JSONResponse({"detail": detail}, 404)
+            views = [v for v in fleet.views() if v.status == "healthy"]
+            random.shuffle(views)
+            query = f"?{request.url.query}" if request.url.query else ""
+            if path == "/web" and views:
+                # The page plays over its own server's /web/ws, and browsers do not
+                # follow a redirect on a WebSocket handshake: send the page itself.
+                return RedirectResponse(views[0].url + path + query, 307)
+            passed = {k: v for k, v in request.headers.items() if k in _PASSED_ON}
+            async with httpx.AsyncClient(timeout=30.0) as http:
+                for view in views:
+                    try:
+                        answer = await http.get(view.url + path + query, headers=passed)
+                    except httpx.HTTPError:
+                        continue  # gone since the last look: the next one
+                    kept = {k: v for k, v in answer.headers.items() if k in _PASSED_BACK}
+                    return Response(answer.content, answer.status_code, headers=kept)
+            return JSONResponse({"detail": "no replica of this fleet is up"}, 503)
+
         async def health(request: Request) -> JSONResponse:
             views = [v for v in fleet.views() if v.status == "healthy"]
             return JSONResponse(
@@ -394,6 +430,7 @@ class _Directory:
             Route("/replicas", replicas),
             Route("/health", health),
             WebSocketRoute("/ws", session),
+            Route("/{path:path}", elsewhere, methods=["GET", "HEAD"]),
         ]
         app = Starlette(routes=routes)
         self._context = contextlib.ExitStack()
