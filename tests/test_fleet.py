@@ -225,8 +225,12 @@ def test_the_fleet_adds_one_replica_and_waits_for_it_before_adding_another(
         asyncio.run(load())
 
 
-def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(two_nodes: list[str]) -> None:
+def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(
+    two_nodes: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # uvicorn's own: it does not propagate
     with Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=2, interval=0.3) as url:
+        uvicorn_errors.addHandler(caplog.handler)  # after uvicorn has set its logging up
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
 
         async def play() -> None:
@@ -240,7 +244,12 @@ def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(two_nodes: 
             finally:
                 await asyncio.gather(*(c.close() for c in clients))
 
-        asyncio.run(play())
+        try:
+            asyncio.run(play())
+        finally:
+            uvicorn_errors.removeHandler(caplog.handler)
+    # A redirect is how the directory answers, not an unfinished handshake.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_the_directory_answers_the_environments_other_routes_from_a_replica(

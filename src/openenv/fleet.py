@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from openenv import protocol
+from openenv.server.redact import DENIED, redact_api_keys
 
 __all__ = ["Fleet", "ReplicaView"]
 
@@ -377,6 +378,7 @@ class _Directory:
         async def session(websocket: WebSocket) -> None:
             # A plain client given the fleet's address: send it on to the replica
             # with the most room (WebSocket clients follow a 307 on the upgrade).
+            DENIED.set(True)  # either way a refusal, which uvicorn would log as an error
             target = fleet.place()
             if target is None:
                 await websocket.send_denial_response(
@@ -433,6 +435,7 @@ class _Directory:
             Route("/{path:path}", elsewhere, methods=["GET", "HEAD"]),
         ]
         app = Starlette(routes=routes)
+        redact_api_keys()  # keys in query strings (a /web link) stay out of the logs
         self._context = contextlib.ExitStack()
         return self._context.enter_context(_serve_in_thread(app, host, port))
 
