@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from tool_envs import SPLITS, Puzzle, ToolBox
 
 from openenv import (
     CapacityError,
@@ -166,6 +168,24 @@ def test_a_full_server_found_on_connect_sends_the_session_elsewhere() -> None:
                 assert pool.servers()[0].free == 0  # refused there: it learnt
             finally:
                 await asyncio.gather(*(c.close() for c in others + mine))
+
+        asyncio.run(scenario())
+
+
+def test_a_pools_tasks_and_tools_are_read_from_the_first_server_that_answers() -> None:
+    toolbox = create_app(ToolBox, Ping, Pong)
+    with run_server(toolbox) as up:
+        with run_server(toolbox) as gone:
+            pass  # stopped: nothing listens there now
+
+        async def read(env: RemoteEnv) -> tuple[Any, ...]:
+            tools = [tool.name for tool in await env.list_tools()]
+            return await env.list_splits(), await env.list_tasks("train", offset=20), tools
+
+        async def scenario() -> None:
+            from_pool = await read(RemoteEnv(ServerPool([gone, up]), task_cls=Puzzle))
+            assert from_pool == await read(RemoteEnv(up, task_cls=Puzzle))
+            assert from_pool[1] == SPLITS["train"][20:]
 
         asyncio.run(scenario())
 

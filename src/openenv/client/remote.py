@@ -160,7 +160,8 @@ class RemoteEnv:
         base_url: Where the environment's routes live: the server root for a
             one-environment server, ``.../envs/{name}`` on a multi-environment one;
             or a ``ServerPool`` of servers of this environment (sessions go where
-            there is room; splits, tasks and tools are read from its first server).
+            there is room; splits, tasks and tools are read from its first server
+            that answers).
         action_cls / observation_cls / state_cls: Models replies are parsed into.
         task_cls: The environment's ``TaskSpec`` subclass, for typed tasks.
         max_connecting: Sessions that may be opening at once (ignored with ``gate``).
@@ -214,9 +215,22 @@ class RemoteEnv:
             self.url, 404, f"no environment named {name!r}; this server has {', '.join(names)}"
         )
 
+    async def _read(
+        self, path: str, params: Mapping[str, Any] | None = None, http: Any = None
+    ) -> Any:
+        """GET ``path`` as JSON from this environment's server; with a pool, from the
+        first of its servers that can be reached (every one serves the same)."""
+        roots = [self.url] if self.pool is None else [http_url(u) for u in self.pool.urls]
+        for root in roots[:-1]:
+            try:
+                return await _get_json(f"{root}{path}", params, http, headers=self.headers)
+            except ConnectionFailedError:
+                continue
+        return await _get_json(f"{roots[-1]}{path}", params, http, headers=self.headers)
+
     async def _get(self, path: str) -> Any:
         try:
-            return await _get_json(f"{self.url}{path}", headers=self.headers)
+            return await self._read(path)
         except NotFoundError:
             unknown = await self._unknown()
             if unknown is not None:
@@ -246,7 +260,7 @@ class RemoteEnv:
                 if size == 0:
                     break
                 params: dict[str, Any] = {"split": split, "offset": offset, "limit": size}
-                data = await _get_json(f"{self.url}/tasks", params, http)
+                data = await self._read("/tasks", params, http)
                 page = protocol.TaskPage.model_validate(data)
                 tasks.extend(self.task_cls.model_validate(t.model_dump()) for t in page.tasks)
                 if page.next_offset is None:
