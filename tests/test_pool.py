@@ -207,15 +207,21 @@ def test_urls_joined_by_commas_are_a_pool_for_remote_env_sessions() -> None:
         asyncio.run(scenario())
 
 
-def test_runners_spread_tasks_over_a_pool_and_never_see_a_refusal() -> None:
+@pytest.mark.parametrize("multiplex", [True, False], ids=["v2", "v1"])
+@pytest.mark.parametrize("given_as", ["a ServerPool", "URLs joined by commas"])
+def test_runners_spread_tasks_over_a_pool_and_never_see_a_refusal(
+    given_as: str, multiplex: bool
+) -> None:
     async def agent(session: object) -> None:
         for _ in range(3):
             await session.step(Ping(message="go"))  # type: ignore[attr-defined]
 
     with servers(3, 5) as urls:
-        pool = ServerPool(urls)
+        pool = ServerPool(urls) if given_as == "a ServerPool" else ",".join(urls)
         tasks = [Task(id=f"t{i}", env=pool, agent=agent, seed=i) for i in range(100)]
-        config = RunConfig(engine_name="local", worker_num=1, max_concurrency=32)
+        config = RunConfig(
+            engine_name="local", worker_num=1, max_concurrency=32, multiplex=multiplex
+        )
         results = Runners.sync_run_task(tasks, config)
     assert [r.status.value for r in results] == ["ok"] * 100
     assert sum(r.steps for r in results) == 300

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
+from openenv.client.pool import as_pool
 from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
@@ -58,10 +59,11 @@ class ClientPool:
             return idle.pop(), True
         if self.multiplex and task.client_cls is None:
             session = None
-            if isinstance(task.env, str):
+            pool = _pool_of(task)
+            if pool is not None:
+                session = await self._placed(pool)
+            elif isinstance(task.env, str):
                 session = await self._multiplexer(task.env).open()
-            elif isinstance(task.env, ServerPool):
-                session = await self._placed(task.env)
             if session is not None:
                 return session, False
             # else: the server speaks only v1
@@ -109,7 +111,8 @@ class ClientPool:
         idle = self._idle[_key(task)]
         # An idle session holds a server slot: while sessions wait for room in
         # the task's ServerPool, hand the slot over instead of keeping it.
-        crowded = isinstance(task.env, ServerPool) and task.env.waiting > 0
+        pool = _pool_of(task)
+        crowded = pool is not None and pool.waiting > 0
         if reusable and len(idle) < self.max_idle and not crowded:
             idle.append(client)
         else:
@@ -219,6 +222,12 @@ class NoEnvironment:
             "this task has no environment: give it one (Task(env=url or factory)), "
             "or let its agent use only session.input"
         )
+
+
+def _pool_of(task: Task) -> ServerPool | None:
+    """The pool the task's sessions are placed by: its ``ServerPool``, or the one
+    (shared in this process) its URLs joined by commas stand for."""
+    return as_pool(task.env) if isinstance(task.env, str | ServerPool) else None
 
 
 def _key(task: Task) -> Hashable:
