@@ -10,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from openenv.client import ws_url
+from openenv.protocol_v2 import SUBPROTOCOL
 
 APPS = Path(__file__).parent / "apps"
 
@@ -59,6 +61,41 @@ async def open_sessions(port: int, count: int) -> list[ClientConnection]:
     return sessions
 
 
+async def open_v2_sessions(port: int, connections: int, per: int) -> list[ClientConnection]:
+    """``connections`` v2 connections of ``per`` sessions each, every session reset."""
+    url = ws_url(f"http://127.0.0.1:{port}")
+    sockets = [
+        await connect(url, subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
+        for _ in range(connections)
+    ]
+    for c, ws in enumerate(sockets):
+        opens = [{"session": k, "type": "open"} for k in range(per)]
+        resets = [
+            {"session": k, "type": "reset", "data": {"episode_id": f"s{c * per + k}"}}
+            for k in range(per)
+        ]
+        await ws.send(orjson.dumps(opens + resets).decode())
+    for ws in sockets:
+        got = 0
+        while got < 2 * per:
+            replies = orjson.loads(await ws.recv())
+            assert all(r["type"] in ("opened", "observation") for r in replies), replies
+            got += len(replies)
+    return sockets
+
+
+async def v2_notices(ws: ClientConnection) -> tuple[list[tuple[int, str]], int | None]:
+    """The ``closed`` notices a v2 connection gets (session, reason), and its close code."""
+    notices: list[tuple[int, str]] = []
+    try:
+        while True:
+            for reply in orjson.loads(await ws.recv()):
+                assert reply["type"] == "closed", reply
+                notices.append((reply["session"], reply["data"]["reason"]))
+    except ConnectionClosed as closed:
+        return notices, closed.rcvd.code if closed.rcvd else None
+
+
 async def close_code(ws: ClientConnection) -> int | None:
     try:
         while True:
@@ -92,3 +129,23 @@ async def test_signal_closes_every_session_and_exits_zero(sig: int, tmp_path: Pa
     finally:
         again.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(again.wait, 30) == 0
+
+
+async def test_sigterm_closes_every_session_of_every_v2_connection(tmp_path: Path) -> None:
+    port, close_log = free_port(), tmp_path / "closed.txt"
+    proc = start(port, close_log)
+    try:
+        await wait_healthy(port, proc)
+        sockets = await open_v2_sessions(port, connections=4, per=25)
+        proc.send_signal(signal.SIGTERM)
+        heard = await asyncio.gather(*(v2_notices(ws) for ws in sockets))
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Each session of each connection heard why it ended, then the connection closed 1001.
+    assert [sorted(notices) for notices, _ in heard] == [[(k, "shutdown") for k in range(25)]] * 4
+    assert [code for _, code in heard] == [1001] * 4
+    closed = close_log.read_text().split()
+    assert sorted(closed) == sorted(f"s{i}" for i in range(100))
