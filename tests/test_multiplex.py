@@ -15,7 +15,8 @@ import orjson
 import pytest
 import servers
 from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, health, slots_free
-from websockets.asyncio.client import ClientConnection, connect
+from v2_wire import open_sessions, raw_v2, replies, send, steps_of
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from echo_env.models import EchoAction, EchoObservation
@@ -35,7 +36,6 @@ from openenv import (
     create_app,
 )
 from openenv.client import ws_url
-from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
 # Room for every session a test here opens, unless it says otherwise.
@@ -44,36 +44,6 @@ ping_app = functools.partial(servers.ping_app, max_envs=8)
 
 def mux(url: str, **options: Any) -> MuxClient[Ping, Pong, Any]:
     return MuxClient(url, action_cls=Ping, observation_cls=Pong, **options)
-
-
-async def raw_v2(url: str) -> ClientConnection:
-    return await connect(ws_url(url), subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
-
-
-async def send(ws: ClientConnection, items: Any) -> None:
-    await ws.send(items if isinstance(items, str) else orjson.dumps(items).decode())
-
-
-async def replies(ws: ClientConnection, count: int) -> list[dict[str, Any]]:
-    """The next ``count`` replies, however the server split them into frames."""
-    got: list[dict[str, Any]] = []
-    while len(got) < count:
-        frame = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
-        assert isinstance(frame, list), frame
-        got.extend(frame)
-    assert len(got) == count, got
-    return got
-
-
-async def open_sessions(ws: ClientConnection, count: int) -> None:
-    """Open sessions 0 to ``count - 1`` and read their replies."""
-    await send(ws, [{"session": k, "type": "open"} for k in range(count)])
-    await replies(ws, count)
-
-
-def steps_of(datas: list[Any]) -> list[dict[str, Any]]:
-    """One step per session, session ``k`` with ``datas[k]`` and request id ``k``."""
-    return [{"session": k, "type": "step", "data": data, "id": k} for k, data in enumerate(datas)]
 
 
 @pytest.mark.parametrize("ws", ["openenv", "websockets-sansio"])
