@@ -14,7 +14,8 @@ from servers import Ping, PingEnvironment, Pong
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 from tool_envs import SPLITS, Puzzle, ToolBox
 
 from openenv import (
@@ -261,6 +262,35 @@ def test_a_server_whose_health_makes_no_sense_is_passed_over(answer: tuple[str, 
                 assert [(view.url, view.up) for view in pool.servers()] == [
                     (odd, False),
                     (good, True),
+                ]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
+
+
+def test_a_server_that_drops_every_session_it_accepts_is_passed_over() -> None:
+    # It advertises the most room, accepts each session, then drops it unanswered.
+    async def health(request: Request) -> Response:
+        body = b'{"status": "healthy", "max_sessions": 1000}'
+        return Response(body, media_type="application/json")
+
+    async def drop(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.receive()
+        await websocket.close(1011)
+
+    dropper = Starlette(routes=[Route("/health", health), WebSocketRoute("/ws", drop)])
+    with run_server(dropper) as liar, run_server(app(2)) as good:
+
+        async def scenario() -> None:
+            pool = ServerPool([liar, good])
+            clients = await hold(pool, 2)
+            try:
+                assert active(good) == 2
+                assert [(view.up, view.placed) for view in pool.servers()] == [
+                    (False, 0),
+                    (True, 2),
                 ]
             finally:
                 await asyncio.gather(*(c.close() for c in clients))
