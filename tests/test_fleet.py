@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from openenv import (
     Task,
     WebSocketEnvClient,
 )
+from openenv.cli.app_loader import AppLoadError
 from openenv.fleet import Fleet
 from openenv.runtime import EpisodeSession
 
@@ -278,6 +280,31 @@ def test_the_directory_answers_the_environments_other_routes_from_a_replica(
 
 def both_full(url: str) -> bool:
     return sorted(r["active_sessions"] for r in healthy(url)) == [2, 2]
+
+
+def test_a_fleet_whose_app_cannot_load_refuses_to_start(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    import ray
+
+    broken = tmp_path / "broken_env"
+    shutil.copytree(ECHO, broken, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    with (broken / "server" / "app.py").open("a") as app:
+        app.write("raise RuntimeError('a typo in the environment')\n")
+    said = r"importing server/app\.py:\d+ failed: RuntimeError: a typo in the environment"
+    # Not a fleet whose replicas Ray restarts for ever: the error, as `openenv serve` gives it.
+    with pytest.raises(AppLoadError, match=said):
+        Fleet(broken, replicas=1, num_cpus=0.5).start()
+    done = subprocess.run(
+        [OPENENV, "serve", str(broken), "--ray", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert re.search(f"^error: {said}$", done.stderr, re.MULTILINE), done.stderr
 
 
 def test_openenv_serve_ray_runs_a_fleet_until_interrupted(

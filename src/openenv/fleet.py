@@ -27,6 +27,7 @@ behind Serve's proxy one replica made 1,931 steps/s at a 32 ms median, against
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import socket
@@ -43,6 +44,11 @@ from openenv import protocol
 from openenv.server.redact import DENIED, redact_api_keys
 
 __all__ = ["Fleet", "ReplicaView"]
+
+logger = logging.getLogger("openenv.fleet")
+
+# Seconds to wait for the app's import check: a worker to start, the app to import.
+_CHECK_TIMEOUT = 120.0
 
 # What the directory passes on when a replica answers for it.
 _PASSED_ON = frozenset({"authorization", "x-api-key", "accept"})
@@ -100,6 +106,17 @@ class Replica:
         self._server.should_exit = True
         self._thread.join(30)
         self._sock.close()
+
+
+def _load_problem(folder: str, environ: Mapping[str, str]) -> str | None:
+    """Why a replica could not import the folder's app (one line), or ``None``."""
+    from openenv.cli.app_loader import AppLoadError, imported_app
+
+    try:
+        with imported_app(folder, dict(environ)):
+            return None
+    except AppLoadError as exc:
+        return str(exc)
 
 
 class Fleet:
@@ -188,6 +205,7 @@ class Fleet:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+        self._check_loads()
         self._replica_class = ray.remote(max_restarts=-1, max_task_retries=-1)(Replica)
         for _ in range(self.replicas):
             self._add()
@@ -198,6 +216,32 @@ class Fleet:
         control.start()
         self._threads.append(control)
         return self.url
+
+    def _check_loads(self) -> None:
+        """Import the app once where a replica would run, as ``openenv serve`` does
+        before it serves: Ray would restart a replica whose app cannot load for
+        ever, each time with the same traceback, and the fleet would never serve."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        from openenv.cli.app_loader import AppLoadError
+
+        options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
+        if self.resources:
+            options["resources"] = self.resources
+        check = ray.remote(**options)(_load_problem).remote(self.folder, self.environ)
+        try:
+            problem = ray.get(check, timeout=_CHECK_TIMEOUT)
+        except GetTimeoutError:  # no node with room yet: the replicas will wait for one too
+            ray.cancel(check)
+            logger.warning(
+                "could not import %s on the cluster within %ss; starting anyway",
+                self.folder,
+                _CHECK_TIMEOUT,
+            )
+            return
+        if problem is not None:
+            raise AppLoadError(problem)
 
     def stop(self) -> None:
         """Drain every replica, remove it, stop the directory."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from openenv.cli.app_loader import AppLoadError
+
 __all__ = ["serve_fleet"]
 
 
@@ -26,7 +28,11 @@ def serve_fleet(path: Path, *, host: str, port: int, **options: Any) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    url = fleet.start()
+    try:
+        url = fleet.start()
+    except AppLoadError as exc:  # as `openenv serve` says it, before anything serves
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     try:
         typer.echo(
             f"fleet of {fleet.replicas} replica(s) of {path} (scaling "
