@@ -250,23 +250,26 @@ def answering(path: str, body: bytes) -> Starlette:
     return Starlette(routes=[Route(path, answer)])
 
 
+def two_sessions_land_on(good: str, pool: ServerPool) -> list[tuple[bool, int]]:
+    """Open two sessions through ``pool`` and check both are on ``good``; each
+    server's ``(up, placed)`` as the pool saw it while they were open."""
+
+    async def scenario() -> list[tuple[bool, int]]:
+        async with asyncio.timeout(60):  # a pool that waits on a bad server: for ever
+            clients = await hold(pool, 2)
+        try:
+            assert active(good) == 2
+            return [(view.up, view.placed) for view in pool.servers()]
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+
+    return asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("answer", NOT_OPENENV_HEALTH.values(), ids=NOT_OPENENV_HEALTH.keys())
 def test_a_server_whose_health_makes_no_sense_is_passed_over(answer: tuple[str, bytes]) -> None:
     with run_server(answering(*answer)) as odd, run_server(app(2)) as good:
-
-        async def scenario() -> None:
-            pool = ServerPool([odd, good])
-            clients = await hold(pool, 2)
-            try:
-                assert active(good) == 2
-                assert [(view.url, view.up) for view in pool.servers()] == [
-                    (odd, False),
-                    (good, True),
-                ]
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(scenario())
+        assert two_sessions_land_on(good, ServerPool([odd, good])) == [(False, 0), (True, 2)]
 
 
 def test_a_server_that_drops_every_session_it_accepts_is_passed_over() -> None:
@@ -282,20 +285,7 @@ def test_a_server_that_drops_every_session_it_accepts_is_passed_over() -> None:
 
     dropper = Starlette(routes=[Route("/health", health), WebSocketRoute("/ws", drop)])
     with run_server(dropper) as liar, run_server(app(2)) as good:
-
-        async def scenario() -> None:
-            pool = ServerPool([liar, good])
-            clients = await hold(pool, 2)
-            try:
-                assert active(good) == 2
-                assert [(view.up, view.placed) for view in pool.servers()] == [
-                    (False, 0),
-                    (True, 2),
-                ]
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(scenario())
+        assert two_sessions_land_on(good, ServerPool([liar, good])) == [(False, 0), (True, 2)]
 
 
 def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
@@ -314,18 +304,8 @@ def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
 
     slow = Starlette(routes=[Route("/health", trickle)])
     with run_server(slow) as dawdler, run_server(app(2)) as good:
-
-        async def scenario() -> None:
-            pool = ServerPool([dawdler, good], health_timeout=0.5)
-            async with asyncio.timeout(60):  # without a bound: for ever
-                clients = await hold(pool, 2)
-            try:
-                assert active(good) == 2
-                assert [view.up for view in pool.servers()] == [False, True]
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
         try:
-            asyncio.run(scenario())
+            pool = ServerPool([dawdler, good], health_timeout=0.5)
+            assert two_sessions_land_on(good, pool) == [(False, 0), (True, 2)]
         finally:
             stop.set()

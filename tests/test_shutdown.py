@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -42,6 +44,19 @@ async def wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:
             except httpx.TransportError:
                 await asyncio.sleep(0.02)
     raise AssertionError("server never became healthy")
+
+
+@contextlib.asynccontextmanager
+async def serving(port: int, close_log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """The shutdown app served on ``port``, once healthy; killed at the end if still up."""
+    proc = start(port, close_log)
+    try:
+        await wait_healthy(port, proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def free_port() -> int:
@@ -107,17 +122,11 @@ async def close_code(ws: ClientConnection) -> int | None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_closes_every_session_and_exits_zero(sig: int, tmp_path: Path) -> None:
     port, close_log = free_port(), tmp_path / "closed.txt"
-    proc = start(port, close_log)
-    try:
-        await wait_healthy(port, proc)
+    async with serving(port, close_log) as proc:
         sessions = await open_sessions(port, 100)
         proc.send_signal(sig)
         codes = await asyncio.gather(*(close_code(ws) for ws in sessions))
         assert await asyncio.to_thread(proc.wait, 30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert codes == [1001] * 100
     closed = close_log.read_text().split()
     assert sorted(closed) == sorted(f"s{i}" for i in range(100))
@@ -133,17 +142,11 @@ async def test_signal_closes_every_session_and_exits_zero(sig: int, tmp_path: Pa
 
 async def test_sigterm_closes_every_session_of_every_v2_connection(tmp_path: Path) -> None:
     port, close_log = free_port(), tmp_path / "closed.txt"
-    proc = start(port, close_log)
-    try:
-        await wait_healthy(port, proc)
+    async with serving(port, close_log) as proc:
         sockets = await open_v2_sessions(port, connections=4, per=25)
         proc.send_signal(signal.SIGTERM)
         heard = await asyncio.gather(*(v2_notices(ws) for ws in sockets))
         assert await asyncio.to_thread(proc.wait, 30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     # Each session of each connection heard why it ended, then the connection closed 1001.
     assert [sorted(notices) for notices, _ in heard] == [[(k, "shutdown") for k in range(25)]] * 4
     assert [code for _, code in heard] == [1001] * 4
