@@ -29,19 +29,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from openenv import protocol
-from openenv.server.redact import DENIED, redact_api_keys
+from openenv.fleet_directory import Directory
 
 __all__ = ["Fleet", "ReplicaView"]
 
@@ -49,10 +48,6 @@ logger = logging.getLogger("openenv.fleet")
 
 # Seconds to wait for the app's import check: a worker to start, the app to import.
 _CHECK_TIMEOUT = 120.0
-
-# What the directory passes on when a replica answers for it.
-_PASSED_ON = frozenset({"authorization", "x-api-key", "accept"})
-_PASSED_BACK = frozenset({"content-type", "cache-control", "www-authenticate"})
 
 
 @dataclass
@@ -210,7 +205,7 @@ class Fleet:
         for _ in range(self.replicas):
             self._add()
         self._refresh()
-        self._directory = _Directory(self)
+        self._directory = Directory(self)
         self.url = self._directory.start(self.host, self.port)
         control = threading.Thread(target=self._control, name="openenv-fleet", daemon=True)
         control.start()
@@ -396,118 +391,3 @@ class Fleet:
                 with self._lock:
                     if actor in self._actors:
                         self._views[id(actor)] = view
-
-
-class _Directory:
-    """The fleet's one address, served from this process: ``/replicas`` and ``/health``
-    answered here, ``/ws`` redirected (307) to the replica with the most room, and
-    every other ``GET`` asked of a replica that is up."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self._context: contextlib.ExitStack | None = None
-
-    def start(self, host: str, port: int) -> str:
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, RedirectResponse, Response
-        from starlette.routing import Route, WebSocketRoute
-        from starlette.websockets import WebSocket
-
-        fleet = self.fleet
-
-        async def replicas(request: Request) -> JSONResponse:
-            return JSONResponse({"replicas": [asdict(v) for v in fleet.views()]})
-
-        async def session(websocket: WebSocket) -> None:
-            # A plain client given the fleet's address: send it on to the replica
-            # with the most room (WebSocket clients follow a 307 on the upgrade).
-            DENIED.set(True)  # either way a refusal, which uvicorn would log as an error
-            target = fleet.place()
-            if target is None:
-                await websocket.send_denial_response(
-                    JSONResponse({"detail": "no replica of this fleet has room"}, 503)
-                )
-                return
-            await websocket.send_denial_response(
-                RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
-            )
-
-        async def elsewhere(request: Request) -> Response:
-            # The environment's other routes (/schema, /metadata, /splits, /tasks,
-            # /tools...) say the same on every replica: ask one that is up. Read
-            # here and passed on, not redirected: httpx and browsers drop the API
-            # key on a redirect to another host. /metrics is one replica's own.
-            path = request.url.path
-            if path == "/metrics":
-                detail = "each replica has its own /metrics: scrape the URLs /replicas lists"
-                return JSONResponse({"detail": detail}, 404)
-            views = [v for v in fleet.views() if v.status == "healthy"]
-            random.shuffle(views)
-            query = f"?{request.url.query}" if request.url.query else ""
-            if path == "/web" and views:
-                # The page plays over its own server's /web/ws, and browsers do not
-                # follow a redirect on a WebSocket handshake: send the page itself.
-                return RedirectResponse(views[0].url + path + query, 307)
-            passed = {k: v for k, v in request.headers.items() if k in _PASSED_ON}
-            async with httpx.AsyncClient(timeout=30.0) as http:
-                for view in views:
-                    try:
-                        answer = await http.get(view.url + path + query, headers=passed)
-                    except httpx.HTTPError:
-                        continue  # gone since the last look: the next one
-                    kept = {k: v for k, v in answer.headers.items() if k in _PASSED_BACK}
-                    return Response(answer.content, answer.status_code, headers=kept)
-            return JSONResponse({"detail": "no replica of this fleet is up"}, 503)
-
-        async def health(request: Request) -> JSONResponse:
-            views = [v for v in fleet.views() if v.status == "healthy"]
-            return JSONResponse(
-                {
-                    "status": "healthy" if views else "down",
-                    "active_sessions": sum(v.active_sessions for v in views),
-                    "max_sessions": sum(v.max_sessions for v in views),
-                    "queued_sessions": sum(v.queued_sessions for v in views),
-                    "replicas": len(views),
-                }
-            )
-
-        routes = [
-            Route("/replicas", replicas),
-            Route("/health", health),
-            WebSocketRoute("/ws", session),
-            Route("/{path:path}", elsewhere, methods=["GET", "HEAD"]),
-        ]
-        app = Starlette(routes=routes)
-        redact_api_keys()  # keys in query strings (a /web link) stay out of the logs
-        self._context = contextlib.ExitStack()
-        return self._context.enter_context(_serve_in_thread(app, host, port))
-
-    def stop(self) -> None:
-        if self._context is not None:
-            self._context.close()
-
-
-@contextlib.contextmanager
-def _serve_in_thread(app: Any, host: str, port: int) -> Iterator[str]:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="openenv-directory", daemon=True
-    )
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the fleet's directory failed to start")
-            thread.join(0.01)
-        name = f"[{host}]" if ":" in host else host
-        yield f"http://{name}:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
