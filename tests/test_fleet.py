@@ -282,6 +282,54 @@ def both_full(url: str) -> bool:
     return sorted(r["active_sessions"] for r in healthy(url)) == [2, 2]
 
 
+BLOCKING_APP = """
+import time
+
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, create_app
+
+
+class BlocksWhenAsked(EchoEnvironment):
+    async def step(self, action, **kwargs):
+        if action.message == "block":
+            time.sleep(1.5)  # blocks the replica's loop: its /health says "degraded"
+        return EchoEnvironment.step(self, action)
+
+
+concurrency = ConcurrencyConfig(max_concurrent_envs=4)
+app = create_app(BlocksWhenAsked, EchoAction, EchoObservation, concurrency)
+"""
+
+
+def test_a_degraded_replica_still_serves_through_the_fleets_address(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "blocking_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    (folder / "server" / "app.py").write_text(BLOCKING_APP)
+    with Fleet(folder, replicas=1, num_cpus=0.5, interval=0.3) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+
+        async def step(message: str) -> str:
+            async with WebSocketEnvClient(url) as env:  # a plain client: the /ws redirect
+                reply = await env.step(EchoAction(message=message))
+                return str((reply.observation.model_extra or {})["echoed_message"])
+
+        assert asyncio.run(step("block")) == "block"
+
+        def degraded() -> bool:
+            return [r["status"] for r in httpx.get(f"{url}/replicas").json()["replicas"]] == [
+                "degraded"
+            ]
+
+        until(degraded, "the replica's /health saying degraded")
+        # Slowed, not down: sessions still go there, and the address says so.
+        assert asyncio.run(step("again")) == "again"
+        assert httpx.get(f"{url}/health").json()["status"] == "degraded"
+        assert httpx.get(f"{url}/schema").status_code == 200
+
+
 def test_a_fleet_whose_app_cannot_load_refuses_to_start(
     two_nodes: list[str], tmp_path: Path
 ) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from servers import Ping, PingEnvironment, Pong
+from servers import Ping, PingEnvironment, Pong, health
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -226,6 +227,36 @@ def test_runners_spread_tasks_over_a_pool_and_never_see_a_refusal(
         results = Runners.sync_run_task(tasks, config)
     assert [r.status.value for r in results] == ["ok"] * 100
     assert sum(r.steps for r in results) == 300
+
+
+class BlocksWhenAsked(PingEnvironment):
+    """A step asked to ``block`` blocks its server's event loop (the bug in an
+    ``async def`` step that makes ``/health`` say "degraded" for a while)."""
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        if action.message == "block":
+            time.sleep(1.5)  # noqa: ASYNC251 - the point of it: past the 1 s a block is seen at
+        return PingEnvironment.step(self, action)
+
+
+def test_a_degraded_server_still_takes_sessions_when_no_healthy_one_has_room() -> None:
+    concurrency = ConcurrencyConfig(max_concurrent_envs=4)
+    slowed_app = create_app(BlocksWhenAsked, Ping, Pong, concurrency)
+    with run_server(slowed_app) as slowed, run_server(app(2)) as good:
+
+        async def scenario() -> None:
+            async with PingClient(slowed) as blocker:
+                await blocker.step(Ping(message="block"))
+            assert (await health(slowed))["status"] == "degraded"
+            pool = ServerPool([slowed, good], wait=2)
+            clients = await hold(pool, 4)  # the healthy server's 2 slots first, then the rest
+            try:
+                assert (active(slowed), active(good)) == (2, 2)
+                assert [(v.up, v.degraded) for v in pool.servers()] == [(True, True), (True, False)]
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        asyncio.run(scenario())
 
 
 # -- servers that answer their health check wrongly -----------------------------------

@@ -103,6 +103,10 @@ class Replica:
         self._sock.close()
 
 
+def _free(view: ReplicaView) -> int:
+    return view.max_sessions - view.active_sessions - view.queued_sessions
+
+
 def _load_problem(folder: str, environ: Mapping[str, str]) -> str | None:
     """Why a replica could not import the folder's app (one line), or ``None``."""
     from openenv.cli.app_loader import AppLoadError, imported_app
@@ -275,17 +279,26 @@ class Fleet:
             actors = list(self._actors)
         return list(ray.get([actor.where.remote() for actor in actors], timeout=60))
 
+    def serving(self) -> list[ReplicaView]:
+        """The replicas that take sessions: "healthy" ones, then "degraded" ones
+        (slowed, their loop blocked lately, but serving)."""
+        views = self.views()
+        return [v for v in views if v.status == "healthy"] + [
+            v for v in views if v.status == "degraded"
+        ]
+
     def place(self) -> str | None:
-        """The healthy replica with the most room (its slot counted until the next look)."""
+        """The replica with the most room, a healthy one if any has room, else a
+        degraded one (its slot counted until the next look)."""
         with self._lock:
             views = [self._views[id(a)] for a in self._actors if id(a) in self._views]
-            room = [v for v in views if v.status == "healthy"]
-            free = {v.url: v.max_sessions - v.active_sessions - v.queued_sessions for v in room}
-            if not free or max(free.values()) <= 0:
-                return None
-            best = max(room, key=lambda v: free[v.url])
-            best.active_sessions += 1  # so a burst spreads before the next health check
-            return best.url
+            for status in ("healthy", "degraded"):
+                room = [v for v in views if v.status == status and _free(v) > 0]
+                if room:
+                    best = max(room, key=_free)
+                    best.active_sessions += 1  # so a burst spreads before the next look
+                    return best.url
+            return None
 
     # -- scaling ------------------------------------------------------------
 
@@ -318,7 +331,9 @@ class Fleet:
             self._scale()
 
     def _scale(self) -> None:
-        views = [v for v in self.views() if v.status == "healthy"]
+        # A degraded replica serves: its sessions count (it is not removed as idle
+        # under them), and it is not a replica still on its way.
+        views = self.serving()
         with self._lock:
             count, coming = len(self._actors), len(self._actors) - len(views)
         slots = sum(v.max_sessions for v in views)

@@ -76,8 +76,9 @@ class Directory:
             if path == "/metrics":
                 detail = "each replica has its own /metrics: scrape the URLs /replicas lists"
                 return JSONResponse({"detail": detail}, 404)
-            views = [v for v in fleet.views() if v.status == "healthy"]
+            views = fleet.serving()
             random.shuffle(views)
+            views.sort(key=lambda v: v.status != "healthy")  # healthy first; sort is stable
             query = f"?{request.url.query}" if request.url.query else ""
             if path == "/web" and views:
                 # The page plays over its own server's /web/ws, and browsers do not
@@ -95,10 +96,11 @@ class Directory:
             return JSONResponse({"detail": "no replica of this fleet is up"}, 503)
 
         async def health(request: Request) -> JSONResponse:
-            views = [v for v in fleet.views() if v.status == "healthy"]
+            views = fleet.serving()
+            status = views[0].status if views else "down"  # healthy if any replica is
             return JSONResponse(
                 {
-                    "status": "healthy" if views else "down",
+                    "status": status,
                     "active_sessions": sum(v.active_sessions for v in views),
                     "max_sessions": sum(v.max_sessions for v in views),
                     "queued_sessions": sum(v.queued_sessions for v in views),

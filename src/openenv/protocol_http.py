@@ -47,8 +47,8 @@ class Health(BaseModel):
 
     status: str = Field(
         default="healthy",
-        description='"healthy" takes sessions; "degraded" (see reason), "draining", '
-        'and a replica "starting" or "down" do not.',
+        description='"healthy"; "degraded" (see reason) still takes sessions, only slower; '
+        '"draining", and a fleet\'s replica "starting" or "down", do not.',
     )
     active_sessions: NonNegativeInt = Field(default=0, description="Sessions holding a slot.")
     max_sessions: NonNegativeInt = Field(default=0, description="Slots in all (the cap).")

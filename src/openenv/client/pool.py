@@ -8,6 +8,8 @@ a refusal only when every server is full for longer than ``wait`` seconds. A
 server whose health check takes longer than ``health_timeout`` seconds in all,
 or answers something that is not ``protocol.Health`` (another service on that
 port, a proxy's error page), counts as down until a later check says otherwise.
+A "degraded" server (its event loop was blocked lately) still gets sessions,
+but only when no healthy server has room.
 
 The pool keeps its own count between health checks: each session it places
 takes one slot from its estimate at once, so a burst of clients spreads over
@@ -36,6 +38,7 @@ from openenv.errors import CapacityError, ConnectionFailedError
 __all__ = ["ServerPool", "ServerView", "as_pool"]
 
 _LOOK_AGAIN = 0.02  # seconds between looks for room while every server is full
+_TAKES_SESSIONS = frozenset({"healthy", "degraded"})
 
 
 @dataclass
@@ -45,7 +48,8 @@ class ServerView:
     url: str  # http(s)://host:port
     free: int = 0  # slots the pool may still use there
     max_sessions: int = 0
-    up: bool = False
+    up: bool = False  # answers, and takes sessions ("healthy" or "degraded")
+    degraded: bool = False  # slowed (its loop was blocked lately): used when no other has room
     placed: int = 0  # sessions this pool holds there now
 
 
@@ -181,6 +185,8 @@ class ServerPool:
         candidates = [view for view in self._servers.values() if view.up and view.free > 0]
         if not candidates:
             return None
+        # A degraded server still serves, only slower: the last resort, not refused.
+        candidates = [view for view in candidates if not view.degraded] or candidates
         most = max(view.free for view in candidates)
         chosen = random.choice([view for view in candidates if view.free == most])
         chosen.free -= 1
@@ -226,7 +232,8 @@ class ServerPool:
                 if health is None:
                     view.up, view.free = False, 0
                 else:
-                    view.up = health.status == "healthy"
+                    view.up = health.status in _TAKES_SESSIONS
+                    view.degraded = health.status == "degraded"
                     view.max_sessions = health.max_sessions
                     taken = health.active_sessions + health.queued_sessions
                     view.free = max(view.max_sessions - taken, 0) if view.up else 0
