@@ -53,7 +53,9 @@ class Health(BaseModel):
     active_sessions: NonNegativeInt = Field(default=0, description="Sessions holding a slot.")
     max_sessions: NonNegativeInt = Field(default=0, description="Slots in all (the cap).")
     queued_sessions: NonNegativeInt = Field(default=0, description="Sessions waiting for a slot.")
-    protocol_version: int = Field(default=1, description="The newest /ws protocol it speaks.")
+    protocol_version: int = Field(
+        default=1, description="The /ws protocol's version (v2 is the subprotocol openenv.v2)."
+    )
     workers: int = Field(default=1, description="Worker processes sharing the cap.")
     reason: str | None = Field(default=None, description='Why the status is "degraded".')
 
