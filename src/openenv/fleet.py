@@ -103,6 +103,10 @@ class Replica:
         self._sock.close()
 
 
+# The statuses of a replica that takes sessions, in the order they are chosen.
+_SERVING = ("healthy", "degraded")
+
+
 def _free(view: ReplicaView) -> int:
     return view.max_sessions - view.active_sessions - view.queued_sessions
 
@@ -283,16 +287,14 @@ class Fleet:
         """The replicas that take sessions: "healthy" ones, then "degraded" ones
         (slowed, their loop blocked lately, but serving)."""
         views = self.views()
-        return [v for v in views if v.status == "healthy"] + [
-            v for v in views if v.status == "degraded"
-        ]
+        return [v for status in _SERVING for v in views if v.status == status]
 
     def place(self) -> str | None:
         """The replica with the most room, a healthy one if any has room, else a
         degraded one (its slot counted until the next look)."""
         with self._lock:
             views = [self._views[id(a)] for a in self._actors if id(a) in self._views]
-            for status in ("healthy", "degraded"):
+            for status in _SERVING:
                 room = [v for v in views if v.status == status and _free(v) > 0]
                 if room:
                     best = max(room, key=_free)

@@ -39,6 +39,7 @@ __all__ = ["ServerPool", "ServerView", "as_pool"]
 
 _LOOK_AGAIN = 0.02  # seconds between looks for room while every server is full
 _TAKES_SESSIONS = frozenset({"healthy", "degraded"})
+_JOINED: dict[str, ServerPool] = {}  # URLs joined by commas -> their shared pool
 
 
 @dataclass
@@ -280,5 +281,9 @@ def as_pool(target: str | ServerPool) -> ServerPool | None:
     if isinstance(target, ServerPool):
         return target
     if "," in target:
-        return ServerPool.shared(ServerPool(target).urls)
+        # Asked once per session (and per episode by Runners): parse each text once.
+        pool = _JOINED.get(target)
+        if pool is None:
+            pool = _JOINED[target] = ServerPool.shared(ServerPool(target).urls)
+        return pool
     return None

@@ -220,7 +220,7 @@ class RemoteEnv:
     ) -> Any:
         """GET ``path`` as JSON from this environment's server; with a pool, from the
         first of its servers that can be reached (every one serves the same)."""
-        roots = [self.url] if self.pool is None else [http_url(u) for u in self.pool.urls]
+        roots = [self.url] if self.pool is None else list(self.pool.urls)
         for root in roots[:-1]:
             try:
                 return await _get_json(f"{root}{path}", params, http, headers=self.headers)
