@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import httpx
 import pytest
 from mcp import Client
@@ -99,3 +102,76 @@ async def test_one_address_cannot_take_every_slot() -> None:
                 assert (await initialize(elsewhere)).status_code == 200
                 assert (await initialize(elsewhere)).status_code == 200
             await until_active(url, 4)
+
+
+ACCEPT = {"accept": "application/json, text/event-stream"}
+
+
+async def test_a_body_over_max_message_size_gets_413_and_opens_nothing() -> None:
+    with run_server(counter(4, max_message_size=64 * 1024)) as url:
+        padded = {**INITIALIZE, "params": {**INITIALIZE["params"], "padding": "x" * 100_000}}
+        async with httpx.AsyncClient(base_url=url) as http:
+            refused = await http.post("/mcp", json=padded, headers=ACCEPT)
+            assert refused.status_code == 413
+            error = refused.json()["error"]
+            assert "over 65536 bytes (max_message_size)" in error["message"]
+            assert TrackedCounter.tracker.created == []
+        # Within the limit, MCP goes on as before.
+        async with Client(f"{url}/mcp") as mcp:
+            done = await mcp.call_tool("increment", {"amount": 3})
+            assert done.structured_content["data"] == {"value": 3}  # type: ignore[index]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_that_never_ends_is_refused_without_reading_it_all(framing: str) -> None:
+    """A client that announces a gigabyte, or streams chunks for ever, gets its
+    413 once it is past the limit; the server does not wait for (or keep) the rest."""
+    limit = 64 * 1024
+    with run_server(counter(4, max_message_size=limit)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        framed = (
+            "content-length: 1000000000"
+            if framing == "content-length"
+            else ("transfer-encoding: chunked")
+        )
+        writer.write(
+            f"POST /mcp HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"accept: application/json, text/event-stream\r\n{framed}\r\n\r\n".encode()
+        )
+        piece = b"x" * 16384
+        if framing == "chunked":
+            piece = b"%x\r\n%s\r\n" % (len(piece), piece)
+        status = asyncio.ensure_future(reader.readline())
+        sent = 0
+        with contextlib.suppress(ConnectionError):  # the server may close once it answered
+            while not status.done():
+                # Far more than the limit, far less than the gigabyte announced.
+                assert sent < 400 * limit, "the server read on past max_message_size"
+                writer.write(piece)
+                await writer.drain()
+                sent += len(piece)
+                await asyncio.sleep(0)  # lets the reply, if it came, be read
+        assert (await status).startswith(b"HTTP/1.1 413 ")
+        writer.close()
+        assert TrackedCounter.tracker.created == []
+        async with Client(f"{url}/mcp") as mcp:  # and the server goes on
+            assert (await mcp.list_tools()).tools[0].name == "increment"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}', b"not json", b"[]", b""],
+    ids=["not-initialize", "not-json", "a-list", "empty"],
+)
+async def test_a_request_that_is_no_initialize_makes_no_environment(body: bytes) -> None:
+    """Without a session id only an initialize may open a session: anything else is
+    refused by the MCP SDK as before, and never costs an environment first."""
+    with run_server(counter(4)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            headers = {**ACCEPT, "content-type": "application/json"}
+            refused = await http.post("/mcp", content=body, headers=headers)
+            assert refused.status_code == 400
+            assert TrackedCounter.tracker.created == []
+            assert (await initialize(http)).status_code == 200
+            assert len(TrackedCounter.tracker.created) == 1

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -372,3 +373,24 @@ def test_delete_waits_for_the_call_in_flight() -> None:
         after = http.post("/call", json=call, headers=headers)
         assert after.status_code == 410
         assert active(url) == 0
+
+
+def test_a_body_over_max_message_size_gets_413_and_the_session_goes_on() -> None:
+    app = counter_app(cap=2, max_message_size=4096)
+    with run_server(app) as url, httpx.Client(base_url=url) as http:
+        headers = {"X-Session-ID": open_sid(http)}
+        task = {"split": "train", "index": 0}
+        big = http.post("/create", json={**task, "pad": "x" * 5000}, headers=headers)
+        assert big.status_code == 413
+        assert big.json() == {"detail": "request body over 4096 bytes (max_message_size)"}
+        # One that only announces a gigabyte is refused before it sends any of it.
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(
+                f"POST /create HTTP/1.1\r\nhost: {host}\r\nx-session-id: "
+                f"{headers['X-Session-ID']}\r\ncontent-length: 1000000000\r\n\r\n".encode()
+            )
+            assert raw.recv(64).startswith(b"HTTP/1.1 413 ")
+        assert http.post("/create", json=task, headers=headers).json() == {
+            "sid": headers["X-Session-ID"]
+        }

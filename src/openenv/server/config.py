@@ -128,7 +128,10 @@ class ServerSettings(BaseModel):
     max_message_size: int = Field(
         default=2**20,
         ge=1,
-        description="Largest client frame in bytes; larger ones get close code 1009.",
+        description=(
+            "Largest client frame in bytes; larger ones get close code 1009. Also the"
+            " largest HTTP request body (/mcp, OpenReward's routes): larger ones get 413."
+        ),
     )
     max_bad_frames: int = Field(
         default=20,

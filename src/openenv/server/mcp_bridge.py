@@ -27,7 +27,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
@@ -51,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
+from openenv.server.http_bodies import BodyTooLarge, read_body, replay
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
@@ -107,7 +110,10 @@ class McpBridge:
     async def running(self) -> AsyncIterator[None]:
         # A manager runs only once, and the same app may be served again.
         self._manager = StreamableHTTPSessionManager(
-            self.server, session_idle_timeout=self.idle_timeout, max_sessions=None
+            self.server,
+            session_idle_timeout=self.idle_timeout,
+            max_sessions=None,  # the service's cap counts MCP sessions
+            max_request_body_size=self.service.settings.max_message_size,
         )
         reaper = asyncio.create_task(self._reap_idle())
         try:
@@ -128,9 +134,21 @@ class McpBridge:
         if manager is None:
             await JSONResponse({"detail": "MCP is not running"}, 503)(scope, receive, send)
             return
+        body = b""
+        if scope["method"] == "POST":
+            # Read here, bounded, rather than whole by the SDK: and so an
+            # environment is made only for a request that is an initialize.
+            try:
+                body = await read_body(scope, receive, self.service.settings.max_message_size)
+            except BodyTooLarge as exc:
+                await _rpc_error(413, mcp.INVALID_REQUEST, str(exc))(scope, receive, send)
+                return
+            except ClientDisconnect:
+                return
+            receive = replay(body, receive)
         headers = Headers(scope=scope)
         sid = headers.get(MCP_SESSION_ID_HEADER)
-        if sid is None and scope["method"] == "POST" and _opens_session(headers):
+        if sid is None and _opens_session(headers) and _is_initialize(body):
             await self._open(manager, scope, receive, send)
             return
         entry = self.sessions.get(sid) if sid is not None else None
@@ -373,6 +391,16 @@ def _client_address(scope: Scope) -> str:
     """The remote address (behind a proxy, its own unless uvicorn trusts its headers)."""
     client = scope.get("client")
     return str(client[0]) if client else ""
+
+
+def _is_initialize(body: bytes) -> bool:
+    """Whether a POST's body is a JSON-RPC ``initialize`` (anything else opens no
+    session, and the SDK refuses it as it would)."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return type(message) is dict and message.get("method") == "initialize"
 
 
 def _opens_session(headers: Headers) -> bool:

@@ -44,6 +44,7 @@ import openenv
 from openenv import protocol
 from openenv.protocol import ErrorCode
 from openenv.server import openreward_wire as wire
+from openenv.server.http_bodies import BodyTooLarge, read_body
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import SessionState
@@ -452,14 +453,12 @@ def _sid(request: Request) -> str:
 
 async def _body(request: Request, model: type[_B], service: EnvService) -> _B:
     """The JSON body as ``model``: 413 past ``max_message_size``, 422 when it does not fit."""
-    limit = service.settings.max_message_size
-    raw = bytearray()
-    async for piece in request.stream():
-        raw += piece
-        if len(raw) > limit:
-            _fail(413, f"request body over {limit} bytes (max_message_size)")
     try:
-        return model.model_validate_json(bytes(raw) or b"{}")
+        raw = await read_body(request.scope, request.receive, service.settings.max_message_size)
+    except BodyTooLarge as exc:
+        _fail(413, str(exc))
+    try:
+        return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()

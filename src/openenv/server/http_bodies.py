@@ -1,0 +1,61 @@
+"""HTTP request bodies read up to a limit, for the routes that take one (MCP, OpenReward).
+
+Neither uvicorn nor Starlette bounds a request body, so a route that reads
+one whole would hold whatever a client sends. ``read_body`` refuses a body
+whose ``Content-Length`` is over the limit before reading any of it, and one
+sent without (chunked) as soon as it passes the limit, so a client that
+announces a gigabyte, or streams for ever, costs the server ``limit`` bytes.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope
+
+from openenv.errors import OpenEnvError
+
+__all__ = ["BodyTooLarge", "read_body", "replay"]
+
+
+class BodyTooLarge(OpenEnvError):
+    """A request body over the limit; ``str()`` says so, for a 413's message."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body over {limit} bytes (max_message_size)")
+        self.limit = limit
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole body of an HTTP request, if it is at most ``limit`` bytes.
+
+    Raises ``BodyTooLarge`` past the limit and Starlette's ``ClientDisconnect``
+    if the client leaves first.
+    """
+    declared = Headers(scope=scope).get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise BodyTooLarge(limit)
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` (already read) first, then what ``receive`` gives:
+    for the app a request is handed to next, which may read it again and then wait
+    for the client's disconnect."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replayed
