@@ -388,6 +388,31 @@ def test_a_refused_handshake_is_refused_as_uvicorn_does(
     assert statuses["fast"].split()[1] in {"400", "401", "403"}
 
 
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ([*PLAIN, "Content-Length: 5"], "hello"),
+        ([*PLAIN, "Transfer-Encoding: chunked"], "5\r\nhello\r\n0\r\n\r\n"),
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_an_upgrade_request_with_a_body_is_answered_and_closed(
+    both: dict[str, tuple[str, int]], headers: list[str], body: str
+) -> None:
+    """websockets cannot parse an upgrade request with a body: it is answered 400
+    and its connection closed, not left open for as long as the client likes.
+    uvicorn's own protocol leaves it open (websockets-sansio writes nothing), so
+    this tests the fast protocol alone."""
+    raw = RawClient(both["fast"], request=request(*headers) + body, upgraded=False)
+    try:
+        assert raw.status == "HTTP/1.1 400 Bad Request"
+        while chunk := raw.sock.recv(65536):  # to the server's close (its 10 s timeout fails)
+            raw.buffer += chunk
+        assert "Failed to open a WebSocket connection: unsupported" in raw.buffer.decode()
+    finally:
+        raw.close()
+
+
 def test_frames_sent_before_the_accept_are_kept() -> None:
     # A client may send frames right behind its request; those that arrive
     # before the app accepts wait for websockets' parser, as on the stock path.

@@ -417,6 +417,27 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             conn.parser = conn.parse()
             next(conn.parser)  # to its first wait for data, as websockets starts it
         super().data_received(data)
+        if conn.handshake_exc is not None and not self.handshake_complete:
+            self._refuse_unparsed()
+
+    def _refuse_unparsed(self) -> None:
+        """Answer and close an upgrade request websockets could not parse.
+
+        websockets then has a response ready (431 for a header over its limits)
+        or, for a request it cannot read (one with a body), only its end of
+        stream; uvicorn's own protocol sends neither, and would leave the
+        connection open for as long as the client keeps it.
+        """
+        conn = self.conn
+        if self.transport.is_closing():
+            return
+        output = b"".join(conn.data_to_send())
+        if not output:
+            reason = conn.handshake_exc.__cause__ or conn.handshake_exc
+            response = conn.reject(400, f"Failed to open a WebSocket connection: {reason}.\n")
+            output = response.serialize()
+        self.transport.write(output)
+        self.transport.close()
 
     def _park_parser(self) -> None:
         """Drop websockets' frame parser while it idles at a frame boundary.
