@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 
@@ -73,3 +74,32 @@ def test_a_kept_alive_connection_gets_a_deadline_for_each_request(
 
 def test_openenv_serve_uses_it() -> None:
     assert uvicorn_config(object()).http is HttpToolsProtocol
+
+
+@pytest.mark.parametrize("where", ["value", "url"])
+def test_headers_past_max_header_bytes_get_431_and_a_close(where: str) -> None:
+    """httptools gathers a header (or the URL) into one string, a copy per piece
+    received: a client streaming one for ever would hold the event loop, so it
+    is cut off past ``max_header_bytes`` (1 MiB), with 431."""
+    app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+                if where == "value"
+                else b"GET /health?"
+            )
+            piece, sent = b"a" * 65536, 0
+            with contextlib.suppress(ConnectionError):  # it may close before all is sent
+                while sent <= 4 << 20:
+                    sock.sendall(piece)
+                    sent += len(piece)
+            reply = b""
+            while chunk := sock.recv(65536):  # to the server's close (a timeout fails)
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+        assert reply.endswith(b"request headers over 1048576 bytes")
+        # A large header under the limit is still served, and so is everyone else.
+        big = httpx.get(f"{url}/health", headers={"X-Big": "a" * 500_000})
+        assert big.status_code == 200

@@ -1,4 +1,4 @@
-"""uvicorn's HTTP protocol (httptools), with a deadline on each request's headers.
+"""uvicorn's HTTP protocol (httptools), with a deadline and a size limit on each request's headers.
 
 uvicorn times out an idle keep-alive connection, but not one that never
 finishes its request: a TCP connect that sends nothing, or an upgrade request
@@ -8,6 +8,12 @@ complete each request's headers (a WebSocket upgrade included) within
 ``header_timeout`` seconds of connecting, or of the request's first byte;
 otherwise it is closed. A request body, a response, and the WebSocket session
 after the upgrade are not bounded by it.
+
+Nor does it bound their size: httptools gathers a header value, or the URL,
+into one string with a copy for every piece received, so a client that
+streams one for ever holds the event loop for seconds (every session waits)
+and then memory. Headers past ``OPENENV_MAX_HEADER_BYTES`` (1 MiB, Go's
+``net/http`` default) are refused with 431 and the connection closed.
 
 The deadline is ``OPENENV_HEADER_TIMEOUT`` (default 10 s). ``openenv serve``
 and ``openenv.testing.run_server`` use this protocol; with plain uvicorn, pass
@@ -22,18 +28,52 @@ import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 
-__all__ = ["HEADER_TIMEOUT", "HttpToolsProtocol"]
+__all__ = ["HEADER_TIMEOUT", "MAX_HEADER_BYTES", "HttpToolsProtocol"]
 
 HEADER_TIMEOUT = float(os.environ.get("OPENENV_HEADER_TIMEOUT", "10"))
+MAX_HEADER_BYTES = int(os.environ.get("OPENENV_MAX_HEADER_BYTES", str(1 << 20)))
+LINGER = 5.0  # seconds a refused connection is read (and dropped) before it is closed
 
 logger = logging.getLogger("openenv.server")
 
 
 class HttpToolsProtocol(_UvicornHttpTools):
-    """uvicorn's httptools protocol; a request whose headers do not arrive in time is dropped."""
+    """uvicorn's httptools protocol; a request whose headers do not arrive in time,
+    or run past ``max_header_bytes``, is dropped."""
 
     header_timeout: float = HEADER_TIMEOUT
+    max_header_bytes: int = MAX_HEADER_BYTES
     _header_deadline: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # received since the headers' deadline was armed
+    _refused = False  # answered 431: what else comes is dropped
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped until the client closes, so the 431 reaches it
+        super().data_received(data)
+        if self._header_deadline is None:  # no request's headers are coming
+            return
+        # Counted after parsing: a piece that ended one request and began the
+        # next counts whole, at most one read (256 KiB) more than the headers.
+        self._header_bytes += len(data)
+        if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+            self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        """Answer 431 and end the connection, reading on for a while first: closing
+        with unread bytes makes the kernel reset the connection, and the client
+        could lose the answer."""
+        self._disarm()
+        self._refused = True
+        body = f"request headers over {self.max_header_bytes} bytes".encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER, self.transport.close)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -55,6 +95,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         super().connection_lost(exc)
 
     def _arm(self) -> None:
+        self._header_bytes = 0
         self._header_deadline = self.loop.call_later(self.header_timeout, self._expire)
 
     def _disarm(self) -> None:

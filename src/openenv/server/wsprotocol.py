@@ -418,9 +418,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             next(conn.parser)  # to its first wait for data, as websockets starts it
         super().data_received(data)
         if conn.handshake_exc is not None and not self.handshake_complete:
-            self._refuse_unparsed()
+            self._refuse_unparsed(conn.handshake_exc)
 
-    def _refuse_unparsed(self) -> None:
+    def _refuse_unparsed(self, exc: Exception) -> None:
         """Answer and close an upgrade request websockets could not parse.
 
         websockets then has a response ready (431 for a header over its limits)
@@ -433,7 +433,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             return
         output = b"".join(conn.data_to_send())
         if not output:
-            reason = conn.handshake_exc.__cause__ or conn.handshake_exc
+            reason = exc.__cause__ or exc
             response = conn.reject(400, f"Failed to open a WebSocket connection: {reason}.\n")
             output = response.serialize()
         self.transport.write(output)
