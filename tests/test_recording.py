@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 from websockets.asyncio.client import connect
 
 from echo_env.models import EchoAction, EchoObservation
@@ -185,3 +186,26 @@ def test_a_frame_spanning_lines_is_recorded_on_one_line(tmp_path: Path) -> None:
         ]
         assert [s.reply for s in episode.steps] == replies
         assert asyncio.run(replay(episode, url)) == []
+
+
+def test_a_refused_frame_that_is_json_but_not_an_object_replays(tmp_path: Path) -> None:
+    frames = ['{"type": "reset"}', "[1, 2]", '"step"', "null", "not json"]
+    with run_server(echo_app(tmp_path / "rec")) as url:
+        replies = asyncio.run(send_each(url, frames))
+        assert [r["data"].get("code") for r in replies[1:]] == ["INVALID_JSON"] * 4
+        (episode,) = load(tmp_path / "rec")
+        assert [s.kind for s in episode.steps] == ["reset", *["invalid"] * 4]
+        assert [s.request for s in episode.steps[1:4]] == [[1, 2], "step", None]
+        # Once an AttributeError ('list' object has no attribute 'get').
+        assert asyncio.run(replay(episode, url)) == []
+
+
+def test_load_skips_a_line_that_is_json_but_not_an_event(tmp_path: Path) -> None:
+    with run_server(echo_app(tmp_path / "rec")) as url:
+        asyncio.run(send_each(url, ['{"type": "reset"}']))
+    (file,) = (tmp_path / "rec").glob("*.jsonl")
+    with file.open("ab") as out:
+        out.write(b"2\n[1]\n")  # once an AttributeError out of load()
+    with pytest.warns(UserWarning, match=rf"not JSON objects: {file.name} \(2\)"):
+        (episode,) = load(tmp_path / "rec")
+    assert [s.kind for s in episode.steps] == ["reset"]
