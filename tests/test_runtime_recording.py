@@ -15,11 +15,13 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from counter_env.models import CounterAction, CounterObservation, CounterTask
 from counter_env.server.environment import CounterEnvironment
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, EnvValidationError, create_app
+from openenv.cli import app as cli
 from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
 from openenv.testing import run_server
 from openenv.trajectories import load, replay_all, to_parquet, to_rows
@@ -196,3 +198,48 @@ def test_episodes_reach_the_disk_while_the_run_goes_on(tmp_path: Path, workers: 
     config = RunConfig(worker_num=workers, record=folder, progress=False)
     results = Runners.sync_run_task(tasks, config)
     assert [r.value for r in results] == [1.0, True], [r.error for r in results]
+
+
+async def plays_and_notes(session: EpisodeSession) -> str:
+    await session.reset()
+    await session.step({"message": "hi"})
+    await asyncio.to_thread(note, session.input, session.task.id)  # from any process
+    return "played"
+
+
+def note(journal: str, line: str) -> None:
+    with Path(journal).open("a") as file:
+        file.write(f"{line}\n")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_a_record_folder_that_cannot_be_written_fails_the_run_before_any_episode(
+    tmp_path: Path, workers: int
+) -> None:
+    # It used to be found when the first episode ended: every episode was
+    # played to the end, then reported as an error, its value lost.
+    blocker, journal = tmp_path / "a-file", tmp_path / "journal"
+    blocker.write_text("not a folder")
+    tasks = [
+        Task(id=f"t{i}", env=EchoEnvironment, agent=plays_and_notes, input=str(journal))
+        for i in range(3)
+    ]
+    for folder in (blocker, blocker / "rec"):
+        config = RunConfig(worker_num=workers, record=str(folder), progress=False)
+        with pytest.raises(ValueError, match=f"cannot record into {folder}: "):
+            Runners.sync_run_task(tasks, config)
+    assert not journal.exists()  # no episode was played
+    assert blocker.read_text() == "not a folder"
+
+
+def test_openenv_run_names_a_record_folder_it_cannot_write_before_playing(
+    echo_url: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--tasks", "2", "--no-progress"]
+    outcome = CliRunner().invoke(cli, [*command, "--out", str(out), "--record", str(blocker)])
+    assert outcome.exit_code == 2, outcome.output
+    assert f"cannot record into {blocker}: " in " ".join(outcome.output.split())
+    assert not out.exists() or out.read_bytes() == b""  # no episode was played

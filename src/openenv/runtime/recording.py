@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["EpisodeRecord", "flush"]
+__all__ = ["EpisodeRecord", "check_folder", "flush"]
 
 
 class EpisodeRecord:
@@ -160,6 +161,23 @@ def _close() -> None:
         writers = [w for (pid, _), w in _writers.items() if pid == os.getpid()]
     for writer in writers:
         writer.close()
+
+
+def check_folder(folder: str) -> None:
+    """Make ``folder`` if need be, and check a file can be written there.
+
+    Called before a run's first episode: a folder that cannot take the
+    recording fails the run at once, not every episode once it has been played.
+
+    Raises:
+        ValueError: ``folder`` is a file, or cannot be made or written to.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot record into {folder}: {exc.strerror or exc}") from None
 
 
 def flush() -> None:
