@@ -243,3 +243,46 @@ def test_openenv_run_names_a_record_folder_it_cannot_write_before_playing(
     assert outcome.exit_code == 2, outcome.output
     assert f"cannot record into {blocker}: " in " ".join(outcome.output.split())
     assert not out.exists() or out.read_bytes() == b""  # no episode was played
+
+
+async def meets_its_round(session: EpisodeSession) -> str:
+    """Says hi once the other task of its round is playing too (so, with one
+    episode per worker process, both processes play every round)."""
+    journal, round_ = session.input
+    await session.reset()
+    await asyncio.to_thread(note, journal, round_)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 60
+    while (await asyncio.to_thread(Path(journal).read_text)).count(round_) < 2:
+        if loop.time() > end:
+            return "alone"
+        await asyncio.sleep(0.01)
+    return str((await session.step({"message": "hi"})).observation.echoed_message)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_each_run_records_into_the_folder_of_that_name_when_it_runs(
+    tmp_path: Path, workers: int
+) -> None:
+    # A training loop records each round into "current", then moves it aside.
+    # The process (and the worker processes, kept for the next run) used to keep
+    # its file open: round 1 went on into round 0's moved folder, "current" empty.
+    current, journal = tmp_path / "current", str(tmp_path / "journal")
+    for round_ in ("a", "b"):
+        tasks = [
+            Task(
+                id=f"{round_}{i}",
+                env=EchoEnvironment,
+                agent=meets_its_round,
+                input=(journal, round_),
+            )
+            for i in range(2)
+        ]
+        config = RunConfig(
+            worker_num=workers, max_concurrency=3 - workers, record=str(current), progress=False
+        )
+        assert [r.value for r in Runners.sync_run_task(tasks, config)] == ["hi"] * 2
+        current.rename(tmp_path / f"round-{round_}")
+    for round_ in ("a", "b"):
+        episodes = load(tmp_path / f"round-{round_}")
+        assert sorted(e.session for e in episodes) == [f"{round_}0", f"{round_}1"]
