@@ -22,7 +22,7 @@ from counter_env.server.environment import CounterEnvironment
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, EnvValidationError, create_app
 from openenv.cli import app as cli
-from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
+from openenv.runtime import EpisodeSession, ParallelizableAgent, RunConfig, Runners, Task
 from openenv.testing import run_server
 from openenv.trajectories import load, replay_all, to_parquet, to_rows
 from wordle_env import WordleAction, WordleTask
@@ -286,3 +286,44 @@ def test_each_run_records_into_the_folder_of_that_name_when_it_runs(
     for round_ in ("a", "b"):
         episodes = load(tmp_path / f"round-{round_}")
         assert sorted(e.session for e in episodes) == [f"{round_}0", f"{round_}1"]
+
+
+async def echoes(session: EpisodeSession) -> str:
+    await session.reset()
+    return str((await session.step({"message": "hi"})).observation.echoed_message)
+
+
+def test_each_sub_episode_of_a_parallel_agent_is_recorded_with_how_it_ended(
+    tmp_path: Path,
+) -> None:
+    both = ParallelizableAgent(agents=[echoes, hangs_after_reset])
+    tasks = [
+        Task(id="quick", env=EchoEnvironment, agent=ParallelizableAgent(agents=[echoes, echoes])),
+        Task(id="slow", env=EchoEnvironment, agent=both, timeout=0.5),
+    ]
+    config = RunConfig(record=str(tmp_path / "rec"), progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["ok", "timeout"]
+
+    episodes = {e.session: [s.kind for s in e.steps] for e in load(tmp_path / "rec")}
+    assert episodes == {
+        "quick/fork-1": ["reset", "step"],
+        "quick/fork-2": ["reset", "step"],
+        "slow/fork-1": ["reset", "step"],
+        "slow/fork-2": ["reset", "state"],
+    }
+    (file,) = (tmp_path / "rec").glob("runner-*.jsonl")
+    closed = {
+        event["session"]: (event["task"], event["reason"])
+        for event in map(orjson.loads, file.read_bytes().splitlines())
+        if event["event"] == "closed"
+    }
+    # The sub-episode the deadline cut short ended as the task did: once "CancelledError".
+    assert closed == {
+        "quick": ("quick", "ok"),
+        "quick/fork-1": ("quick", "ok"),
+        "quick/fork-2": ("quick", "ok"),
+        "slow": ("slow", "TimeoutError"),
+        "slow/fork-1": ("slow", "ok"),
+        "slow/fork-2": ("slow", "TimeoutError"),
+    }

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-__all__ = ["EpisodeRecord", "check_folder", "flush"]
+__all__ = ["EpisodeRecord", "check_folder", "ended_by", "flush"]
 
 
 class EpisodeRecord:
@@ -87,6 +87,11 @@ class EpisodeRecord:
         lines.append(_line({**closed, "reason": reason}))
         self._calls = []
         _writer(self.folder).write(b"".join(lines))
+
+
+def ended_by(exc: BaseException) -> str:
+    """The ``reason`` of an episode that ``exc`` ended: a cancellation is the deadline."""
+    return "TimeoutError" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
 
 
 def _line(event: dict[str, Any]) -> bytes:
