@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 from websockets.asyncio.client import connect
 
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.environment import EchoEnvironment
 from openenv import Action, ConcurrencyConfig, Environment, Observation, State, create_app
 from openenv.client import ws_url
 from openenv.testing import run_server
@@ -139,3 +144,68 @@ def test_the_file_holds_the_session_from_open_to_close(tmp_path: Path) -> None:
     assert events[0] == "opened"
     assert events[-1] == "closed"
     assert events.count("call") == 6
+
+
+def echo_app(record: Path) -> Any:
+    return create_app(EchoEnvironment, EchoAction, EchoObservation, record=str(record))
+
+
+async def send_each(url: str, frames: list[str]) -> list[dict[str, Any]]:
+    """Each frame on one raw WebSocket; the replies."""
+    replies = []
+    async with connect(ws_url(url)) as ws:
+        for frame in frames:
+            await ws.send(frame)
+            replies.append(orjson.loads(await ws.recv()))
+    return replies
+
+
+def test_a_frame_spanning_lines_is_recorded_on_one_line(tmp_path: Path) -> None:
+    # JSON allows line breaks between tokens: a client's pretty-printed frame,
+    # one ending in a newline. Each used to be embedded as is, splitting its event
+    # over lines that load() skipped (or, for a line like "    2", choked on).
+    frames = [
+        json.dumps({"type": "reset", "data": {"seed": 1, "tags": [1, 2]}}, indent=2),
+        json.dumps({"type": "step", "data": {"message": "hi"}}) + "\n",
+        '{"type": "step",\r\n "data": {"message": "again"}}',
+    ]
+    with run_server(echo_app(tmp_path / "rec")) as url:
+        replies = asyncio.run(send_each(url, frames))
+        assert [r["type"] for r in replies] == ["observation", "observation", "observation"]
+        (file,) = (tmp_path / "rec").glob("*.jsonl")
+        events = [orjson.loads(line) for line in file.read_bytes().splitlines()]
+        assert [e["event"] for e in events] == ["opened", "call", "call", "call", "closed"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no line skipped
+            (episode,) = load(tmp_path / "rec")
+        assert [s.kind for s in episode.steps] == ["reset", "step", "step"]
+        assert [s.request for s in episode.steps] == [
+            {"seed": 1, "tags": [1, 2]},
+            {"message": "hi"},
+            {"message": "again"},
+        ]
+        assert [s.reply for s in episode.steps] == replies
+        assert asyncio.run(replay(episode, url)) == []
+
+
+def test_a_refused_frame_that_is_json_but_not_an_object_replays(tmp_path: Path) -> None:
+    frames = ['{"type": "reset"}', "[1, 2]", '"step"', "null", "not json"]
+    with run_server(echo_app(tmp_path / "rec")) as url:
+        replies = asyncio.run(send_each(url, frames))
+        assert [r["data"].get("code") for r in replies[1:]] == ["INVALID_JSON"] * 4
+        (episode,) = load(tmp_path / "rec")
+        assert [s.kind for s in episode.steps] == ["reset", *["invalid"] * 4]
+        assert [s.request for s in episode.steps[1:4]] == [[1, 2], "step", None]
+        # Once an AttributeError ('list' object has no attribute 'get').
+        assert asyncio.run(replay(episode, url)) == []
+
+
+def test_load_skips_a_line_that_is_json_but_not_an_event(tmp_path: Path) -> None:
+    with run_server(echo_app(tmp_path / "rec")) as url:
+        asyncio.run(send_each(url, ['{"type": "reset"}']))
+    (file,) = (tmp_path / "rec").glob("*.jsonl")
+    with file.open("ab") as out:
+        out.write(b"2\n[1]\n")  # once an AttributeError out of load()
+    with pytest.warns(UserWarning, match=rf"not JSON objects: {file.name} \(2\)"):
+        (episode,) = load(tmp_path / "rec")
+    assert [s.kind for s in episode.steps] == ["reset"]

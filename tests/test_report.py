@@ -94,3 +94,38 @@ def test_a_file_that_is_not_results_is_one_line_of_error(tmp_path: Path) -> None
     outcome = CliRunner().invoke(app, ["report", str(bad)])
     assert outcome.exit_code == 1
     assert outcome.stderr.startswith(f"error: {bad}:2 is not JSON")
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("[1, 2]", "a JSON list, not an object"),
+        ('{"status": "ok"}', "it has no task_id"),
+        ('{"task_id": "a", "reward": "high"}', 'its reward is "high", not a number'),
+        ('{"task_id": "a", "steps": [3]}', "its steps is [3], not a number"),
+        ('{"task_id": "a", "status": "error", "error": "boom"}', "its error is not an object"),
+    ],
+)
+def test_a_line_that_is_json_but_not_a_result_is_one_line_of_error(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    # Each used to end in a traceback (AttributeError, KeyError) or in a message
+    # that named no line ("could not convert string to float: 'high'").
+    bad = tmp_path / "results.jsonl"
+    bad.write_text(json.dumps({"task_id": "x", "status": "ok"}) + "\n" + line + "\n")
+    outcome = CliRunner().invoke(app, ["report", str(bad)])
+    assert outcome.exit_code == 1
+    assert outcome.stderr == f"error: {bad}:2 is not a result: {problem}\n"
+
+
+def test_a_recording_given_for_results_is_named_as_such(echo_url: str, tmp_path: Path) -> None:
+    # Both are JSON Lines that a run writes: an easy mix-up, once a KeyError.
+    tasks = [Task(id="t0", env=echo_url, agent=flaky)]
+    Runners.sync_run_task(tasks, RunConfig(record=str(tmp_path / "rec"), progress=False))
+    (recording,) = (tmp_path / "rec").glob("runner-*.jsonl")
+    outcome = CliRunner().invoke(app, ["report", str(recording)])
+    assert outcome.exit_code == 1
+    assert outcome.stderr == (
+        f"error: {recording}:1 is not a result: it has no task_id "
+        "(a recording: read it with openenv.trajectories.load)\n"
+    )

@@ -15,12 +15,14 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from counter_env.models import CounterAction, CounterObservation, CounterTask
 from counter_env.server.environment import CounterEnvironment
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, EnvValidationError, create_app
-from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
+from openenv.cli import app as cli
+from openenv.runtime import EpisodeSession, ParallelizableAgent, RunConfig, Runners, Task
 from openenv.testing import run_server
 from openenv.trajectories import load, replay_all, to_parquet, to_rows
 from wordle_env import WordleAction, WordleTask
@@ -196,3 +198,132 @@ def test_episodes_reach_the_disk_while_the_run_goes_on(tmp_path: Path, workers: 
     config = RunConfig(worker_num=workers, record=folder, progress=False)
     results = Runners.sync_run_task(tasks, config)
     assert [r.value for r in results] == [1.0, True], [r.error for r in results]
+
+
+async def plays_and_notes(session: EpisodeSession) -> str:
+    await session.reset()
+    await session.step({"message": "hi"})
+    await asyncio.to_thread(note, session.input, session.task.id)  # from any process
+    return "played"
+
+
+def note(journal: str, line: str) -> None:
+    with Path(journal).open("a") as file:
+        file.write(f"{line}\n")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_a_record_folder_that_cannot_be_written_fails_the_run_before_any_episode(
+    tmp_path: Path, workers: int
+) -> None:
+    # It used to be found when the first episode ended: every episode was
+    # played to the end, then reported as an error, its value lost.
+    blocker, journal = tmp_path / "a-file", tmp_path / "journal"
+    blocker.write_text("not a folder")
+    tasks = [
+        Task(id=f"t{i}", env=EchoEnvironment, agent=plays_and_notes, input=str(journal))
+        for i in range(3)
+    ]
+    for folder in (blocker, blocker / "rec"):
+        config = RunConfig(worker_num=workers, record=str(folder), progress=False)
+        with pytest.raises(ValueError, match=f"cannot record into {folder}: "):
+            Runners.sync_run_task(tasks, config)
+    assert not journal.exists()  # no episode was played
+    assert blocker.read_text() == "not a folder"
+
+
+def test_openenv_run_names_a_record_folder_it_cannot_write_before_playing(
+    echo_url: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--tasks", "2", "--no-progress"]
+    outcome = CliRunner().invoke(cli, [*command, "--out", str(out), "--record", str(blocker)])
+    assert outcome.exit_code == 2, outcome.output
+    assert f"cannot record into {blocker}: " in " ".join(outcome.output.split())
+    assert not out.exists() or out.read_bytes() == b""  # no episode was played
+
+
+async def meets_its_round(session: EpisodeSession) -> str:
+    """Says hi once the other task of its round is playing too (so, with one
+    episode per worker process, both processes play every round)."""
+    journal, round_ = session.input
+    await session.reset()
+    await asyncio.to_thread(note, journal, round_)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 60
+    while (await asyncio.to_thread(Path(journal).read_text)).count(round_) < 2:
+        if loop.time() > end:
+            return "alone"
+        await asyncio.sleep(0.01)
+    return str((await session.step({"message": "hi"})).observation.echoed_message)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_each_run_records_into_the_folder_of_that_name_when_it_runs(
+    tmp_path: Path, workers: int
+) -> None:
+    # A training loop records each round into "current", then moves it aside.
+    # The process (and the worker processes, kept for the next run) used to keep
+    # its file open: round 1 went on into round 0's moved folder, "current" empty.
+    current, journal = tmp_path / "current", str(tmp_path / "journal")
+    for round_ in ("a", "b"):
+        tasks = [
+            Task(
+                id=f"{round_}{i}",
+                env=EchoEnvironment,
+                agent=meets_its_round,
+                input=(journal, round_),
+            )
+            for i in range(2)
+        ]
+        config = RunConfig(
+            worker_num=workers, max_concurrency=3 - workers, record=str(current), progress=False
+        )
+        assert [r.value for r in Runners.sync_run_task(tasks, config)] == ["hi"] * 2
+        current.rename(tmp_path / f"round-{round_}")
+    for round_ in ("a", "b"):
+        episodes = load(tmp_path / f"round-{round_}")
+        assert sorted(e.session for e in episodes) == [f"{round_}0", f"{round_}1"]
+
+
+async def echoes(session: EpisodeSession) -> str:
+    await session.reset()
+    return str((await session.step({"message": "hi"})).observation.echoed_message)
+
+
+def test_each_sub_episode_of_a_parallel_agent_is_recorded_with_how_it_ended(
+    tmp_path: Path,
+) -> None:
+    both = ParallelizableAgent(agents=[echoes, hangs_after_reset])
+    tasks = [
+        Task(id="quick", env=EchoEnvironment, agent=ParallelizableAgent(agents=[echoes, echoes])),
+        Task(id="slow", env=EchoEnvironment, agent=both, timeout=0.5),
+    ]
+    config = RunConfig(record=str(tmp_path / "rec"), progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["ok", "timeout"]
+
+    episodes = {e.session: [s.kind for s in e.steps] for e in load(tmp_path / "rec")}
+    assert episodes == {
+        "quick/fork-1": ["reset", "step"],
+        "quick/fork-2": ["reset", "step"],
+        "slow/fork-1": ["reset", "step"],
+        "slow/fork-2": ["reset", "state"],
+    }
+    (file,) = (tmp_path / "rec").glob("runner-*.jsonl")
+    closed = {
+        event["session"]: (event["task"], event["reason"])
+        for event in map(orjson.loads, file.read_bytes().splitlines())
+        if event["event"] == "closed"
+    }
+    # The sub-episode the deadline cut short ended as the task did: once "CancelledError".
+    assert closed == {
+        "quick": ("quick", "ok"),
+        "quick/fork-1": ("quick", "ok"),
+        "quick/fork-2": ("quick", "ok"),
+        "slow": ("slow", "TimeoutError"),
+        "slow/fork-1": ("slow", "ok"),
+        "slow/fork-2": ("slow", "TimeoutError"),
+    }

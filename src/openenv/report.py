@@ -36,17 +36,43 @@ _PALETTE = ("#3b6ea5", "#e07b39", "#5a9e5a", "#c44e52", "#8172b2")
 
 
 def load_results(path: str | Path) -> list[dict[str, Any]]:
-    """Every result in a JSON Lines file (blank lines skipped)."""
+    """Every result in a JSON Lines file (blank lines skipped).
+
+    Raises:
+        ValueError: A line is not JSON, or not a result (a JSON object with a
+            ``task_id``, and numbers or null where the report reads numbers).
+    """
     rows = []
     for number, line in enumerate(Path(path).read_bytes().splitlines(), 1):
         if line.strip():
             try:
-                rows.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number} is not JSON: {exc}") from None
+            problem = _not_a_result(row)
+            if problem is not None:
+                raise ValueError(f"{path}:{number} is not a result: {problem}")
+            rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no results")
     return rows
+
+
+def _not_a_result(row: Any) -> str | None:
+    """What keeps ``row`` from being a result the report can draw (``None``: nothing)."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    if "task_id" not in row:
+        if "session" in row and "event" in row:
+            return "it has no task_id (a recording: read it with openenv.trajectories.load)"
+        return "it has no task_id"
+    for key in ("reward", "steps", "started_at", "ended_at"):
+        value = row.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"its {key} is {orjson.dumps(value).decode()[:40]}, not a number"
+    if row.get("error") is not None and not isinstance(row["error"], dict):
+        return "its error is not an object"
+    return None
 
 
 def group_of(row: dict[str, Any]) -> str:

@@ -77,8 +77,8 @@ class Episode:
 def load(path: str | Path) -> list[Episode]:
     """Every episode in a recording file, or in every ``*.jsonl`` of a folder.
 
-    Lines that are not JSON (the last line of a killed process, say) are skipped,
-    with a warning that counts them.
+    Lines that are not JSON objects (the last line of a killed process, say) are
+    skipped, with a warning that counts them.
     """
     root = Path(path)
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
@@ -89,14 +89,15 @@ def load(path: str | Path) -> list[Episode]:
             try:
                 event = orjson.loads(line)
             except orjson.JSONDecodeError:
-                # A line cut short by a kill, or a reply that was not JSON.
+                event = None  # a line cut short by a kill, say
+            if not isinstance(event, dict):
                 unreadable[file.name] += 1
                 continue
             if event.get("event") != "call":
                 continue
             request, reply = event["request"], event["reply"] or {}
             if not isinstance(request, dict) or "invalid_frame" in request:
-                kind, data = "invalid", request  # a frame that was not JSON, kept as text
+                kind, data = "invalid", request  # not a JSON object: refused by the server
             else:
                 kind, data = str(request.get("type", "")), request.get("data")
             by_session[event["session"]].append(
@@ -104,7 +105,7 @@ def load(path: str | Path) -> list[Episode]:
             )
     if unreadable:
         where = ", ".join(f"{name} ({n})" for name, n in unreadable.items())
-        warnings.warn(f"skipped lines that are not JSON: {where}", stacklevel=2)
+        warnings.warn(f"skipped lines that are not JSON objects: {where}", stacklevel=2)
     episodes: list[Episode] = []
     for session, steps in by_session.items():
         current: Episode | None = None
@@ -171,7 +172,7 @@ async def replay(
     async with connect(ws_url(url), additional_headers=headers, compression=None) as ws:
         for number, step in enumerate(episode.steps):
             if step.kind == "invalid":
-                await ws.send(str(step.request.get("invalid_frame", "")))
+                await ws.send(_invalid_frame(step.request))
             else:
                 frame: dict[str, Any] = {"type": step.kind}
                 if step.request is not None:
@@ -182,6 +183,13 @@ async def replay(
             if _comparable(reply) != _comparable(step.reply):
                 differ.append(number)
     return differ
+
+
+def _invalid_frame(request: Any) -> str:
+    """The text of a frame the server refused as not a JSON object."""
+    if isinstance(request, dict):
+        return str(request.get("invalid_frame", ""))  # it was not JSON: kept as text
+    return orjson.dumps(request).decode()  # JSON, but a list, a string, a number, null
 
 
 def _comparable(reply: dict[str, Any]) -> Any:

@@ -54,7 +54,8 @@ class RunConfig(BaseModel):
         progress: Show a progress bar; ``None``: when stderr is a terminal.
         record: A folder to record every episode into, step by step, as JSON
             Lines (one file per process; see ``openenv.runtime.recording``);
-            ``openenv.trajectories.load(folder)`` reads it back.
+            ``openenv.trajectories.load(folder)`` reads it back. A folder that
+            cannot be written to is a ``ValueError`` before any task starts.
         multiplex: Drive served environments over a few shared connections
             (openenv's protocol v2: many sessions per connection, their
             requests gathered into frames) when the server speaks it, else

@@ -170,9 +170,7 @@ async def _attempt(
             # A kept session that the server has since closed (idle timeout,
             # restart): the episode never started, so try a fresh one at once.
         except BaseException as exc:  # the agent's error, the deadline's cancellation
-            reason = (
-                "TimeoutError" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
-            )
+            reason = recording.ended_by(exc)
             raise
         finally:
             if record is not None and session.requests:

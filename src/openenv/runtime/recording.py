@@ -1,11 +1,11 @@
 """Runner-side recording: every episode ``Runners`` plays, step by step, as JSON Lines.
 
 ``RunConfig(record="runs/today")`` (or ``openenv run --record runs/today``)
-writes one file per process that plays episodes (``runner-<pid>-<start>.jsonl``:
-the driver in process, each worker process, Ray actor or Spark worker). Each
-episode's lines are written together the moment the episode ends, and are
-on disk within a quarter of a second (and when the run ends), so a killed
-run loses at most its last moments.
+writes one file per run in each process that plays episodes
+(``runner-<pid>-<start>.jsonl``: the driver in process, each worker process,
+Ray actor or Spark worker). Each episode's lines are written together the
+moment the episode ends, and are on disk within a quarter of a second (and
+when the run ends), so a killed run loses at most its last moments.
 
 The lines are the server's recording format (``openenv.server.recording``),
 so ``openenv.trajectories.load`` reads both alike:
@@ -29,14 +29,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
-__all__ = ["EpisodeRecord", "flush"]
+__all__ = ["EpisodeRecord", "check_folder", "ended_by", "flush"]
 
 
 class EpisodeRecord:
@@ -88,6 +89,11 @@ class EpisodeRecord:
         _writer(self.folder).write(b"".join(lines))
 
 
+def ended_by(exc: BaseException) -> str:
+    """The ``reason`` of an episode that ``exc`` ended: a cancellation is the deadline."""
+    return "TimeoutError" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
+
+
 def _line(event: dict[str, Any]) -> bytes:
     return orjson.dumps(event, default=repr, option=orjson.OPT_APPEND_NEWLINE)
 
@@ -96,20 +102,23 @@ class _Writer:
     """This process's recording file in one folder; episodes are appended whole.
 
     Flushed ``FLUSH_EVERY`` seconds after the first episode written since the
-    last flush, and at the end of every run: a flush per episode would cost a
-    system call each.
+    last flush (a flush per episode would cost a system call each), and
+    closed at the end of every run: the next run's episodes go to a new file,
+    in the folder that has that name then (the last one may have been moved
+    or deleted since).
     """
 
     def __init__(self, folder: str) -> None:
-        root = Path(folder)
-        root.mkdir(parents=True, exist_ok=True)
-        self.path = root / f"runner-{os.getpid()}-{time.time_ns()}.jsonl"
-        self._file = self.path.open("ab", buffering=1 << 16)
+        self.folder = folder
+        self.path: Path | None = None  # the file being written, once there is one
+        self._file: BinaryIO | None = None
         self._lock = threading.Lock()
         self._due = False  # a flush is scheduled
 
     def write(self, data: bytes) -> None:
         with self._lock:
+            if self._file is None:
+                self._file = self._open()
             self._file.write(data)
             if self._due:
                 return
@@ -127,11 +136,20 @@ class _Writer:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            self._due = False
+            file, self._file = self._file, None
+            if file is not None:
+                file.close()
+
+    def _open(self) -> BinaryIO:
+        root = Path(self.folder)
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / f"runner-{os.getpid()}-{time.time_ns()}.jsonl"
+        return self.path.open("ab", buffering=1 << 16)
 
     def _flush(self) -> None:
         self._due = False
-        if not self._file.closed:
+        if self._file is not None:
             self._file.flush()
 
 
@@ -162,9 +180,27 @@ def _close() -> None:
         writer.close()
 
 
+def check_folder(folder: str) -> None:
+    """Make ``folder`` if need be, and check a file can be written there.
+
+    Called before a run's first episode: a folder that cannot take the
+    recording fails the run at once, not every episode once it has been played.
+
+    Raises:
+        ValueError: ``folder`` is a file, or cannot be made or written to.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot record into {folder}: {exc.strerror or exc}") from None
+
+
 def flush() -> None:
-    """Put every episode recorded in this process so far on disk (the end of a run)."""
-    with _writers_lock:
-        writers = [w for (pid, _), w in _writers.items() if pid == os.getpid()]
-    for writer in writers:
-        writer.flush()
+    """Put every episode recorded in this process so far on disk (the end of a run).
+
+    The files are closed too: an episode recorded later (the next run) starts a
+    new file in the folder as it is then.
+    """
+    _close()

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from openenv.errors import EngineError
+from openenv.runtime import recording
 from openenv.runtime.base import ResultCallback, engine_class
 from openenv.runtime.config import RunConfig
 from openenv.runtime.episode import run_coroutine
@@ -44,6 +45,8 @@ async def _execute(
         raise ValueError(f"task ids must be unique; repeated: {', '.join(duplicates[:5])}")
     if not tasks:
         return []
+    if config.record is not None:
+        recording.check_folder(config.record)
     cls = engine_class(config)
     engine = cls(config)
     reported = [False] * len(tasks)
@@ -81,7 +84,8 @@ def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) 
     result.
 
     Raises:
-        ValueError: Two tasks share an ``id``.
+        ValueError: Two tasks share an ``id``, or ``record`` names a folder
+            that cannot be written to (checked before any task starts).
         TypeError: A task cannot be pickled for a process, Ray or Spark engine.
         EngineError: The engine's extra is not installed, or the engine broke
             its contract (a custom ``cls`` returning the wrong results).

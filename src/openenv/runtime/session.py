@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
-from openenv.runtime.recording import EpisodeRecord
+from openenv.runtime.recording import EpisodeRecord, ended_by
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, State, StepResult
 
@@ -120,7 +120,7 @@ class EpisodeSession:
         try:
             yield own
         except BaseException as exc:
-            reason = type(exc).__name__
+            reason = ended_by(exc)
             raise
         finally:
             self.steps += own.steps

@@ -7,8 +7,8 @@ one session, in the order the session saw them:
 - ``{"session": ID, "event": "opened", "at": T}``
 - ``{"session": ID, "event": "call", "started": T0, "ended": T1, "request": {...},
   "reply": {...}}``: a frame and its answer exactly as they crossed the wire
-  (a tool call from an MCP client is recorded as the ``call_tool`` frame it
-  would have been)
+  (a frame whose JSON spans lines is put on one; a tool call from an MCP
+  client is recorded as the ``call_tool`` frame it would have been)
 - ``{"session": ID, "event": "closed", "at": T, "reason": "disconnect"}``
 
 Frames are embedded as they are, not decoded and encoded again, and lines go
@@ -81,7 +81,16 @@ def _embedded(frame: str | bytes | Any) -> Any:
     if not isinstance(frame, str | bytes):
         return frame
     try:
-        orjson.loads(frame)  # only well-formed JSON may be embedded as is
+        value = orjson.loads(frame)  # only well-formed JSON may be embedded as is
     except orjson.JSONDecodeError:
         return {"invalid_frame": frame[:200] if isinstance(frame, str) else repr(frame[:200])}
+    # A line break in JSON text is whitespace between tokens (in a string it is
+    # escaped): a client's pretty-printed frame, or a trailing newline. Embedded
+    # as is, it would split the event over several lines of the file.
+    if isinstance(frame, bytes):
+        spans_lines = b"\n" in frame or b"\r" in frame
+    else:
+        spans_lines = "\n" in frame or "\r" in frame
+    if spans_lines:
+        return value  # the same JSON, encoded again on one line
     return orjson.Fragment(frame)
