@@ -36,10 +36,11 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from pydantic import TypeAdapter, ValidationError
 
-from openenv import protocol_v2
+from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
-from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
+from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
 from openenv.adapters.gymnasium.vector_link import VectorLink, decode_infos
 from openenv.client._base import (
     auth_headers,
@@ -54,6 +55,7 @@ from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
     SessionClosedError,
+    server_error,
 )
 
 __all__ = ["DEFAULT_BUSY_POLL", "RemoteGymnasiumEnv", "RemoteVectorEnv"]
@@ -106,6 +108,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.metadata = {"autoreset_mode": self.autoreset_mode}
+        # Actions are checked here as the server checks them (``_checked``).
+        batch: Any = list[action_annotation(self.single_action_space)]  # type: ignore[misc]
+        self._actions: TypeAdapter[list[Any]] = TypeAdapter(batch)
         self._box = isinstance(self.single_observation_space, gymnasium.spaces.Box)
         self._observations: Any = create_empty_array(self.single_observation_space, num_envs)
         self._rewards = np.zeros((num_envs,), dtype=np.float64)
@@ -203,14 +208,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 np.asarray(fields["truncations"], dtype=np.bool_),
                 batch_infos,
             )
-        space = self.single_action_space
+        values = self._checked(actions)
         requests: list[tuple[str, dict[str, Any] | None] | None] = []
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
-        for i, action in enumerate(iterate(self.action_space, actions)):
+        for i, value in enumerate(values):
             if next_step and self._autoreset_envs[i]:
                 requests.append(("reset", {}))
             else:
-                requests.append(("step", {"action": to_json(space, action)}))
+                requests.append(("step", {"action": value}))
         replies = self._exchange(requests)
         infos: dict[str, Any] = {}
         observations: list[Any] = []
@@ -308,6 +313,20 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if error is not None:
             raise error
         return replies
+
+    def _checked(self, actions: Any) -> list[Any]:
+        """Every environment's action as JSON, each checked as the server will check it:
+        a bad one is refused before any is sent, so no environment steps without the
+        others (and loses its step's results)."""
+        values = [jsonable(action) for action in iterate(self.action_space, actions)]
+        if len(values) != self.num_envs:
+            raise ValueError(f"{len(values)} actions for num_envs={self.num_envs}")
+        try:
+            self._actions.validate_python(values)
+        except ValidationError as exc:
+            error = protocol.validation_frame_error(exc, "actions", None)
+            raise server_error(error.code, error.message, error.details) from None
+        return values
 
     def _store(self, observations: list[Any]) -> None:
         space = self.single_observation_space
