@@ -1,7 +1,13 @@
-"""RemoteVectorEnv (a session per environment) under hostile conditions: bad actions."""
+"""RemoteVectorEnv (a session per environment) under hostile conditions: bad actions,
+a server killed mid-step, a step that gets no reply, sessions reaped while idle."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +17,13 @@ import numpy as np
 import pytest
 from gymnasium.vector import SyncVectorEnv
 from servers import slots_free
+from test_shutdown import free_port, wait_healthy
 
 from openenv import (
     ConcurrencyConfig,
+    EnvTimeoutError,
     EnvValidationError,
+    SessionClosedError,
 )
 from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
 from openenv.testing import run_server
@@ -90,3 +99,99 @@ async def test_a_wrong_number_of_actions_is_refused_before_any_environment_steps
         here.close()
         remote.close()
     await slots_free(cartpole_url)
+
+
+@pytest.mark.parametrize("app", ["app", "vector_app"])
+def test_a_server_killed_mid_step_is_a_closed_session_and_close_still_works(
+    tmp_path: Path, app: str
+) -> None:
+    stepping = tmp_path / "stepping"
+    port = free_port()
+    code = (
+        "from openenv import serve; "
+        f"serve('gymnasium_stall_app:{app}', app_dir={str(APPS)!r}, port={port}, "
+        "log_level='warning')"
+    )
+    environ = {**os.environ, "OPENENV_TEST_STEPPING": str(stepping)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=environ)
+    try:
+        asyncio.run(wait_healthy(port, proc))
+        envs = RemoteVectorEnv(f"http://127.0.0.1:{port}", num_envs=2)
+        envs.reset(seed=0)
+
+        def kill_once_stepping() -> None:
+            # The environment touches the file as its step begins, then never returns
+            # (killed anyway after 30 s, should the step never get there).
+            for _ in range(3000):
+                if stepping.exists() or proc.poll() is not None:
+                    break
+                threading.Event().wait(0.01)
+            proc.kill()
+
+        killer = threading.Thread(target=kill_once_stepping)
+        killer.start()
+        try:
+            with pytest.raises(SessionClosedError):
+                envs.step(np.array([1, 0]))
+        finally:
+            killer.join()
+        with pytest.raises(SessionClosedError):
+            envs.step(np.array([0, 0]))
+        envs.close()  # nothing to close any more, and no error for it
+        envs.close()
+        with pytest.raises(SessionClosedError):
+            envs.step(np.array([0, 0]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+class Gated(gymnasium.Env[np.ndarray, np.int64]):
+    """Action 1 waits for ``gate``; action 0 steps at once."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> Any:
+        if action == 1:
+            self.gate.wait(30)
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+async def test_closing_after_a_step_got_no_reply_returns_and_frees_the_slots() -> None:
+    gate = threading.Event()
+    app = create_gymnasium_app(lambda: Gated(gate), ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        # The blocked step must time out before the gate opens; the other calls
+        # must not, however loaded the machine: a bound that suits both.
+        envs = RemoteVectorEnv(url, num_envs=2, timeout=2.0)
+        try:
+            envs.reset(seed=0)
+            with pytest.raises(EnvTimeoutError):
+                envs.step(np.array([1, 0]))
+            envs.close()  # returns without waiting on the stuck session, and raises nothing
+            with pytest.raises(SessionClosedError):
+                envs.step(np.array([0, 0]))
+        finally:
+            gate.set()
+        await slots_free(url)
+
+
+async def test_closing_sessions_the_server_reaped_while_idle_raises_nothing() -> None:
+    app = create_gymnasium_app(
+        "CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4, session_timeout=0.2)
+    )
+    with run_server(app) as url:
+        envs = RemoteVectorEnv(url, num_envs=2)
+        envs.reset(seed=0)
+        await slots_free(url)  # both sessions idled out
+        with pytest.raises(SessionClosedError, match="idle"):
+            envs.step(np.array([0, 0]))
+        envs.close()

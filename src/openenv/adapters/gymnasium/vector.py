@@ -25,6 +25,7 @@ in-process and remote.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from copy import deepcopy
@@ -37,6 +38,7 @@ import orjson
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from pydantic import TypeAdapter, ValidationError
+from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
@@ -54,6 +56,8 @@ from openenv.client.blocking_ws import BlockingWebSocket
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
+    EnvTimeoutError,
+    OpenEnvError,
     SessionClosedError,
     server_error,
 )
@@ -72,7 +76,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         num_envs: Sessions to open; each takes a slot of the server's cap.
         autoreset_mode: As ``SyncVectorEnv``'s (default: ``NEXT_STEP``).
         copy: Return copies of the observation arrays (as ``SyncVectorEnv``).
-        timeout: Seconds to wait for the replies of one call.
+        timeout: Seconds to wait for the replies of one call (then ``EnvTimeoutError``).
         api_key: Sent as a Bearer token (default: ``$OPENENV_API_KEY``).
         busy_poll: Seconds to wait for a reply without sleeping, while replies
             usually come that soon (0: always sleep). A quick environment's
@@ -95,6 +99,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         # First: Gymnasium's __del__ closes a half-made env too.
         self._ws: Any = None
         self._link: VectorLink | None = None
+        self._broken = False  # a call failed midway (timeout, connection lost)
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self.num_envs = num_envs
@@ -268,7 +273,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if ws is None:
             return
         try:
-            self._send([("close", None)] * self.num_envs, ws)
+            if not self._broken:  # else the replies may never come: just hang up
+                self._send([("close", None)] * self.num_envs, ws)
+        except OpenEnvError:
+            pass  # a dead server or a session already gone: hanging up closes the rest
         finally:
             ws.close()
 
@@ -295,24 +303,45 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             if data is not None:
                 item["data"] = data
             items.append(item)
-        ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
         replies: list[dict[str, Any] | None] = [None] * len(requests)
         left = len(items)
         error: Exception | None = None
-        while left:
-            for reply in orjson.loads(ws.recv(timeout=self.timeout)):
-                if reply.get("id") != first:
-                    if reply.get("type") == "closed":
-                        error = error or SessionClosedError(str(reply["data"].get("message")))
-                    continue  # a notice, or a reply the caller gave up on
-                left -= 1
-                if reply["type"] == "error":
-                    error = error or error_from(reply["data"])
-                else:
-                    replies[reply["session"]] = reply
+        try:
+            # The server may have said why before closing: read on after a failed send.
+            with contextlib.suppress(ConnectionClosed):
+                ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+            while left:
+                left, error = self._read(ws, first, replies, left, error)
+        except ConnectionClosed as exc:
+            self._broken = True
+            raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
+        except TimeoutError:
+            self._broken = True
+            raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
         if error is not None:
             raise error
         return replies
+
+    def _read(
+        self,
+        ws: Any,
+        first: int,
+        replies: list[dict[str, Any] | None],
+        left: int,
+        error: Exception | None,
+    ) -> tuple[int, Exception | None]:
+        """Take one frame of replies to the call ``first``: how many are left, the first error."""
+        for reply in orjson.loads(ws.recv(timeout=self.timeout)):
+            if reply.get("id") != first:
+                if reply.get("type") == "closed":
+                    error = error or SessionClosedError(str(reply["data"].get("message")))
+                continue  # a notice, or a reply the caller gave up on
+            left -= 1
+            if reply["type"] == "error":
+                error = error or error_from(reply["data"])
+            else:
+                replies[reply["session"]] = reply
+        return left, error
 
     def _checked(self, actions: Any) -> list[Any]:
         """Every environment's action as JSON, each checked as the server will check it:
@@ -350,6 +379,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         values = np.asarray(fields["observations"], dtype=space.dtype)
         self._observations = values.reshape(self.observation_space.shape)
         return self._out(), decode_infos(fields.get("infos") or {})
+
+
+def _why(exc: ConnectionClosed) -> str:
+    close = exc.rcvd or exc.sent
+    return (close.reason or f"close code {close.code}") if close else "no close frame"
 
 
 def _listed(options: dict[str, Any] | None) -> dict[str, Any] | None:
