@@ -1,5 +1,6 @@
-"""RemoteVectorEnv (a session per environment) under hostile conditions: bad actions,
-a server killed mid-step, a step that gets no reply, sessions reaped while idle."""
+"""RemoteVectorEnv under hostile conditions: bad actions, a server killed mid-step,
+a step that gets no reply, sessions reaped while idle; and infos that are not
+CartPole's empty ones."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 from test_shutdown import free_port, wait_healthy
 
@@ -25,7 +26,11 @@ from openenv import (
     EnvValidationError,
     SessionClosedError,
 )
-from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
+from openenv.adapters.gymnasium import (
+    RemoteVectorEnv,
+    create_gymnasium_app,
+    create_gymnasium_vector_app,
+)
 from openenv.testing import run_server
 
 APPS = Path(__file__).parent / "apps"
@@ -195,3 +200,58 @@ async def test_closing_sessions_the_server_reaped_while_idle_raises_nothing() ->
         with pytest.raises(SessionClosedError, match="idle"):
             envs.step(np.array([0, 0]))
         envs.close()
+
+
+def assert_same_infos(got: dict[str, Any], want: dict[str, Any], where: str = "infos") -> None:
+    """Batched infos as ``SyncVectorEnv`` makes them: the same keys and masks, arrays of
+    the same shapes and values (an info's numpy array batched into one array), and
+    ``final_obs`` an object array of observations."""
+    assert sorted(got) == sorted(want), where
+    for key, value in want.items():
+        if isinstance(value, dict):
+            assert_same_infos(got[key], value, f"{where}.{key}")
+            continue
+        mine = got[key]
+        assert isinstance(mine, np.ndarray), (where, key)
+        assert (mine.shape, mine.dtype == object) == (value.shape, value.dtype == object), (
+            where,
+            key,
+            mine,
+            value,
+        )
+        if key == "final_obs":
+            for i in np.flatnonzero(want[f"_{key}"]):
+                np.testing.assert_array_equal(mine[i], value[i], err_msg=f"{where}[{i}]")
+                assert np.asarray(mine[i]).dtype == np.asarray(value[i]).dtype, (where, i)
+        else:
+            np.testing.assert_array_equal(mine, value, err_msg=f"{where}.{key}")
+
+
+@pytest.mark.parametrize("server", [create_gymnasium_app, create_gymnasium_vector_app])
+@pytest.mark.parametrize("env_id", ["Taxi-v4", "Pendulum-v1"])
+def test_infos_are_batched_as_sync_vector_env_batches_them(server: Any, env_id: str) -> None:
+    # Taxi's info holds a numpy action mask, and its episodes end at different
+    # times; Pendulum's are all cut at 200 steps, at once. SAME_STEP puts their
+    # final observations in the info.
+    mode = AutoresetMode.SAME_STEP
+    here = SyncVectorEnv([lambda: gymnasium.make(env_id)] * 3, autoreset_mode=mode)
+    with run_server(server(env_id, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, num_envs=3, autoreset_mode=mode)
+        try:
+            observations, infos = remote.reset(seed=5)
+            expected, expected_infos = here.reset(seed=5)
+            np.testing.assert_array_equal(observations, expected)
+            assert_same_infos(infos, expected_infos)
+            here.action_space.seed(5)
+            finals = 0
+            for _ in range(205):
+                actions = here.action_space.sample()
+                want, got = here.step(actions), remote.step(actions)
+                for mine, theirs in zip(got[:4], want[:4], strict=True):
+                    np.testing.assert_array_equal(mine, theirs)
+                assert_same_infos(got[4], want[4])
+                finals += "final_obs" in want[4]
+            assert finals > 0
+        finally:
+            here.close()
+            remote.close()

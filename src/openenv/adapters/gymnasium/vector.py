@@ -43,7 +43,12 @@ from websockets.exceptions import ConnectionClosed
 from openenv import protocol, protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
-from openenv.adapters.gymnasium.vector_link import VectorLink, decode_infos
+from openenv.adapters.gymnasium.vector_link import (
+    VectorLink,
+    decode_infos,
+    final_observations,
+    stack_lists,
+)
 from openenv.client._base import (
     auth_headers,
     error_from,
@@ -199,7 +204,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             observations.append(payload["observation"])
             infos = self._add_info(infos, payload.get("info") or {}, i)
         self._store(observations)
-        return self._out(), infos
+        return self._out(), stack_lists(infos)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every environment with its action (autoresetting as ``SyncVectorEnv``)."""
@@ -261,7 +266,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             np.copy(self._rewards),
             np.copy(self._terminations),
             np.copy(self._truncations),
-            infos,
+            stack_lists(infos),
         )
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -378,7 +383,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         space = self.single_observation_space
         values = np.asarray(fields["observations"], dtype=space.dtype)
         self._observations = values.reshape(self.observation_space.shape)
-        return self._out(), decode_infos(fields.get("infos") or {})
+        return self._out(), final_observations(decode_infos(fields.get("infos") or {}), space)
 
 
 def _why(exc: ConnectionClosed) -> str:
