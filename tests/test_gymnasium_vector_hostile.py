@@ -89,6 +89,34 @@ async def test_a_bad_action_is_refused_before_any_environment_steps(
     await slots_free(url)
 
 
+def test_the_action_of_an_environment_being_autoreset_is_ignored_as_sync_vector_env_does(
+    cartpole_url: str,
+) -> None:
+    # NEXT_STEP: the step after an episode ends resets that environment and
+    # ignores its action, whatever it is; the others' actions are still checked.
+    here = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4)
+    remote = RemoteVectorEnv(cartpole_url, num_envs=4)
+    try:
+        np.testing.assert_allclose(remote.reset(seed=3)[0], here.reset(seed=3)[0], rtol=1e-6)
+        resets = 0
+        ended = np.zeros(4, dtype=np.bool_)  # the environments the next step resets
+        for step in range(80):
+            actions = np.full(4, step % 2)
+            actions[ended] = 5  # not in Discrete(2), and nobody looks at it
+            if ended.any() and not ended.all():
+                with pytest.raises(EnvValidationError):  # the stepping ones are checked
+                    remote.step(np.where(ended, actions, 7))
+            want, got = here.step(actions), remote.step(actions)
+            resets += int(ended.sum())
+            for mine, theirs in zip(got[:4], want[:4], strict=True):
+                np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+            ended = want[2] | want[3]
+        assert resets > 0
+    finally:
+        here.close()
+        remote.close()
+
+
 @pytest.mark.parametrize("count", [3, 5])
 async def test_a_wrong_number_of_actions_is_refused_before_any_environment_steps(
     cartpole_url: str, count: int

@@ -40,7 +40,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from pydantic import TypeAdapter, ValidationError
 from websockets.exceptions import ConnectionClosed
 
-from openenv import protocol, protocol_v2
+from openenv import protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
 from openenv.adapters.gymnasium.vector_link import (
@@ -66,6 +66,7 @@ from openenv.errors import (
     SessionClosedError,
     server_error,
 )
+from openenv.protocol import ErrorCode
 
 __all__ = ["DEFAULT_BUSY_POLL", "RemoteGymnasiumEnv", "RemoteVectorEnv"]
 
@@ -351,15 +352,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
     def _checked(self, actions: Any) -> list[Any]:
         """Every environment's action as JSON, each checked as the server will check it:
         a bad one is refused before any is sent, so no environment steps without the
-        others (and loses its step's results)."""
+        others (and loses its step's results). As in ``SyncVectorEnv``, the action of
+        an environment that this step resets (``NEXT_STEP``) is ignored, unchecked."""
         values = [jsonable(action) for action in iterate(self.action_space, actions)]
         if len(values) != self.num_envs:
             raise ValueError(f"{len(values)} actions for num_envs={self.num_envs}")
+        resets = self.autoreset_mode is AutoresetMode.NEXT_STEP
+        stepping = [i for i in range(self.num_envs) if not (resets and self._autoreset_envs[i])]
         try:
-            self._actions.validate_python(values)
+            self._actions.validate_python([values[i] for i in stepping])
         except ValidationError as exc:
-            error = protocol.validation_frame_error(exc, "actions", None)
-            raise server_error(error.code, error.message, error.details) from None
+            raise _refused(exc, stepping) from None
         return values
 
     def _store(self, observations: list[Any]) -> None:
@@ -384,6 +387,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         values = np.asarray(fields["observations"], dtype=space.dtype)
         self._observations = values.reshape(self.observation_space.shape)
         return self._out(), final_observations(decode_infos(fields.get("infos") or {}), space)
+
+
+def _refused(exc: ValidationError, envs: list[int]) -> Exception:
+    """``EnvValidationError`` for the actions of ``envs`` that ``exc`` refused, each
+    located by its environment's index."""
+    errors: list[dict[str, Any]] = []
+    for e in exc.errors(include_url=False, include_context=False, include_input=False):
+        index, *inner = e["loc"]
+        errors.append({"loc": [envs[int(index)], *inner], "msg": e["msg"], "type": e["type"]})
+    where = "; ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] for e in errors)
+    return server_error(ErrorCode.VALIDATION_ERROR, f"invalid actions: {where}", {"errors": errors})
 
 
 def _why(exc: ConnectionClosed) -> str:
