@@ -18,13 +18,20 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
-from pydantic import AfterValidator, Field, create_model
+from pydantic import Field, create_model
 
 from openenv.adapters.gymnasium.frames import png_data_url
-from openenv.adapters.gymnasium.spaces import annotation, describe, from_json, jsonable, to_json
+from openenv.adapters.gymnasium.spaces import (
+    action_annotation,
+    annotation,
+    describe,
+    from_json,
+    jsonable,
+    to_json,
+)
 from openenv.environment import Environment
 from openenv.errors import EnvError
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -296,13 +303,7 @@ def _derive(env: gymnasium.Env[Any, Any]) -> GymnasiumModels:
         r"\W", "", env.spec.name if env.spec is not None else type(env.unwrapped).__name__
     )
     action_space, observation_space = env.action_space, env.observation_space
-    action_value = annotation(action_space, enforce=True, name=f"{name}ActionValue")
-    action_type: Any = action_value
-    if not isinstance(action_space, gymnasium.spaces.Discrete):
-        # A Discrete's bounds in the schema are the whole space; others (a Box's
-        # per-element bounds, a Dict's keys) are checked against the space too.
-        check = AfterValidator(functools.partial(_check_action, action_space))
-        action_type = Annotated[action_value, check]
+    action_type = action_annotation(action_space, name=f"{name}ActionValue")
     action_cls = create_model(
         f"{name}Action",
         __base__=GymnasiumAction,
@@ -320,9 +321,3 @@ def _derive(env: gymnasium.Env[Any, Any]) -> GymnasiumModels:
         ),
     )
     return GymnasiumModels(name, action_cls, observation_cls, action_space, observation_space)
-
-
-def _check_action(space: gymnasium.Space[Any], value: Any) -> Any:
-    if not space.contains(from_json(space, jsonable(value))):
-        raise ValueError(f"{jsonable(value)!r} is not in the action space {space}")
-    return value

@@ -25,10 +25,18 @@ from typing import Annotated, Any
 
 import numpy as np
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.config import JsonDict
 
-__all__ = ["annotation", "describe", "from_json", "jsonable", "rebuild", "to_json"]
+__all__ = [
+    "action_annotation",
+    "annotation",
+    "describe",
+    "from_json",
+    "jsonable",
+    "rebuild",
+    "to_json",
+]
 
 # A 1-D Box with per-element bounds up to this long gets one schema per element.
 _MAX_PREFIX_ITEMS = 32
@@ -76,6 +84,29 @@ def annotation(space: spaces.Space[Any], *, enforce: bool, name: str = "Space") 
     raise TypeError(
         f"cannot serve {space!r}: openenv.adapters.gymnasium supports {_SUPPORTED} spaces"
     )
+
+
+def action_annotation(space: spaces.Space[Any], *, name: str = "Action") -> Any:
+    """The pydantic type of an action of ``space``: ``annotation``'s, bounds enforced,
+    and the value checked against the space itself. A server checks each action
+    with it, and ``RemoteVectorEnv`` a batch before sending any of it.
+
+    >>> from pydantic import TypeAdapter
+    >>> TypeAdapter(action_annotation(spaces.Box(0.0, 1.0, (2,)))).validate_python([0.5, 1.0])
+    [0.5, 1.0]
+    """
+    value = annotation(space, enforce=True, name=name)
+    if isinstance(space, spaces.Discrete):
+        # A Discrete's bounds in the schema are the whole space; others (a Box's
+        # per-element bounds, a Dict's keys) are checked against the space too.
+        return value
+    return Annotated[value, AfterValidator(functools.partial(_check_action, space))]
+
+
+def _check_action(space: spaces.Space[Any], value: Any) -> Any:
+    if not space.contains(from_json(space, jsonable(value))):
+        raise ValueError(f"{jsonable(value)!r} is not in the action space {space}")
+    return value
 
 
 def from_json(space: spaces.Space[Any], value: Any) -> Any:

@@ -25,6 +25,7 @@ in-process and remote.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from copy import deepcopy
@@ -36,11 +37,18 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from pydantic import TypeAdapter, ValidationError
+from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
-from openenv.adapters.gymnasium.spaces import from_json, rebuild, to_json
-from openenv.adapters.gymnasium.vector_link import VectorLink, decode_infos
+from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
+from openenv.adapters.gymnasium.vector_link import (
+    VectorLink,
+    decode_infos,
+    final_observations,
+    stack_lists,
+)
 from openenv.client._base import (
     auth_headers,
     error_from,
@@ -53,8 +61,12 @@ from openenv.client.blocking_ws import BlockingWebSocket
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
+    EnvTimeoutError,
+    OpenEnvError,
     SessionClosedError,
+    server_error,
 )
+from openenv.protocol import ErrorCode
 
 __all__ = ["DEFAULT_BUSY_POLL", "RemoteGymnasiumEnv", "RemoteVectorEnv"]
 
@@ -70,7 +82,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         num_envs: Sessions to open; each takes a slot of the server's cap.
         autoreset_mode: As ``SyncVectorEnv``'s (default: ``NEXT_STEP``).
         copy: Return copies of the observation arrays (as ``SyncVectorEnv``).
-        timeout: Seconds to wait for the replies of one call.
+        timeout: Seconds to wait for the replies of one call (then ``EnvTimeoutError``).
         api_key: Sent as a Bearer token (default: ``$OPENENV_API_KEY``).
         busy_poll: Seconds to wait for a reply without sleeping, while replies
             usually come that soon (0: always sleep). A quick environment's
@@ -93,6 +105,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         # First: Gymnasium's __del__ closes a half-made env too.
         self._ws: Any = None
         self._link: VectorLink | None = None
+        self._broken = False  # a call failed midway (timeout, connection lost)
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self.num_envs = num_envs
@@ -106,6 +119,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.metadata = {"autoreset_mode": self.autoreset_mode}
+        # Actions are checked here as the server checks them (``_checked``).
+        batch: Any = list[action_annotation(self.single_action_space)]  # type: ignore[misc]
+        self._actions: TypeAdapter[list[Any]] = TypeAdapter(batch)
         self._box = isinstance(self.single_observation_space, gymnasium.spaces.Box)
         self._observations: Any = create_empty_array(self.single_observation_space, num_envs)
         self._rewards = np.zeros((num_envs,), dtype=np.float64)
@@ -189,7 +205,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             observations.append(payload["observation"])
             infos = self._add_info(infos, payload.get("info") or {}, i)
         self._store(observations)
-        return self._out(), infos
+        return self._out(), stack_lists(infos)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every environment with its action (autoresetting as ``SyncVectorEnv``)."""
@@ -203,14 +219,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 np.asarray(fields["truncations"], dtype=np.bool_),
                 batch_infos,
             )
-        space = self.single_action_space
+        values = self._checked(actions)
         requests: list[tuple[str, dict[str, Any] | None] | None] = []
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
-        for i, action in enumerate(iterate(self.action_space, actions)):
+        for i, value in enumerate(values):
             if next_step and self._autoreset_envs[i]:
                 requests.append(("reset", {}))
             else:
-                requests.append(("step", {"action": to_json(space, action)}))
+                requests.append(("step", {"action": value}))
         replies = self._exchange(requests)
         infos: dict[str, Any] = {}
         observations: list[Any] = []
@@ -251,7 +267,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             np.copy(self._rewards),
             np.copy(self._terminations),
             np.copy(self._truncations),
-            infos,
+            stack_lists(infos),
         )
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -263,7 +279,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if ws is None:
             return
         try:
-            self._send([("close", None)] * self.num_envs, ws)
+            if not self._broken:  # else the replies may never come: just hang up
+                self._send([("close", None)] * self.num_envs, ws)
+        except OpenEnvError:
+            pass  # a dead server or a session already gone: hanging up closes the rest
         finally:
             ws.close()
 
@@ -290,24 +309,61 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             if data is not None:
                 item["data"] = data
             items.append(item)
-        ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
         replies: list[dict[str, Any] | None] = [None] * len(requests)
         left = len(items)
         error: Exception | None = None
-        while left:
-            for reply in orjson.loads(ws.recv(timeout=self.timeout)):
-                if reply.get("id") != first:
-                    if reply.get("type") == "closed":
-                        error = error or SessionClosedError(str(reply["data"].get("message")))
-                    continue  # a notice, or a reply the caller gave up on
-                left -= 1
-                if reply["type"] == "error":
-                    error = error or error_from(reply["data"])
-                else:
-                    replies[reply["session"]] = reply
+        try:
+            # The server may have said why before closing: read on after a failed send.
+            with contextlib.suppress(ConnectionClosed):
+                ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+            while left:
+                left, error = self._read(ws, first, replies, left, error)
+        except ConnectionClosed as exc:
+            self._broken = True
+            raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
+        except TimeoutError:
+            self._broken = True
+            raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
         if error is not None:
             raise error
         return replies
+
+    def _read(
+        self,
+        ws: Any,
+        first: int,
+        replies: list[dict[str, Any] | None],
+        left: int,
+        error: Exception | None,
+    ) -> tuple[int, Exception | None]:
+        """Take one frame of replies to the call ``first``: how many are left, the first error."""
+        for reply in orjson.loads(ws.recv(timeout=self.timeout)):
+            if reply.get("id") != first:
+                if reply.get("type") == "closed":
+                    error = error or SessionClosedError(str(reply["data"].get("message")))
+                continue  # a notice, or a reply the caller gave up on
+            left -= 1
+            if reply["type"] == "error":
+                error = error or error_from(reply["data"])
+            else:
+                replies[reply["session"]] = reply
+        return left, error
+
+    def _checked(self, actions: Any) -> list[Any]:
+        """Every environment's action as JSON, each checked as the server will check it:
+        a bad one is refused before any is sent, so no environment steps without the
+        others (and loses its step's results). As in ``SyncVectorEnv``, the action of
+        an environment that this step resets (``NEXT_STEP``) is ignored, unchecked."""
+        values = [jsonable(action) for action in iterate(self.action_space, actions)]
+        if len(values) != self.num_envs:
+            raise ValueError(f"{len(values)} actions for num_envs={self.num_envs}")
+        resets = self.autoreset_mode is AutoresetMode.NEXT_STEP
+        stepping = [i for i in range(self.num_envs) if not (resets and self._autoreset_envs[i])]
+        try:
+            self._actions.validate_python([values[i] for i in stepping])
+        except ValidationError as exc:
+            raise _refused(exc, stepping) from None
+        return values
 
     def _store(self, observations: list[Any]) -> None:
         space = self.single_observation_space
@@ -330,7 +386,23 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         space = self.single_observation_space
         values = np.asarray(fields["observations"], dtype=space.dtype)
         self._observations = values.reshape(self.observation_space.shape)
-        return self._out(), decode_infos(fields.get("infos") or {})
+        return self._out(), final_observations(decode_infos(fields.get("infos") or {}), space)
+
+
+def _refused(exc: ValidationError, envs: list[int]) -> Exception:
+    """``EnvValidationError`` for the actions of ``envs`` that ``exc`` refused, each
+    located by its environment's index."""
+    errors: list[dict[str, Any]] = []
+    for e in exc.errors(include_url=False, include_context=False, include_input=False):
+        index, *inner = e["loc"]
+        errors.append({"loc": [envs[int(index)], *inner], "msg": e["msg"], "type": e["type"]})
+    where = "; ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] for e in errors)
+    return server_error(ErrorCode.VALIDATION_ERROR, f"invalid actions: {where}", {"errors": errors})
+
+
+def _why(exc: ConnectionClosed) -> str:
+    close = exc.rcvd or exc.sent
+    return (close.reason or f"close code {close.code}") if close else "no close frame"
 
 
 def _listed(options: dict[str, Any] | None) -> dict[str, Any] | None:

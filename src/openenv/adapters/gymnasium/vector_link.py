@@ -11,12 +11,14 @@ import contextlib
 import itertools
 from typing import Any, Literal
 
+import gymnasium
 import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode
 from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol
+from openenv.adapters.gymnasium.spaces import from_json
 from openenv.client._base import error_from, ws_url
 from openenv.client.blocking_ws import BlockingWebSocket
 from openenv.errors import (
@@ -25,7 +27,7 @@ from openenv.errors import (
     SessionClosedError,
 )
 
-__all__ = ["VectorLink", "decode_infos"]
+__all__ = ["VectorLink", "decode_infos", "final_observations", "stack_lists"]
 
 
 class VectorLink:
@@ -152,3 +154,63 @@ def decode_infos(value: Any) -> Any:
     for i, item in enumerate(value):
         out[i] = decode_infos(item)
     return out
+
+
+def final_observations(infos: dict[str, Any], space: gymnasium.Space[Any]) -> dict[str, Any]:
+    """``infos`` with ``final_obs`` as ``SyncVectorEnv`` gives it: an object array of
+    observations of ``space`` (``None`` where none ended), also when every
+    environment's episode ended at once (JSON made one numeric array of them).
+
+    >>> box = gymnasium.spaces.Box(-1.0, 1.0, (2,))
+    >>> infos = final_observations({"_final_obs": [True], "final_obs": [[0.5, 1.0]]}, box)
+    >>> infos["final_obs"].dtype, infos["final_obs"][0]
+    (dtype('O'), array([0.5, 1. ], dtype=float32))
+    """
+    if "final_obs" not in infos:
+        return infos
+    ended = infos["final_obs"]
+    batch = np.full(len(ended), None, dtype=object)
+    for i in np.flatnonzero(infos["_final_obs"]):
+        batch[i] = from_json(space, ended[i])
+    return {**infos, "final_obs": batch}
+
+
+def stack_lists(infos: dict[str, Any]) -> dict[str, Any]:
+    """Batched infos of JSON infos, whose numpy arrays came as lists (Gymnasium's
+    ``_add_info`` keeps lists in an object array): numbers of one shape in every
+    environment as one array of them, as ``SyncVectorEnv`` batches an info's
+    arrays (zeros where an environment has none). The dtype is JSON's
+    (``int64``, ``float64``, ``bool``), not necessarily the environment's.
+
+    >>> mask = np.empty(2, dtype=object)
+    >>> mask[0] = [1, 0]
+    >>> stack_lists({"action_mask": mask, "_action_mask": np.array([True, False])})["action_mask"]
+    array([[1, 0],
+           [0, 0]])
+    """
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if isinstance(value, dict):
+            out[key] = stack_lists(value)
+        elif key != "final_obs" and f"_{key}" in infos:
+            out[key] = _stacked(value, infos[f"_{key}"])
+        else:
+            out[key] = value
+    return out
+
+
+def _stacked(values: Any, present: Any) -> Any:
+    if not isinstance(values, np.ndarray) or values.dtype != object:
+        return values
+    given = [values[i] for i in np.flatnonzero(present)]
+    if not given or not all(isinstance(item, list) for item in given):
+        return values
+    try:
+        stacked = np.asarray(given)
+    except ValueError:  # ragged: as Gymnasium keeps them
+        return values
+    if stacked.dtype.kind not in "biuf":
+        return values
+    batch = np.zeros((len(values), *stacked.shape[1:]), dtype=stacked.dtype)
+    batch[np.asarray(present, dtype=np.bool_)] = stacked
+    return batch

@@ -1,0 +1,285 @@
+"""RemoteVectorEnv under hostile conditions: bad actions, a server killed mid-step,
+a step that gets no reply, sessions reaped while idle; and infos that are not
+CartPole's empty ones."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from servers import slots_free
+from test_shutdown import free_port, wait_healthy
+
+from openenv import (
+    ConcurrencyConfig,
+    EnvTimeoutError,
+    EnvValidationError,
+    SessionClosedError,
+)
+from openenv.adapters.gymnasium import (
+    RemoteVectorEnv,
+    create_gymnasium_app,
+    create_gymnasium_vector_app,
+)
+from openenv.testing import run_server
+
+APPS = Path(__file__).parent / "apps"
+
+
+@pytest.fixture(scope="module")
+def cartpole_url() -> Iterator[str]:
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=8))
+    with run_server(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pendulum_url() -> Iterator[str]:
+    app = create_gymnasium_app("Pendulum-v1", ConcurrencyConfig(max_concurrent_envs=8))
+    with run_server(app) as url:
+        yield url
+
+
+def assert_in_step(here: SyncVectorEnv, remote: RemoteVectorEnv, steps: int) -> None:
+    """``steps`` more steps of the same random actions give the same results in both."""
+    here.action_space.seed(4)
+    for _ in range(steps):
+        actions = here.action_space.sample()
+        expected, got = here.step(actions), remote.step(actions)
+        for want, have in zip(expected[:4], got[:4], strict=True):
+            np.testing.assert_allclose(have, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "bad", "culprit"),
+    [
+        ("CartPole-v1", [0, 1, 5, 0], 2),  # 5 is not in Discrete(2)
+        ("CartPole-v1", [0, 1, 1, 0.5], 3),  # nor is 0.5 (not taken as 0)
+        ("CartPole-v1", [1.7, 1, 1, 1], 0),  # nor 1.7 (not taken as 1)
+        ("Pendulum-v1", [[0.0], [2.5], [0.0], [0.0]], 1),  # above the Box's high
+    ],
+)
+async def test_a_bad_action_is_refused_before_any_environment_steps(
+    request: pytest.FixtureRequest, env_id: str, bad: list[Any], culprit: int
+) -> None:
+    url = request.getfixturevalue("cartpole_url" if env_id == "CartPole-v1" else "pendulum_url")
+    here = SyncVectorEnv([lambda: gymnasium.make(env_id)] * 4)
+    remote = RemoteVectorEnv(url, num_envs=4)
+    try:
+        np.testing.assert_allclose(remote.reset(seed=9)[0], here.reset(seed=9)[0], rtol=1e-6)
+        with pytest.raises(EnvValidationError) as refused:
+            remote.step(np.array(bad))
+        assert refused.value.errors[0]["loc"][0] == culprit  # it names the environment
+        # No environment stepped: the next steps (over episode ends) are the
+        # in-process ones, as if the bad call had never been made.
+        assert_in_step(here, remote, 40 if env_id == "CartPole-v1" else 5)
+    finally:
+        here.close()
+        remote.close()
+    await slots_free(url)
+
+
+def test_the_action_of_an_environment_being_autoreset_is_ignored_as_sync_vector_env_does(
+    cartpole_url: str,
+) -> None:
+    # NEXT_STEP: the step after an episode ends resets that environment and
+    # ignores its action, whatever it is; the others' actions are still checked.
+    here = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4)
+    remote = RemoteVectorEnv(cartpole_url, num_envs=4)
+    try:
+        np.testing.assert_allclose(remote.reset(seed=3)[0], here.reset(seed=3)[0], rtol=1e-6)
+        resets = 0
+        ended = np.zeros(4, dtype=np.bool_)  # the environments the next step resets
+        for step in range(80):
+            actions = np.full(4, step % 2)
+            actions[ended] = 5  # not in Discrete(2), and nobody looks at it
+            if ended.any() and not ended.all():
+                with pytest.raises(EnvValidationError):  # the stepping ones are checked
+                    remote.step(np.where(ended, actions, 7))
+            want, got = here.step(actions), remote.step(actions)
+            resets += int(ended.sum())
+            for mine, theirs in zip(got[:4], want[:4], strict=True):
+                np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+            ended = want[2] | want[3]
+        assert resets > 0
+    finally:
+        here.close()
+        remote.close()
+
+
+@pytest.mark.parametrize("count", [3, 5])
+async def test_a_wrong_number_of_actions_is_refused_before_any_environment_steps(
+    cartpole_url: str, count: int
+) -> None:
+    here = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4)
+    remote = RemoteVectorEnv(cartpole_url, num_envs=4)
+    try:
+        np.testing.assert_allclose(remote.reset(seed=2)[0], here.reset(seed=2)[0], rtol=1e-6)
+        with pytest.raises(ValueError, match=f"^{count} actions for num_envs=4$"):
+            remote.step(np.ones(count, dtype=np.int64))
+        assert_in_step(here, remote, 40)
+    finally:
+        here.close()
+        remote.close()
+    await slots_free(cartpole_url)
+
+
+@pytest.mark.parametrize("app", ["app", "vector_app"])
+def test_a_server_killed_mid_step_is_a_closed_session_and_close_still_works(
+    tmp_path: Path, app: str
+) -> None:
+    stepping = tmp_path / "stepping"
+    port = free_port()
+    code = (
+        "from openenv import serve; "
+        f"serve('gymnasium_stall_app:{app}', app_dir={str(APPS)!r}, port={port}, "
+        "log_level='warning')"
+    )
+    environ = {**os.environ, "OPENENV_TEST_STEPPING": str(stepping)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=environ)
+    try:
+        asyncio.run(wait_healthy(port, proc))
+        envs = RemoteVectorEnv(f"http://127.0.0.1:{port}", num_envs=2)
+        envs.reset(seed=0)
+
+        def kill_once_stepping() -> None:
+            # The environment touches the file as its step begins, then never returns
+            # (killed anyway after 30 s, should the step never get there).
+            for _ in range(3000):
+                if stepping.exists() or proc.poll() is not None:
+                    break
+                threading.Event().wait(0.01)
+            proc.kill()
+
+        killer = threading.Thread(target=kill_once_stepping)
+        killer.start()
+        try:
+            with pytest.raises(SessionClosedError):
+                envs.step(np.array([1, 0]))
+        finally:
+            killer.join()
+        with pytest.raises(SessionClosedError):
+            envs.step(np.array([0, 0]))
+        envs.close()  # nothing to close any more, and no error for it
+        envs.close()
+        with pytest.raises(SessionClosedError):
+            envs.step(np.array([0, 0]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+class Gated(gymnasium.Env[np.ndarray, np.int64]):
+    """Action 1 waits for ``gate``; action 0 steps at once."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> Any:
+        if action == 1:
+            self.gate.wait(30)
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+async def test_closing_after_a_step_got_no_reply_returns_and_frees_the_slots() -> None:
+    gate = threading.Event()
+    app = create_gymnasium_app(lambda: Gated(gate), ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        # The blocked step must time out before the gate opens; the other calls
+        # must not, however loaded the machine: a bound that suits both.
+        envs = RemoteVectorEnv(url, num_envs=2, timeout=2.0)
+        try:
+            envs.reset(seed=0)
+            with pytest.raises(EnvTimeoutError):
+                envs.step(np.array([1, 0]))
+            envs.close()  # returns without waiting on the stuck session, and raises nothing
+            with pytest.raises(SessionClosedError):
+                envs.step(np.array([0, 0]))
+        finally:
+            gate.set()
+        await slots_free(url)
+
+
+async def test_closing_sessions_the_server_reaped_while_idle_raises_nothing() -> None:
+    app = create_gymnasium_app(
+        "CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4, session_timeout=0.2)
+    )
+    with run_server(app) as url:
+        envs = RemoteVectorEnv(url, num_envs=2)
+        envs.reset(seed=0)
+        await slots_free(url)  # both sessions idled out
+        with pytest.raises(SessionClosedError, match="idle"):
+            envs.step(np.array([0, 0]))
+        envs.close()
+
+
+def assert_same_infos(got: dict[str, Any], want: dict[str, Any], where: str = "infos") -> None:
+    """Batched infos as ``SyncVectorEnv`` makes them: the same keys and masks, arrays of
+    the same shapes and values (an info's numpy array batched into one array), and
+    ``final_obs`` an object array of observations."""
+    assert sorted(got) == sorted(want), where
+    for key, value in want.items():
+        if isinstance(value, dict):
+            assert_same_infos(got[key], value, f"{where}.{key}")
+            continue
+        mine = got[key]
+        assert isinstance(mine, np.ndarray), (where, key)
+        assert (mine.shape, mine.dtype == object) == (value.shape, value.dtype == object), (
+            where,
+            key,
+            mine,
+            value,
+        )
+        if key == "final_obs":
+            for i in np.flatnonzero(want[f"_{key}"]):
+                np.testing.assert_array_equal(mine[i], value[i], err_msg=f"{where}[{i}]")
+                assert np.asarray(mine[i]).dtype == np.asarray(value[i]).dtype, (where, i)
+        else:
+            np.testing.assert_array_equal(mine, value, err_msg=f"{where}.{key}")
+
+
+@pytest.mark.parametrize("server", [create_gymnasium_app, create_gymnasium_vector_app])
+@pytest.mark.parametrize("env_id", ["Taxi-v4", "Pendulum-v1"])
+def test_infos_are_batched_as_sync_vector_env_batches_them(server: Any, env_id: str) -> None:
+    # Taxi's info holds a numpy action mask, and its episodes end at different
+    # times; Pendulum's are all cut at 200 steps, at once. SAME_STEP puts their
+    # final observations in the info.
+    mode = AutoresetMode.SAME_STEP
+    here = SyncVectorEnv([lambda: gymnasium.make(env_id)] * 3, autoreset_mode=mode)
+    with run_server(server(env_id, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, num_envs=3, autoreset_mode=mode)
+        try:
+            observations, infos = remote.reset(seed=5)
+            expected, expected_infos = here.reset(seed=5)
+            np.testing.assert_array_equal(observations, expected)
+            assert_same_infos(infos, expected_infos)
+            here.action_space.seed(5)
+            finals = 0
+            for _ in range(205):
+                actions = here.action_space.sample()
+                want, got = here.step(actions), remote.step(actions)
+                for mine, theirs in zip(got[:4], want[:4], strict=True):
+                    np.testing.assert_array_equal(mine, theirs)
+                assert_same_infos(got[4], want[4])
+                finals += "final_obs" in want[4]
+            assert finals > 0
+        finally:
+            here.close()
+            remote.close()
