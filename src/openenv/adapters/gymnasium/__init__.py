@@ -35,8 +35,9 @@ from openenv.adapters.gymnasium.environment import (
     create_gymnasium_app,
     gymnasium_models,
 )
+from openenv.adapters.gymnasium.remote_env import RemoteGymnasiumEnv
 from openenv.adapters.gymnasium.spaces import annotation, from_json, jsonable, to_json
-from openenv.adapters.gymnasium.vector import RemoteGymnasiumEnv, RemoteVectorEnv
+from openenv.adapters.gymnasium.vector import RemoteVectorEnv
 
 __all__ = [
     "EnvSource",

@@ -68,7 +68,7 @@ from openenv.errors import (
 )
 from openenv.protocol import ErrorCode
 
-__all__ = ["DEFAULT_BUSY_POLL", "RemoteGymnasiumEnv", "RemoteVectorEnv"]
+__all__ = ["DEFAULT_BUSY_POLL", "RemoteVectorEnv"]
 
 # Seconds a RemoteVectorEnv waits for a reply without sleeping (``busy_poll``).
 DEFAULT_BUSY_POLL = 0.002
@@ -438,59 +438,3 @@ def _spaces(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any
         raise ConnectionFailedError(base, f"HTTP {reply.status_code}: {http_detail(reply)}")
     described: dict[str, Any] = reply.json()
     return described
-
-
-class RemoteGymnasiumEnv(gymnasium.Env[Any, Any]):
-    """One remote environment behind Gymnasium's ``Env`` API (a ``RemoteVectorEnv``
-    of one, without autoreset): code written for ``gymnasium.make(...)`` runs on it.
-
-    >>> from gymnasium.utils.env_checker import check_env
-    >>> def check(url: str) -> None:
-    ...     env = RemoteGymnasiumEnv(url)  # e.g. envs/gymnasium_env serving CartPole-v1
-    ...     observation, info = env.reset(seed=0)
-    ...     observation, reward, terminated, truncated, info = env.step(env.action_space.sample())
-    ...     check_env(env, skip_render_check=True)  # Gymnasium's own checker
-    """
-
-    def __init__(self, base_url: str, **options: Any) -> None:
-        self._vector = RemoteVectorEnv(
-            base_url, 1, autoreset_mode=AutoresetMode.DISABLED, **options
-        )
-        self.action_space = self._vector.single_action_space
-        self.observation_space = self._vector.single_observation_space
-        self._batch: Any = create_empty_array(self.action_space, 1)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        super().reset(seed=seed)
-        observations, infos = self._vector.reset(seed=[seed], options=options)
-        return _first(self.observation_space, observations), _first_info(infos)
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        actions = concatenate(self.action_space, [action], self._batch)
-        observations, rewards, terminations, truncations, infos = self._vector.step(actions)
-        return (
-            _first(self.observation_space, observations),
-            float(rewards[0]),
-            bool(terminations[0]),
-            bool(truncations[0]),
-            _first_info(infos),
-        )
-
-    def close(self) -> None:
-        self._vector.close()
-
-
-def _first(space: gymnasium.Space[Any], batched: Any) -> Any:
-    return next(iter(iterate(batch_space(space, 1), batched)))
-
-
-def _first_info(infos: dict[str, Any]) -> dict[str, Any]:
-    """Environment 0's info from a vector env's batched infos (arrays with ``_key`` masks)."""
-    info = {}
-    for key, value in infos.items():
-        if key.startswith("_") or not infos.get(f"_{key}", [False])[0]:
-            continue
-        info[key] = _first_info(value) if isinstance(value, dict) else value[0]
-    return info
