@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from counter_env.models import CounterAction, CounterObservation, CounterTask
 from counter_env.server.environment import CounterEnvironment
+from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, EnvValidationError, create_app
 from openenv.cli import app as cli
@@ -327,3 +329,30 @@ def test_each_sub_episode_of_a_parallel_agent_is_recorded_with_how_it_ended(
         "slow/fork-1": ("slow", "ok"),
         "slow/fork-2": ("slow", "TimeoutError"),
     }
+
+
+def test_an_episode_whose_recording_fails_still_gives_back_its_session(tmp_path: Path) -> None:
+    """A recording that cannot be written (here: the folder replaced by a file
+    mid-run) fails that episode, and its session and slot go back all the same:
+    on a server of one slot, the next task plays."""
+    folder = tmp_path / "rec"
+    played: list[str] = []
+
+    async def agent(session: EpisodeSession) -> float:
+        await session.reset()
+        await session.step(EchoAction(message="hi"))
+        played.append(session.task.id)
+        if folder.is_dir():  # the first episode puts a file in the recording's way
+            shutil.rmtree(folder)
+            folder.write_text("in the way")
+        return 1.0
+
+    app = create_app(
+        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=1)
+    )
+    with run_server(app) as url:
+        tasks = [Task(id=f"t{i}", env=url, agent=agent) for i in range(2)]
+        config = RunConfig(record=str(folder), progress=False, max_concurrency=1, retries=0)
+        results = Runners.sync_run_task(tasks, config)
+    assert played == ["t0", "t1"]
+    assert [r.error.type if r.error else None for r in results] == ["FileExistsError"] * 2

@@ -173,9 +173,11 @@ async def _attempt(
             reason = recording.ended_by(exc)
             raise
         finally:
-            if record is not None and session.requests:
-                record.close(reason)
-            await pool.release(task, client, reusable=reason == "ok")
+            try:
+                if record is not None and session.requests:
+                    record.close(reason)  # may raise (the disk): the client goes back anyway
+            finally:
+                await pool.release(task, client, reusable=reason == "ok")
         client, reused = await pool.acquire(task, fresh=True)
 
 
