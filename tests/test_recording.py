@@ -64,6 +64,14 @@ def test_a_recorded_run_reads_back_with_every_step_in_order(tmp_path: Path) -> N
     assert first.steps[3].reply["data"]["metadata"]["reward_parts"]["solved"] == 1.0
     assert all(s.started <= s.ended for s in first.steps)
     assert first.steps[0].request["task"]["id"] == "test-0000"
+    # The first ended at the second's reset; the second with its session's close.
+    (file,) = (tmp_path / "rec").glob("*.jsonl")
+    closed = orjson.loads(file.read_bytes().splitlines()[-1])
+    assert closed["event"] == "closed"
+    assert [e.ended for e in episodes] == ["reset", closed["reason"]]
+    # What a killed server leaves (no closed event): the last episode has no end.
+    file.write_bytes(b"".join(file.read_bytes().splitlines(keepends=True)[:-1]))
+    assert [e.ended for e in load(file)] == ["reset", None]
 
 
 def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:

@@ -173,6 +173,7 @@ def test_errors_and_timeouts_are_recorded_with_how_the_episode_ended(tmp_path: P
         if event["event"] == "closed"
     }
     assert closed == {"mistake": "ok", "hang": "TimeoutError"}
+    assert {name: e.ended for name, e in episodes.items()} == closed  # as load() reads it
 
 
 def recorded_sessions(folder: str) -> set[str]:

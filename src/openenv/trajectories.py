@@ -68,6 +68,11 @@ class Episode:
     session: str
     index: int  # the episode's number within its session
     steps: list[Step] = field(default_factory=list)
+    # How it ended: "reset" (the session's next reset began another), the reason
+    # its session was closed with ("ok", "disconnect", "TimeoutError", ...), or
+    # None when the recording has no end for it: its process was killed, or its
+    # session was still open.
+    ended: str | None = None
 
     @property
     def total_reward(self) -> float:
@@ -78,11 +83,13 @@ def load(path: str | Path) -> list[Episode]:
     """Every episode in a recording file, or in every ``*.jsonl`` of a folder.
 
     Lines that are not JSON objects (the last line of a killed process, say) are
-    skipped, with a warning that counts them.
+    skipped, with a warning that counts them. An episode's ``ended`` says how it
+    ended; ``None`` where the recording does not say (a killed process).
     """
     root = Path(path)
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
     by_session: dict[str, list[Step]] = defaultdict(list)
+    closed: dict[Any, str] = {}  # each session's close reason
     unreadable: Counter[str] = Counter()
     for file in files:
         for line in file.read_bytes().splitlines():
@@ -93,6 +100,8 @@ def load(path: str | Path) -> list[Episode]:
             if not isinstance(event, dict):
                 unreadable[file.name] += 1
                 continue
+            if event.get("event") == "closed":
+                closed[event.get("session")] = str(event.get("reason"))
             if event.get("event") != "call":
                 continue
             request, reply = event["request"], event["reply"] or {}
@@ -112,10 +121,14 @@ def load(path: str | Path) -> list[Episode]:
         count = 0
         for step in steps:
             if step.kind == "reset" or current is None:
+                if current is not None:
+                    current.ended = "reset"
                 current = Episode(session, count)
                 count += 1
                 episodes.append(current)
             current.steps.append(step)
+        if current is not None:
+            current.ended = closed.get(session)
     episodes.sort(key=lambda e: (e.steps[0].started, e.session, e.index))
     return episodes
 
