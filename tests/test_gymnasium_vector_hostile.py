@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
+from test_gymnasium_vector_sessions import LateFailure
 from test_shutdown import free_port, wait_healthy
 
 from openenv import (
@@ -180,17 +181,8 @@ def test_a_server_killed_mid_step_is_a_closed_session_and_close_still_works(
         proc.wait()
 
 
-class Gated(gymnasium.Env[np.ndarray, np.int64]):
-    """Action 1 waits for ``gate``; action 0 steps at once."""
-
-    def __init__(self, gate: threading.Event) -> None:
-        self.gate = gate
-        self.action_space = gymnasium.spaces.Discrete(2)
-        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
-        super().reset(seed=seed)
-        return np.zeros(1, np.float32), {}
+class Gated(LateFailure):
+    """Action 1 waits for ``gate``, then steps as usual; action 0 steps at once."""
 
     def step(self, action: np.int64) -> Any:
         if action == 1:
