@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from openenv.cli.errors import fail
 from openenv.client import ServerPool
 from openenv.errors import EngineError
 from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
@@ -135,8 +136,7 @@ def run(
         fresh = _play(todo, config, out, append=resume)
         elapsed = time.perf_counter() - started
     except (ValueError, TypeError, EngineError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc, 2)
     results = [fresh[t.id] if t.id in fresh else kept[t.id] for t in batch]
     if out is not None:  # complete: the same lines, now in task order
         staged = out.with_name(f".{out.name}.partial")
