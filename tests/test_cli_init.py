@@ -84,6 +84,9 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
         ("server", "would shadow openenv's server module"),
         ("pydantic", "'pydantic' is already installed here (pydantic); an environment of that"),
         ("echo_env", "pick another name, e.g. 'echo_env_env'"),
+        ("models", "'models' would shadow the environment's own models.py"),
+        ("client", "'client' would shadow the environment's own client.py"),
+        ("tests", "'tests' would shadow the environment's own tests/ folder"),
     ],
 )
 def test_bad_names_are_refused_in_one_line(tmp_path: Path, name: str, message: str) -> None:

@@ -170,3 +170,61 @@ def test_run_records_every_episode_when_asked(echo_url: str, tmp_path: Path) -> 
     episodes = load(folder)
     assert sorted(e.session for e in episodes) == ["task-0", "task-1", "task-2"]
     assert all([s.kind for s in e.steps] == ["reset", "step", "step"] for e in episodes)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The real ``openenv run`` in a process of its own, in ``cwd``."""
+    return subprocess.run(
+        [OPENENV, "run", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [
+        ("import not_installed_dependency_xyz\n", "ModuleNotFoundError: No module named"),
+        ("def play(:\n", "SyntaxError: invalid syntax"),
+        ("\nraise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+    ],
+)
+def test_an_agent_module_that_fails_to_import_is_one_line(
+    echo_url: str, tmp_path: Path, source: str, line: str
+) -> None:
+    (tmp_path / "my_agent.py").write_text(source)
+    result = run_cli("--env", echo_url, "--agent", "my_agent:play", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    where = "2" if source.startswith("\n") else "1"
+    assert result.stderr.startswith(f"error: --agent my_agent:play: my_agent.py:{where}: {line}")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_an_out_file_that_cannot_be_written_is_refused_before_playing(
+    echo_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "results").mkdir()
+    for out, why in [
+        ("results", "Is a directory"),
+        ("nowhere/r.jsonl", "No such file or directory"),
+    ]:
+        result = run_cli("--env", echo_url, "--tasks", "2", "--out", out, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr == f"error: cannot write --out {out}: {why}\n"
+
+
+def test_resuming_from_a_file_that_is_not_results_names_file_and_line(
+    echo_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "notes.jsonl").write_text('{"task_id": "task-0"}\n{"note": 1}\n')
+    args = ("--env", echo_url, "--tasks", "2", "--out", "notes.jsonl", "--resume")
+    result = run_cli(*args, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(
+        "error: cannot resume from --out notes.jsonl: line 1 is not a result of openenv run ("
+    )
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert (tmp_path / "notes.jsonl").read_text() == '{"task_id": "task-0"}\n{"note": 1}\n'

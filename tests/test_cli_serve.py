@@ -82,6 +82,28 @@ def test_an_app_that_fails_to_import_is_refused(tmp_path: Path) -> None:
     assert refused(folder) == ("error: importing server/app.py:1 failed: RuntimeError: no GPU here")
 
 
+def run_openenv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real ``openenv`` script in a process of its own; it must end by itself."""
+    return subprocess.run(
+        [OPENENV, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"), [("app = 42", "int"), ("app = None", "NoneType"), ("app = 'x'", "str")]
+)
+def test_an_app_that_is_not_an_asgi_app_is_refused_before_serving(
+    tmp_path: Path, line: str, kind: str
+) -> None:
+    folder = write_env(tmp_path / "env", app=f"{line}\n")
+    result = run_openenv("serve", str(folder), "--port", "0")
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    assert result.stderr == (
+        f"error: server/app.py's `app` is a {kind}, not an ASGI app; "
+        f"make it with openenv.create_app(...)\n"
+    )
+
+
 def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path) -> None:
     failing = (
         "import contextlib\n"

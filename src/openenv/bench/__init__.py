@@ -30,8 +30,9 @@ from typing import Any, Literal
 from openenv.bench._run import Run, SessionStats, now
 from openenv.bench.report import BenchReport, percentile
 from openenv.client import http_url, ws_url
+from openenv.client._base import auth_headers
 from openenv.client.pool import as_pool
-from openenv.errors import CapacityError, ConnectionFailedError
+from openenv.errors import AuthenticationError, CapacityError, ConnectionFailedError
 from openenv.runtime.random_agent import sample_schema
 
 __all__ = ["BenchProgress", "BenchReport", "ClientName", "bench", "percentile", "run_bench"]
@@ -185,17 +186,27 @@ async def _look_first(
     roots = [http_url(u) for u in ((urls,) if isinstance(urls, str) else urls)]
     caps: list[int] = []
     schema: dict[str, Any] | None = None
-    async with httpx.AsyncClient(timeout=timeout, verify=False) as http:
+    headers = auth_headers()
+    async with httpx.AsyncClient(timeout=timeout, verify=False, headers=headers) as http:
         for root in roots:
             try:
                 health = await http.get(f"{root}/health")
+                # /health is open to all; /schema needs the key the sessions will send.
+                answer = await http.get(f"{root}/schema")
             except httpx.HTTPError as exc:
                 raise ConnectionFailedError(root, str(exc) or type(exc).__name__) from None
+            if answer.status_code == 401:
+                said = None
+                with contextlib.suppress(ValueError, AttributeError):
+                    said = answer.json().get("detail")
+                raise AuthenticationError(
+                    root, f"{said or 'HTTP 401'}; set OPENENV_API_KEY to the server's key"
+                )
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 caps.append(int(health.json()["max_sessions"]))
             if schema is None:
-                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
-                    found = (await http.get(f"{root}/schema")).json()["action"]
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    found = answer.json()["action"]
                     schema = found if isinstance(found, dict) else None
     return (sum(caps) if len(caps) == len(roots) else None), schema
 

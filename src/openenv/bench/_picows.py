@@ -87,6 +87,7 @@ async def run_session(run: Run, url: str, stats: SessionStats, connect_timeout: 
                 url,
                 websocket_handshake_timeout=connect_timeout,
                 enable_auto_pong=True,
+                extra_headers=run.headers,
                 # aiofastnet (picows' default when installed) connects in Python,
                 # some 200 us of this core per connection: opening 512 at once, the
                 # server would idle for the first 100 ms. uvloop connects in C.

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from openenv import protocol
+from openenv.client._base import auth_headers
 
 __all__ = ["Run", "SessionStats", "now"]
 
@@ -57,6 +58,8 @@ class Run:
         self.steps = steps
         self.duration = duration
         self.warmup = warmup
+        # Sent on every handshake: the API key ($OPENENV_API_KEY), as clients send it.
+        self.headers = auth_headers()
         self.reset_frame = protocol.request_frame("reset", {}).encode()
         self.step_frame = protocol.request_frame("step", action).encode()
         self.started = now()

@@ -27,6 +27,7 @@ async def run_session(run: Run, url: str, stats: SessionStats, connect_timeout: 
                 ping_interval=None,
                 compression=None,
                 max_size=None,
+                additional_headers=run.headers,
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             stats.errored = True

@@ -10,6 +10,7 @@ from rich.console import Console
 
 import openenv
 from openenv.cli.bench import bench
+from openenv.cli.errors import fail
 from openenv.cli.report import report_command
 from openenv.cli.run import run as run_episodes
 from openenv.cli.scaffold import init_command
@@ -60,8 +61,7 @@ def demo(
     try:
         report = run_demo(app_path, app_dir, sessions, steps, console)
     except RuntimeError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+        fail(exc, 1)
     if report.failed_sessions:
         raise typer.Exit(1)
 

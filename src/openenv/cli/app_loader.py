@@ -66,10 +66,9 @@ def imported_app(
     importlib.invalidate_caches()
     try:
         module = _import(folder)
-        app = getattr(module, "app", None)
-        if app is None:
+        if not hasattr(module, "app"):
             raise AppLoadError(f"{folder / 'server' / 'app.py'} defines no `app`")
-        yield app
+        yield module.app
     finally:
         sys.path.remove(str(folder))
         _apply(saved_environ)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from openenv.cli.errors import fail
 from openenv.errors import ConnectionFailedError
 
 if TYPE_CHECKING:
@@ -92,11 +93,9 @@ def bench(
             **options,
         )
     except (ValueError, ImportError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc, 2)
     except ConnectionFailedError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+        fail(exc, 1)
     finally:
         if err.is_terminal:
             err.file.write("\r\033[K")

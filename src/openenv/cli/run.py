@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from openenv.cli.errors import fail
 from openenv.client import ServerPool
 from openenv.errors import EngineError
 from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
@@ -51,6 +53,24 @@ def load_agent(spec: str) -> Any:
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj() if isinstance(obj, type) else obj
+
+
+def _agent(spec: str) -> Any:
+    """``load_agent``, with whatever the agent's own module raised said in one line."""
+    try:
+        return load_agent(spec)
+    except ValueError:
+        raise
+    except Exception as exc:  # the user's code: its file, line and error, not a traceback
+        where = ""
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f"{Path(exc.filename).name}:{exc.lineno}: "
+        elif frames := traceback.extract_tb(exc.__traceback__):
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}: "
+        text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        lines = text.strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        raise ValueError(f"--agent {spec}: {where}{reason}") from None
 
 
 def run(
@@ -109,7 +129,7 @@ def run(
     """Play many episodes against an environment server and summarise them."""
     console = Console()
     try:
-        player = load_agent(agent) if agent else RandomAgent(seed=seed)
+        player = _agent(agent) if agent else RandomAgent(seed=seed)
         joined = ",".join(env)
         where: str | ServerPool = ServerPool(joined) if "," in joined else joined
         batch = [
@@ -135,8 +155,7 @@ def run(
         fresh = _play(todo, config, out, append=resume)
         elapsed = time.perf_counter() - started
     except (ValueError, TypeError, EngineError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc, 2)
     results = [fresh[t.id] if t.id in fresh else kept[t.id] for t in batch]
     if out is not None:  # complete: the same lines, now in task order
         staged = out.with_name(f".{out.name}.partial")
@@ -176,7 +195,11 @@ def _play(
     if out is None:
         return {r.task_id: r for r in Runners.sync_run_task(tasks, config)}
     results: dict[str, TaskResult] = {}
-    with out.open("ab" if append else "wb") as file:
+    try:
+        file = out.open("ab" if append else "wb")
+    except OSError as exc:
+        raise ValueError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    with file:
         for result in Runners.sync_stream(tasks, config):
             file.write(_line(result))
             file.flush()  # a run killed now keeps every result it had
@@ -188,15 +211,24 @@ def _resume(path: Path) -> dict[str, TaskResult]:
     """The results already in ``path``; a line cut short by a kill is dropped from the file."""
     if not path.exists():
         return {}
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        with path.open("r+b") as file:
-            file.truncate(len(complete))
+    try:
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            with path.open("r+b") as file:
+                file.truncate(len(complete))
+    except OSError as exc:
+        raise ValueError(f"cannot resume from --out {path}: {exc.strerror or exc}") from None
     kept: dict[str, TaskResult] = {}
-    for line in complete.splitlines():
+    for number, line in enumerate(complete.splitlines(), 1):
         if line.strip():
-            result = TaskResult.from_dict(orjson.loads(line))
+            try:
+                result = TaskResult.from_dict(orjson.loads(line))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(
+                    f"cannot resume from --out {path}: line {number} is not a result of "
+                    f"openenv run ({type(exc).__name__}: {exc})"
+                ) from None
             kept[result.task_id] = result
     return kept
 

@@ -29,6 +29,10 @@ PREFIX_PLACEHOLDER = "__Prefix__"
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 # `server` is the package every environment folder serves from; `openenv` is us.
 _RESERVED = {"openenv", "server"}
+# Modules of the folder itself: served from the folder (`uvicorn server.app:app`,
+# `openenv serve`), `import NAME` would find NAME.py there, not the package, and
+# `from NAME.models import ...` in server/app.py could never import.
+_FOLDER_MODULES = {"models": "models.py", "client": "client.py", "tests": "tests/ folder"}
 _SKIPPED = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 
@@ -67,6 +71,11 @@ def check_name(name: str) -> None:
         owner = "openenv's" if name in _RESERVED else "Python's own"
         raise ValueError(
             f"{name!r} would shadow {owner} {name} module; pick another name, e.g. '{name}_env'"
+        )
+    if name in _FOLDER_MODULES:
+        raise ValueError(
+            f"{name!r} would shadow the environment's own {_FOLDER_MODULES[name]} "
+            f"(server/app.py imports {name}.models); pick another name, e.g. '{name}_env'"
         )
     if not _NAME.match(name):
         message = (

@@ -78,8 +78,8 @@ def serve(
 
     Raises:
         ValueError: the options contradict each other.
-        AppLoadError: ``server/app.py`` is missing, fails to import, or ignores
-            the cap or timeout asked for.
+        AppLoadError: ``server/app.py`` is missing, fails to import, its
+            ``app`` is not an ASGI app, or it ignores the cap or timeout asked for.
         OSError: the address cannot be listened on.
         RuntimeError: the app failed to start.
     """
@@ -99,6 +99,11 @@ def serve(
         environ[SESSION_TIMEOUT_VAR] = str(session_timeout)
     # The environment stays applied while serving, so worker processes inherit it.
     with imported_app(folder, environ) as app:
+        if not callable(app):  # uvicorn would say so in a traceback, after "serving ..."
+            raise AppLoadError(
+                f"server/app.py's `app` is a {type(app).__name__}, not an ASGI app; "
+                f"make it with openenv.create_app(...)"
+            )
         name, sessions = _check_applied(app, max_sessions, session_timeout)
         sock = _listen(host, port)
         with sock:

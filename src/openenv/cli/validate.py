@@ -33,7 +33,8 @@ def validate_command(
 
     A folder: layout, pyproject entry point, server/app.py imports, factory (not
     an instance), session cap vs SUPPORTS_CONCURRENT_SESSIONS. A server: /health,
-    /metadata, /schema, and a real /ws episode (reset, step, state, close).
+    /metadata, /schema, and a real /ws episode (reset, step, state, close), with
+    the API key in $OPENENV_API_KEY if the server needs one.
     """
     if path is not None and url is not None:
         typer.echo("error: give a folder or --url, not both", err=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from openenv.cli.checklist import Checklist
 from openenv.client import WebSocketEnvClient, http_url
+from openenv.client._base import auth_headers
 
 __all__ = ["sample_action", "sample_value", "validate_url"]
 
@@ -132,11 +133,17 @@ async def _check_episode(
 
 
 def _get_json(base: str, route: str, timeout: float) -> Any:
-    url = base + route
+    # The key the episode's client sends too ($OPENENV_API_KEY): every route but /health needs it.
+    request = urllib.request.Request(base + route, headers=auth_headers())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            said = _detail(exc.read()) or exc.reason
+            raise ValueError(
+                f"GET {route}: HTTP 401 {said}; set OPENENV_API_KEY to the server's key"
+            ) from None
         raise ValueError(f"GET {route}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise _Unreachable(_why_unreachable(base, exc.reason, timeout)) from None
@@ -146,6 +153,15 @@ def _get_json(base: str, route: str, timeout: float) -> Any:
         return json.loads(body)
     except json.JSONDecodeError:
         raise ValueError(f"GET {route}: the answer is not JSON: {body[:80]!r}") from None
+
+
+def _detail(body: bytes) -> str | None:
+    """The ``detail`` of an error answer in JSON, as FastAPI and openenv write it."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        return None
+    return detail if isinstance(detail, str) else None
 
 
 def _why_unreachable(base: str, reason: object, timeout: float) -> str:

@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
+from openenv.client._base import auth_headers
 from openenv.runtime.recording import EpisodeRecord, ended_by
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, State, StepResult
@@ -220,6 +221,8 @@ async def fetch_schema(url: str) -> dict[str, Any]:
 
 
 def _get_action_schema(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    # With the key the session's own client sends ($OPENENV_API_KEY): /schema needs it too.
+    request = urllib.request.Request(url, headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
         schema: dict[str, Any] = json.load(response)["action"]
     return schema
