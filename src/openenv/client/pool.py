@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from openenv import protocol
-from openenv.client._base import http_url, ws_url
+from openenv.client._base import auth_headers, http_url, ws_url
 from openenv.errors import CapacityError, ConnectionFailedError
 
 __all__ = ["ServerPool", "ServerView", "as_pool"]
@@ -220,7 +220,7 @@ class ServerPool:
     async def _check_all(self) -> None:
         import httpx  # the pool's only HTTP; imported when a pool is first used
 
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers = auth_headers(api_key=self._api_key)  # its default: $OPENENV_API_KEY
         # Loading the CA bundle costs tens of milliseconds: only for https.
         verify = any(url.startswith("https:") for url in self.urls)
         bound = self.health_timeout
