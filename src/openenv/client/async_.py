@@ -142,6 +142,8 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # The loop the connection lives on; calls from elsewhere are carried to it.
         self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
+        # One connection however many calls make the first one at once.
+        self._connecting = asyncio.Lock()
         # Replies the server still owes on this connection: one per request sent,
         # less those read. More than one means calls given up on (timed out,
         # cancelled) whose replies are still to come: v1 replies carry no id.
@@ -161,24 +163,40 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     async def _connect(self) -> Self:
         if self._ws is not None:
             return self
+        # Calls that find no connection wait for the first one's: each opening
+        # its own would split the session in two (a reset on one, steps on the
+        # other) and leave one holding a slot no one closes.
+        async with self._connecting:
+            if self._ws is None:
+                await self._connect_once()
+        return self
+
+    async def _connect_once(self) -> None:
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
         self.home_loop = asyncio.get_running_loop()
         self._owed = 0  # a new connection owes no reply
         if self.pool is None:
-            self._ws = await self._open(self.url)
-            return self
+            self._ws = await self._opened(self.url)
+            return
         while True:
             self.url, self._placed = await self.pool.place(), True
             try:
-                self._ws = await self._open(self.url)
+                self._ws = await self._opened(self.url)
             except AuthenticationError:
                 self._unplace(self.pool.failed)
                 raise
             except ConnectionFailedError:
                 self._unplace(self.pool.failed)  # the pool tries the next server
             else:
-                return self
+                return
+
+    async def _opened(self, url: str) -> ClientConnection:
+        ws = await self._open(url)
+        if self._closed:  # close() came while the handshake ran: nobody will use it
+            await ws.close()
+            raise SessionClosedError("this client was closed; create a new one")
+        return ws
 
     async def _open(self, url: str) -> ClientConnection:
         return await open_socket(url, self.connect_timeout, self._connect_options)
