@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from servers import Ping, Pong, Tracker, ping_app, slots_free
 
-from openenv import WebSocketEnvClient
+from openenv import MuxClient, WebSocketEnvClient
 from openenv.testing import run_server
 
 
@@ -42,4 +42,20 @@ async def test_a_close_during_the_first_connection_leaves_no_session() -> None:
         await client.close()
         with pytest.raises(Exception, match="closed"):
             await first
+        await slots_free(url)
+
+
+async def test_a_batch_of_no_sessions_is_an_empty_result() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            envs = await mux.open(2)
+            await mux.reset(envs)
+            # Every episode done: the batch of those still running is empty.
+            running = [e for e in envs if e.closed]
+            assert await mux.step(running, []) == []
+            assert await mux.reset(running) == []
+            assert await mux.open(0) == []
+            await mux.close_sessions(running)
+            assert [r.observation.count for r in await mux.step(envs, [Ping()] * 2)] == [1, 1]
         await slots_free(url)
