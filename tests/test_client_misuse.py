@@ -6,11 +6,14 @@ says what is wrong; none splits a session, hangs, or leaves a slot held."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 
+import httpx
 import pytest
-from servers import Ping, Pong, Tracker, ping_app, slots_free
+from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 
-from openenv import MuxClient, WebSocketEnvClient
+from openenv import ConcurrencyConfig, MuxClient, RemoteEnv, WebSocketEnvClient, create_app
 from openenv.testing import run_server
 
 
@@ -43,6 +46,51 @@ async def test_a_close_during_the_first_connection_leaves_no_session() -> None:
         with pytest.raises(Exception, match="closed"):
             await first
         await slots_free(url)
+
+
+async def test_a_blocking_call_inside_the_loop_that_owns_the_connection_says_so() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        client = ping_client(url)
+        await client.reset()  # the connection lives on this test's loop
+        # This loop is blocked while it waits: carrying the call here would wait for ever.
+        with pytest.raises(RuntimeError, match="await the client's methods"):
+            client.sync().step(Ping())
+        # The client goes on, awaited as it should be.
+        assert (await client.step(Ping())).observation.count == 1
+        await client.close()
+        await slots_free(url)
+
+
+def _ctrl_c_once_queued(url: str) -> threading.Thread:
+    """A thread that sends SIGINT (Ctrl-C) to the main thread once the server
+    has a connection waiting in line for a slot."""
+
+    def watch() -> None:
+        with httpx.Client(base_url=url) as http:
+            while http.get("/health").json()["queued_sessions"] != 1:
+                threading.Event().wait(0.01)  # a poll's interval
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_while_a_sync_session_waits_for_a_slot_leaves_no_session() -> None:
+    one_slot = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)
+    with run_server(create_app(PingEnvironment, Ping, Pong, one_slot)) as url:
+        holder = ping_client(url).sync()
+        holder.reset()  # holds the one slot
+        env = RemoteEnv(url, action_cls=Ping, observation_cls=Pong).sync()
+        watcher = _ctrl_c_once_queued(url)
+        with pytest.raises(KeyboardInterrupt):
+            env.session(seed=1).open()  # in line for the slot, until Ctrl-C
+        watcher.join()
+        holder.close()
+        # The interrupted opening is abandoned, not left to take the slot when
+        # it frees, for a session nobody can reach or close.
+        asyncio.run(slots_free(url))
 
 
 async def test_a_batch_of_no_sessions_is_an_empty_result() -> None:

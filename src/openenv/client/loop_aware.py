@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from openenv.client.sync import run_sync
+from openenv.client.sync import blocked_loop, run_sync
 from openenv.errors import SessionClosedError
 
 __all__ = ["HasHomeLoop", "loop_aware", "on_home_loop"]
@@ -49,6 +49,16 @@ async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T
         raise SessionClosedError(
             "this client's connection was opened on an event loop that has stopped; "
             "create a new client"
+        )
+    if blocked_loop(home):
+        # Its thread waits for this very call (a blocking method called inside
+        # the loop that opened the connection): carrying the call there would
+        # wait for ever.
+        coro.close()
+        raise RuntimeError(
+            "this client's connection lives on the event loop that is blocked waiting "
+            "for this call; inside that loop, await the client's methods instead of "
+            "calling its blocking ones (.sync(), with)"
         )
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))
 
