@@ -6,6 +6,7 @@ says what is wrong; none splits a session, hangs, or leaves a slot held."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
 
@@ -107,3 +108,24 @@ async def test_a_batch_of_no_sessions_is_an_empty_result() -> None:
             await mux.close_sessions(running)
             assert [r.observation.count for r in await mux.step(envs, [Ping()] * 2)] == [1, 1]
         await slots_free(url)
+
+
+def test_clients_dropped_unclosed_free_their_sessions_when_collected() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=8)) as url:
+        for _ in range(5):  # one client per episode, never closed
+            env = ping_client(url).sync()
+            env.reset()
+            env.step(Ping())
+
+        async def episode() -> None:
+            client = ping_client(url)
+            await client.reset()
+
+        asyncio.run(episode())  # dropped inside a loop that then ends
+        del env
+        gc.collect()
+        # Their keepalives held all six sessions open for as long as the process
+        # lived; collected, each connection is closed and its slot freed.
+        tracker.wait_closed(6)
+        asyncio.run(slots_free(url))

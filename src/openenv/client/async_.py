@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -23,7 +24,7 @@ from openenv.client._base import (
     http_url,
     ws_url,
 )
-from openenv.client.loop_aware import loop_aware
+from openenv.client.loop_aware import close_when_dropped, loop_aware
 from openenv.client.pool import ServerPool, as_pool
 from openenv.client.sync import run_sync
 from openenv.errors import (
@@ -149,6 +150,8 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # cancelled) whose replies are still to come: v1 replies carry no id.
         self._owed = 0
         self._closed = False
+        # Closes the connection if this client is garbage-collected unclosed.
+        self._on_drop: weakref.finalize[Any, Any] | None = None
 
     @property
     def base_url(self) -> str:
@@ -196,7 +199,14 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self._closed:  # close() came while the handshake ran: nobody will use it
             await ws.close()
             raise SessionClosedError("this client was closed; create a new one")
+        self._forget_drop()
+        self._on_drop = close_when_dropped(self, ws.transport, asyncio.get_running_loop())
         return ws
+
+    def _forget_drop(self) -> None:
+        if self._on_drop is not None:
+            self._on_drop.detach()
+            self._on_drop = None
 
     async def _open(self, url: str) -> ClientConnection:
         return await open_socket(url, self.connect_timeout, self._connect_options)
@@ -269,6 +279,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             self._unplace(self.pool.ended)
         ws, self._ws = self._ws, None
         self.home_loop = None
+        self._forget_drop()
         if ws is None:
             return
         try:
