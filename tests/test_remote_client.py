@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
-from servers import Ping, PingEnvironment, Pong
+from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 
 from openenv import (
     CapacityError,
@@ -95,3 +98,34 @@ async def test_the_session_keeps_score_over_steps() -> None:
             assert (session.steps, session.total_reward, session.done) == (3, 3.0, False)
             await session.reset()
             assert (session.steps, session.total_reward) == (0, 0.0)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_thousand_sessions_leave_no_thread_socket_or_slot_behind() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=64)) as url:
+        env = RemoteEnv(url, action_cls=Ping, observation_cls=Pong)
+
+        async def play(count: int) -> None:
+            async def one(seed: int) -> None:
+                async with env.session(seed=seed) as session:
+                    await session.step(Ping())
+
+            await asyncio.gather(*(one(seed) for seed in range(count)))
+
+        with env.sync().session(seed=0) as session:  # the first of each kind starts
+            session.step(Ping())  # the threads they share (sync loop, server pool)
+        asyncio.run(play(1))
+        gc.collect()
+        threads, fds = threading.active_count(), _open_fds()
+        for seed in range(300):
+            with env.sync().session(seed=seed) as session:
+                session.step(Ping())
+        asyncio.run(play(700))  # at most 64 at once: the rest wait for slots
+        gc.collect()
+        assert len(tracker.closed) == len(tracker.created) == 1002
+        assert (threading.active_count(), _open_fds()) == (threads, fds)
+        asyncio.run(slots_free(url))

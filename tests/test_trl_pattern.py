@@ -11,14 +11,18 @@ is replaced by fixed tool calls; everything else is a real server and client.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from servers import slots_free
 
-from echo_env import EchoAction, EchoEnv
-from openenv import TRLEnv
+from echo_env import EchoAction, EchoEnv, EchoObservation
+from echo_env.server.environment import EchoEnvironment
+from openenv import ConcurrencyConfig, TRLEnv, create_app
+from openenv.testing import run_server
 
 ROWS = [
     {"prompt": [{"role": "user", "content": content}]}
@@ -158,3 +162,34 @@ def test_trlenv_helper_sums_rewards_and_exposes_only_the_tools(echo_url: str) ->
     assert rewards == [0.0]
     for environment in trainer.pool:
         environment._close()
+
+
+def test_pooled_instances_whose_sessions_were_reaped_between_steps_reset_anew() -> None:
+    # A training step (generation, then backprop) can outlast the server's idle
+    # timeout; TRL resets the same pooled instances for the next batch.
+    reaping = ConcurrencyConfig(max_concurrent_envs=4, session_timeout=1.0)
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, reaping)
+    with run_server(app) as url:
+
+        class Echo(TRLEnv):
+            client_cls = EchoEnv
+            base_url = url
+
+            def echo(self, message: str) -> str:
+                """Echo a message back from the environment.
+
+                Args:
+                    message: The message to echo.
+                """
+                return str(self._step(EchoAction(message=message)).echoed_message)
+
+        trainer = Trainer(Echo)
+        calls = [[call("echo", message=m)] for m in MESSAGES]
+        assert trainer.rollouts(ROWS, calls)[0] == [[m] for m in MESSAGES]
+        asyncio.run(slots_free(url))  # every session idle too long: reaped by the server
+        replies, rewards = trainer.rollouts(ROWS, calls)
+        assert replies == [[m] for m in MESSAGES]
+        assert rewards == pytest.approx([len(m) / 10 for m in MESSAGES])
+        for environment in trainer.pool:
+            environment._close()
+        asyncio.run(slots_free(url))

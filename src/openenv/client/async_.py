@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -23,7 +24,7 @@ from openenv.client._base import (
     http_url,
     ws_url,
 )
-from openenv.client.loop_aware import loop_aware
+from openenv.client.loop_aware import close_when_dropped, loop_aware
 from openenv.client.pool import ServerPool, as_pool
 from openenv.client.sync import run_sync
 from openenv.errors import (
@@ -142,11 +143,15 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # The loop the connection lives on; calls from elsewhere are carried to it.
         self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
+        # One connection however many calls make the first one at once.
+        self._connecting = asyncio.Lock()
         # Replies the server still owes on this connection: one per request sent,
         # less those read. More than one means calls given up on (timed out,
         # cancelled) whose replies are still to come: v1 replies carry no id.
         self._owed = 0
         self._closed = False
+        # Closes the connection if this client is garbage-collected unclosed.
+        self._on_drop: weakref.finalize[Any, Any] | None = None
 
     @property
     def base_url(self) -> str:
@@ -161,24 +166,47 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     async def _connect(self) -> Self:
         if self._ws is not None:
             return self
+        # Calls that find no connection wait for the first one's: each opening
+        # its own would split the session in two (a reset on one, steps on the
+        # other) and leave one holding a slot no one closes.
+        async with self._connecting:
+            if self._ws is None:
+                await self._connect_once()
+        return self
+
+    async def _connect_once(self) -> None:
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
         self.home_loop = asyncio.get_running_loop()
         self._owed = 0  # a new connection owes no reply
         if self.pool is None:
-            self._ws = await self._open(self.url)
-            return self
+            self._ws = await self._opened(self.url)
+            return
         while True:
             self.url, self._placed = await self.pool.place(), True
             try:
-                self._ws = await self._open(self.url)
+                self._ws = await self._opened(self.url)
             except AuthenticationError:
                 self._unplace(self.pool.failed)
                 raise
             except ConnectionFailedError:
                 self._unplace(self.pool.failed)  # the pool tries the next server
             else:
-                return self
+                return
+
+    async def _opened(self, url: str) -> ClientConnection:
+        ws = await self._open(url)
+        if self._closed:  # close() came while the handshake ran: nobody will use it
+            await ws.close()
+            raise SessionClosedError("this client was closed; create a new one")
+        self._forget_drop()
+        self._on_drop = close_when_dropped(self, ws.transport, asyncio.get_running_loop())
+        return ws
+
+    def _forget_drop(self) -> None:
+        if self._on_drop is not None:
+            self._on_drop.detach()
+            self._on_drop = None
 
     async def _open(self, url: str) -> ClientConnection:
         return await open_socket(url, self.connect_timeout, self._connect_options)
@@ -251,6 +279,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             self._unplace(self.pool.ended)
         ws, self._ws = self._ws, None
         self.home_loop = None
+        self._forget_drop()
         if ws is None:
             return
         try:

@@ -17,14 +17,16 @@ one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from openenv.client.sync import run_sync
+from openenv.client.sync import blocked_loop, run_sync
 from openenv.errors import SessionClosedError
 
-__all__ = ["HasHomeLoop", "loop_aware", "on_home_loop"]
+__all__ = ["HasHomeLoop", "close_when_dropped", "loop_aware", "on_home_loop"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -50,6 +52,16 @@ async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T
             "this client's connection was opened on an event loop that has stopped; "
             "create a new client"
         )
+    if blocked_loop(home):
+        # Its thread waits for this very call (a blocking method called inside
+        # the loop that opened the connection): carrying the call there would
+        # wait for ever.
+        coro.close()
+        raise RuntimeError(
+            "this client's connection lives on the event loop that is blocked waiting "
+            "for this call; inside that loop, await the client's methods instead of "
+            "calling its blocking ones (.sync(), with)"
+        )
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))
 
 
@@ -74,3 +86,37 @@ def loop_aware(
         return coro
 
     return call
+
+
+def close_when_dropped(
+    owner: object, transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop
+) -> weakref.finalize[Any, Any]:
+    """Close ``transport`` on ``loop`` once ``owner`` is garbage-collected unclosed.
+
+    A connection's keepalive keeps it (and its session's slot on the server)
+    alive on the loop for as long as the loop runs, long after the client
+    object that could close it is gone. Dropped, it is cut (the server frees
+    the slot on the disconnect), at once: a closing handshake would need a
+    task that a loop about to end (``asyncio.run`` returning) may cancel
+    half-way. ``detach()`` the result on ``close``.
+    """
+    # Weakly: a transport whose loop has ended must go with its client, as before.
+    finalizer = weakref.finalize(owner, _close_on, weakref.ref(transport), loop)
+    finalizer.atexit = False  # at exit the process's sockets go anyway
+    return finalizer
+
+
+def _close_on(
+    transport: weakref.ref[asyncio.BaseTransport], loop: asyncio.AbstractEventLoop
+) -> None:
+    if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing can run there
+            loop.call_soon_threadsafe(_abort, transport)
+
+
+def _abort(transport: weakref.ref[asyncio.BaseTransport]) -> None:
+    alive = transport()
+    if isinstance(alive, asyncio.WriteTransport):
+        alive.abort()
+    elif alive is not None:
+        alive.close()

@@ -277,6 +277,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         calls: Sequence[tuple[MuxSession, _Kind, dict[str, Any] | None]],
         return_exceptions: bool,
     ) -> list[dict[str, Any] | BaseException]:
+        if not calls:  # a batch of no sessions (every episode done, say): nothing to ask
+            return []
         futures = [self._queue(session, kind, data) for session, kind, data in calls]
         self._flush_soon()
         try:

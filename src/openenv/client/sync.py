@@ -24,7 +24,7 @@ from openenv.types import StepResult
 if TYPE_CHECKING:
     from openenv.client.async_ import EnvClient
 
-__all__ = ["SyncEnvClient", "run_sync"]
+__all__ = ["SyncEnvClient", "blocked_loop", "run_sync"]
 
 _T = TypeVar("_T")
 _loop: asyncio.AbstractEventLoop | None = None
@@ -44,9 +44,45 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+# Event loops whose thread is blocked in ``run_sync``: nothing scheduled on them
+# runs until it returns.
+_blocked: set[asyncio.AbstractEventLoop] = set()
+
+
+def blocked_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop``'s thread is waiting in ``run_sync`` (so ``loop`` cannot run)."""
+    return loop in _blocked
+
+
 def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine on the shared background loop and wait for its result."""
-    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
+    """Run a coroutine on the shared background loop and wait for its result.
+
+    If the wait is interrupted (``KeyboardInterrupt``), the coroutine is
+    cancelled rather than left running unseen: an interrupted session opening
+    would otherwise go on to hold a slot that nobody can close.
+    """
+    try:
+        caller: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        caller = None
+    background = _background_loop()
+    if caller is background:  # it would wait for itself, for ever
+        coro.close()
+        raise RuntimeError(
+            "a blocking openenv call made on the sync clients' own event loop; await it instead"
+        )
+    if caller is not None:
+        _blocked.add(caller)
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, background)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a no-op when the coroutine itself raised
+            raise
+    finally:
+        if caller is not None:
+            _blocked.discard(caller)
 
 
 def _blocking(call: Coroutine[Any, Any, _T]) -> _T:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from openenv.client.async_ import EnvClient
 from openenv.client.pool import ServerPool
+from openenv.errors import SessionClosedError, SessionError
 from openenv.types import Action
 
 __all__ = ["TRLEnv"]
@@ -55,10 +56,26 @@ class TRLEnv:
         self._client = self.client_cls(self.base_url).sync()
         self._reward = 0.0
         self._done = False
+        self._had_session = False
 
     def reset(self, **kwargs: Any) -> str | None:
-        """Start a new episode for the dataset row ``kwargs``; TRL calls this."""
-        result = self._client.reset(**self._reset_kwargs(kwargs))
+        """Start a new episode for the dataset row ``kwargs``; TRL calls this.
+
+        TRL keeps its instances from one training step to the next, and a step
+        can outlast the server's idle timeout (or the server may restart): a
+        session found gone at ``reset`` is replaced by a new one, as a new
+        episode begins anyway.
+        """
+        arguments = self._reset_kwargs(kwargs)
+        try:
+            result = self._client.reset(**arguments)
+        except (SessionClosedError, SessionError):
+            if not self._had_session:
+                raise  # refused from the start (the server is full, say): the caller's
+            self._client.close()
+            self._client = self.client_cls(self.base_url).sync()
+            result = self._client.reset(**arguments)
+        self._had_session = True
         self._reward, self._done = 0.0, result.done
         return self._prompt(result.observation)
 
