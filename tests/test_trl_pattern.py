@@ -137,10 +137,12 @@ def test_trls_own_echo_example_class_gets_real_rewards(echo_url: str) -> None:
         environment.env.close()  # TRL never does; the shared test server would keep them
 
 
-def test_trlenv_helper_sums_rewards_and_exposes_only_the_tools(echo_url: str) -> None:
+def echo_tool_env(url: str) -> type[TRLEnv]:
+    """A ``TRLEnv`` of the echo server at ``url`` whose one tool is ``echo``."""
+
     class Echo(TRLEnv):
         client_cls = EchoEnv
-        base_url = echo_url
+        base_url = url
 
         def echo(self, message: str) -> str:
             """Echo a message back from the environment.
@@ -150,7 +152,11 @@ def test_trlenv_helper_sums_rewards_and_exposes_only_the_tools(echo_url: str) ->
             """
             return str(self._step(EchoAction(message=message)).echoed_message)
 
-    trainer = Trainer(Echo)
+    return Echo
+
+
+def test_trlenv_helper_sums_rewards_and_exposes_only_the_tools(echo_url: str) -> None:
+    trainer = Trainer(echo_tool_env(echo_url))
     assert trainer.tool_names == ["echo"]
     calls = [[call("echo", message=m), call("echo", message="ab")] for m in MESSAGES]
     replies, rewards = trainer.rollouts(ROWS, calls)
@@ -170,20 +176,7 @@ def test_pooled_instances_whose_sessions_were_reaped_between_steps_reset_anew() 
     reaping = ConcurrencyConfig(max_concurrent_envs=4, session_timeout=1.0)
     app = create_app(EchoEnvironment, EchoAction, EchoObservation, reaping)
     with run_server(app) as url:
-
-        class Echo(TRLEnv):
-            client_cls = EchoEnv
-            base_url = url
-
-            def echo(self, message: str) -> str:
-                """Echo a message back from the environment.
-
-                Args:
-                    message: The message to echo.
-                """
-                return str(self._step(EchoAction(message=message)).echoed_message)
-
-        trainer = Trainer(Echo)
+        trainer = Trainer(echo_tool_env(url))
         calls = [[call("echo", message=m)] for m in MESSAGES]
         assert trainer.rollouts(ROWS, calls)[0] == [[m] for m in MESSAGES]
         asyncio.run(slots_free(url))  # every session idle too long: reaped by the server
