@@ -30,7 +30,7 @@ from typing import Any, Literal
 from openenv.bench._run import Run, SessionStats, now
 from openenv.bench.report import BenchReport, percentile
 from openenv.client import http_url, ws_url
-from openenv.client._base import auth_headers
+from openenv.client._base import auth_headers, http_detail
 from openenv.client.pool import as_pool
 from openenv.errors import AuthenticationError, CapacityError, ConnectionFailedError
 from openenv.runtime.random_agent import sample_schema
@@ -196,11 +196,8 @@ async def _look_first(
             except httpx.HTTPError as exc:
                 raise ConnectionFailedError(root, str(exc) or type(exc).__name__) from None
             if answer.status_code == 401:
-                said = None
-                with contextlib.suppress(ValueError, AttributeError):
-                    said = answer.json().get("detail")
                 raise AuthenticationError(
-                    root, f"{said or 'HTTP 401'}; set OPENENV_API_KEY to the server's key"
+                    root, f"{http_detail(answer)}; set OPENENV_API_KEY to the server's key"
                 )
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 caps.append(int(health.json()["max_sessions"]))

@@ -205,6 +205,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             elif self._handshake(data):
                 return
             self._websockets(data)
+            exc = self.conn.handshake_exc
+            if exc is not None and not self.handshake_complete:
+                self._refuse_unparsed(exc)
             return
         if not self._framing_ok():
             # The close handshake has begun: websockets takes every byte from here.
@@ -417,8 +420,6 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             conn.parser = conn.parse()
             next(conn.parser)  # to its first wait for data, as websockets starts it
         super().data_received(data)
-        if conn.handshake_exc is not None and not self.handshake_complete:
-            self._refuse_unparsed(conn.handshake_exc)
 
     def _refuse_unparsed(self, exc: Exception) -> None:
         """Answer and close an upgrade request websockets could not parse.
