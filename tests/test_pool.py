@@ -32,6 +32,7 @@ from openenv import (
     Task,
     create_app,
 )
+from openenv.client import ws_url
 from openenv.testing import run_server
 
 
@@ -340,3 +341,20 @@ def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
             assert two_sessions_land_on(good, pool) == [(False, 0), (True, 2)]
         finally:
             stop.set()
+
+
+def test_the_pool_sends_the_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a proxy that guards ``/health`` too, a pool made without ``api_key``
+    checks its servers with ``$OPENENV_API_KEY``, as every client sends it."""
+
+    async def guarded(request: Request) -> Response:
+        if request.headers.get("authorization") != "Bearer k":
+            return Response(b'{"detail": "missing API key"}', 401, media_type="application/json")
+        return Response(b'{"status": "healthy", "max_sessions": 2}', media_type="application/json")
+
+    proxy = Starlette(routes=[Route("/health", guarded)])
+    with run_server(proxy) as url:
+        with pytest.raises(ConnectionFailedError, match="no server answered"):  # looks down
+            asyncio.run(ServerPool([url], wait=0).place())
+        monkeypatch.setenv("OPENENV_API_KEY", "k")
+        assert asyncio.run(ServerPool([url], wait=0).place()) == ws_url(url)
