@@ -26,6 +26,7 @@ instead: many sessions per connection, each of these messages tagged with its
 from __future__ import annotations
 
 import difflib
+import math
 from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -86,6 +87,8 @@ __all__ = [
     "plain_step",
     "prompt_frame",
     "request_frame",
+    "reward_from",
+    "reward_value",
     "state_frame",
     "tool_result_frame",
     "tools_frame",
@@ -465,6 +468,37 @@ def json_text(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
+def reward_value(reward: Any) -> Any:
+    """``reward`` as a frame carries it: a NaN or infinite float as the text
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which JSON lacks numbers for.
+
+    Written as pydantic's ``ser_json_inf_nan="strings"`` writes them, so that
+    ``float()``, a pydantic ``float`` field, NumPy and JavaScript's ``Number()``
+    all read them back; orjson would write ``null``, and a trainer would take a
+    NaN reward for no reward at all.
+
+    >>> reward_value(0.5), reward_value(float("nan")), reward_value(float("-inf"))
+    (0.5, 'NaN', '-Infinity')
+    >>> float(reward_value(float("inf")))
+    inf
+    """
+    if reward.__class__ is float and reward - reward:  # only NaN and ±inf are not 0
+        return "NaN" if reward != reward else "Infinity" if reward > 0 else "-Infinity"
+    return reward
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def reward_from(value: Any) -> Any:
+    """A reward as ``reward_value`` wrote it, back to its float; anything else as it is.
+
+    >>> reward_from("-Infinity"), reward_from(1.5), reward_from(None)
+    (-inf, 1.5, None)
+    """
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
 def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
     """Encode an observation reply; reward and done travel beside the fields."""
     return orjson.dumps(
@@ -493,9 +527,10 @@ def observation_reply(
     # it, not the model: a pydantic attribute read passes through the model's
     # __getattr__ hook, several times dearer than a dict's).
     fields = observation.__pydantic_serializer__.to_python(observation, mode=observation.dump_mode)
+    reward = fields["reward"]
     payload: dict[str, Any] = {
         "observation": fields,
-        "reward": fields["reward"],
+        "reward": reward_value(reward) if reward.__class__ is float and reward - reward else reward,
         "done": fields["done"],
     }
     metadata = fields["metadata"]
@@ -527,7 +562,9 @@ def tools_frame(tools: list[ToolInfo], request_id: RequestId | None = None) -> s
 
 def tool_result_frame(output: ToolOutput, request_id: RequestId | None = None) -> str:
     """Encode a ``tool_result`` reply."""
-    return _frame("tool_result", output.model_dump(mode="json"), request_id)
+    data = output.model_dump(mode="json")
+    data["reward"] = reward_value(data["reward"])
+    return _frame("tool_result", data, request_id)
 
 
 def prompt_frame(prompt: str, request_id: RequestId | None = None) -> str:

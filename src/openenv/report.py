@@ -30,6 +30,8 @@ from typing import Any
 import orjson
 from matplotlib.figure import Figure  # the `report` extra; ImportError names it
 
+from openenv.protocol import reward_from
+
 __all__ = ["load_results", "pass_at_k", "render_report", "write_report"]
 
 _PALETTE = ("#3b6ea5", "#e07b39", "#5a9e5a", "#c44e52", "#8172b2")
@@ -49,6 +51,8 @@ def load_results(path: str | Path) -> list[dict[str, Any]]:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number} is not JSON: {exc}") from None
+            if type(row) is dict and "reward" in row:  # a NaN total is written "NaN"
+                row["reward"] = reward_from(row["reward"])
             problem = _not_a_result(row)
             if problem is not None:
                 raise ValueError(f"{path}:{number} is not a result: {problem}")
@@ -126,13 +130,18 @@ def write_report(results: str | Path, out: str | Path | None = None) -> Path:
 
 def _summary(rows: Sequence[dict[str, Any]]) -> str:
     statuses = collections.Counter(r.get("status") for r in rows)
-    rewards = [float(r.get("reward") or 0) for r in rows]
+    rewards = _rewards(rows)
     span = _span(rows)
     cells = [
         ("episodes", f"{len(rows):,}"),
         ("ok / error / timeout", f"{statuses['ok']} / {statuses['error']} / {statuses['timeout']}"),
         ("success rate", f"{statuses['ok'] / len(rows):.1%}"),
-        ("mean reward", f"{statistics.fmean(rewards):.3f}"),
+        ("mean reward", f"{statistics.fmean(rewards):.3f}" if rewards else "-"),
+        *(
+            [("rewards NaN or infinite", f"{len(rows) - len(rewards):,}")]
+            if len(rewards) < len(rows)
+            else []
+        ),
         ("steps", f"{sum(int(r.get('steps') or 0) for r in rows):,}"),
         ("wall time", f"{span:.2f} s" if span else "-"),
     ]
@@ -182,10 +191,16 @@ def _svg(figure: Any) -> str:
 
 def _reward_histogram(rows: Sequence[dict[str, Any]]) -> str:
     figure, axes = _figure()
-    axes.hist([float(r.get("reward") or 0) for r in rows], bins=20, color=_PALETTE[0])
+    axes.hist(_rewards(rows), bins=20, color=_PALETTE[0])
     axes.set_xlabel("total reward")
     axes.set_ylabel("episodes")
     return _svg(figure)
+
+
+def _rewards(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """The finite rewards (a missing one is 0); a NaN or infinite one is counted apart."""
+    rewards = (float(r.get("reward") or 0) for r in rows)
+    return [reward for reward in rewards if math.isfinite(reward)]
 
 
 def _success_by_group(rows: Sequence[dict[str, Any]]) -> str:

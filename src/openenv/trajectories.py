@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from openenv.protocol import reward_from
+
 __all__ = ["Episode", "Step", "load", "replay", "to_parquet", "to_rows"]
 
 
@@ -52,7 +54,7 @@ class Step:
     @property
     def reward(self) -> float | None:
         data = self.reply.get("data") or {}
-        reward = data.get("reward") if isinstance(data, dict) else None
+        reward = reward_from(data.get("reward")) if isinstance(data, dict) else None
         return float(reward) if isinstance(reward, int | float) else None
 
     @property

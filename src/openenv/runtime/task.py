@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from openenv.client import ServerPool, ws_url
 from openenv.environment import Environment
+from openenv.protocol import reward_from, reward_value
 
 if TYPE_CHECKING:
     from openenv.client import EnvClient
@@ -195,7 +196,7 @@ class TaskResult:
             task_id=data["task_id"],
             status=TaskStatus(data["status"]),
             value=data.get("value"),
-            reward=data.get("reward", 0.0),
+            reward=reward_from(data.get("reward", 0.0)),
             steps=data.get("steps", 0),
             error=TaskError(error["type"], error["message"]) if error else None,
             started_at=data.get("started_at", 0.0),
@@ -216,7 +217,7 @@ class TaskResult:
             "task_id": self.task_id,
             "status": self.status.value,
             "value": value,
-            "reward": self.reward,
+            "reward": reward_value(self.reward),  # a NaN total stays NaN, not null
             "steps": self.steps,
             "error": error,
             "started_at": self.started_at,

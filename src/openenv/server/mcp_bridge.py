@@ -420,7 +420,10 @@ def _to_mcp(output: ToolOutput) -> mcp.CallToolResult:
             content.append(mcp.ImageContent(data=block.data, mime_type=block.mime_type))
     # Reward and the end of the episode ride in structuredContent, where any
     # MCP client can read them without parsing text.
-    structured: dict[str, Any] = {"reward": output.reward, "finished": output.finished}
+    structured: dict[str, Any] = {
+        "reward": protocol.reward_value(output.reward),
+        "finished": output.finished,
+    }
     if output.metadata:
         structured["metadata"] = output.metadata
     if (data := output.data) is not None:

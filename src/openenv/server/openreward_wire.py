@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from openenv.protocol import ErrorCode
+from openenv.protocol import ErrorCode, reward_value
 from openenv.tasks import TaskSpec
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolInfo, ToolOutput
 
@@ -160,7 +160,7 @@ def tool_result(output: ToolOutput) -> bytes:
             "output": {
                 "blocks": [_block(b) for b in output.content],
                 "metadata": output.metadata or None,
-                "reward": output.reward,
+                "reward": reward_value(output.reward),
                 "finished": output.finished,
             },
         },

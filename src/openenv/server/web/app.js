@@ -4,7 +4,7 @@
 // own environment instance on the server.
 
 import { ActionForm } from "./form.js";
-import { addHistory, exportHistory } from "./history.js";
+import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
@@ -66,8 +66,6 @@ function endpoint(path, websocket = false) {
   return url.href;
 }
 
-const formatNumber = (value) =>
-  typeof value === "number" ? String(Number(value.toPrecision(12))) : "–";
 const pretty = (value) => JSON.stringify(value, null, 2);
 
 function setStatus(text) {
@@ -219,7 +217,8 @@ async function step() {
   const reply = await page.session.request("step", values);
   if (reply.type === "error") return showServerError(reply.data, (list) => page.form.showErrors(list));
   page.steps += 1;
-  page.total += typeof reply.data.reward === "number" ? reply.data.reward : 0;
+  const reward = rewardOf(reply.data.reward);
+  page.total += typeof reward === "number" ? reward : 0;
   page.log.push({ type: "step", request: values, reply: reply.data });
   showObservation(reply.data);
   addHistory(ui.history, values, reply.data, String(page.steps));
@@ -243,9 +242,10 @@ function toolCalled(name, args, reply) {
   if (reply.type === "error") return setStatus(`Tool ${name}: ${reply.data.code}.`);
   const output = reply.data;
   addHistory(ui.history, `${name}(${JSON.stringify(args)})`, output, "tool");
-  if (typeof output.reward === "number") page.total += output.reward;
+  const reward = rewardOf(output.reward);
+  if (typeof reward === "number") page.total += reward;
   ui.totalReward.textContent = formatNumber(page.total);
-  if (typeof output.reward === "number") ui.reward.textContent = formatNumber(output.reward);
+  if (typeof reward === "number") ui.reward.textContent = formatNumber(reward);
   if (output.finished) {
     page.done = true;
     ui.done.textContent = "yes";

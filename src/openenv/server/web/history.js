@@ -1,8 +1,13 @@
 // The episode's history: a row per step or tool call, each opening to its whole
 // reply, and the exchanges exported as JSON Lines.
 
-const formatNumber = (value) =>
-  typeof value === "number" ? String(Number(value.toPrecision(12))) : "–";
+// A reward JSON has no number for comes as "NaN", "Infinity" or "-Infinity".
+export const rewardOf = (value) =>
+  typeof value === "string" && /^(NaN|-?Infinity)$/.test(value) ? Number(value) : value;
+export const formatNumber = (value) => {
+  const number = rewardOf(value);
+  return typeof number === "number" ? String(Number(number.toPrecision(12))) : "–";
+};
 const pretty = (value) => JSON.stringify(value, null, 2);
 
 // One row per step, or per tool call (its row says "tool", its action is name(arguments)).

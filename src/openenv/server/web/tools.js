@@ -5,6 +5,7 @@
 // episode) is shown under the tool's form.
 
 import { ActionForm, element } from "./form.js";
+import { rewardOf } from "./history.js";
 
 // Render a tool result's content blocks: text as text, JSON as JSON, images as images.
 function renderContent(output) {
@@ -86,7 +87,8 @@ export class ToolsPanel {
     }
     const output = reply.data || {};
     const facts = [];
-    if (typeof output.reward === "number") facts.push(`reward ${output.reward}`);
+    const reward = rewardOf(output.reward);
+    if (typeof reward === "number") facts.push(`reward ${reward}`);
     if (output.finished) facts.push("episode finished");
     const summary = element("p", { class: "tool-facts" }, facts.join(" · ") || "done");
     return [summary, ...renderContent(output)];
