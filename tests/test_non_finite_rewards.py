@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium
+import numpy as np
 import orjson
 import pytest
 from playwright.async_api import Page, expect
@@ -35,6 +37,11 @@ from openenv import (
     WebSocketEnvClient,
     create_app,
     tool,
+)
+from openenv.adapters.gymnasium import (
+    RemoteVectorEnv,
+    create_gymnasium_app,
+    create_gymnasium_vector_app,
 )
 from openenv.cli.run import write_results
 from openenv.client import ws_url
@@ -193,3 +200,32 @@ async def test_the_web_page_shows_them(url: str, new_page: Callable[..., Awaitab
         await expect(page.locator("#reward")).to_have_text(reward)
         await expect(page.locator("#total-reward")).to_have_text(total)
     await expect(page.locator("#history tbody tr:not(.detail) td").nth(1)).to_have_text("-Infinity")
+
+
+class Odd(gymnasium.Env[np.ndarray, np.int64]):
+    """Action i earns ODD_REWARDS[i]."""
+
+    action_space = gymnasium.spaces.Discrete(4)
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> Any:
+        return np.zeros(1, np.float32), ODD_REWARDS[int(action)], False, False, {}
+
+
+ODD_REWARDS = [math.nan, math.inf, -math.inf, 0.5]
+
+
+@pytest.mark.parametrize("serve", [create_gymnasium_app, create_gymnasium_vector_app])
+def test_a_remote_vector_env_returns_them_in_its_rewards(serve: Callable[..., Any]) -> None:
+    with run_server(serve(Odd, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        envs = RemoteVectorEnv(url, num_envs=4)
+        try:
+            envs.reset(seed=0)
+            _, rewards, *_ = envs.step(np.arange(4))
+        finally:
+            envs.close()
+    np.testing.assert_array_equal(rewards, ODD_REWARDS)  # NaN equals NaN here

@@ -44,6 +44,7 @@ from openenv.adapters.gymnasium.environment import EnvSource, _make, serve_space
 from openenv.adapters.gymnasium.spaces import jsonable
 from openenv.environment import Environment
 from openenv.errors import EnvError
+from openenv.protocol import reward_value
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
 if TYPE_CHECKING:
@@ -210,7 +211,10 @@ class GymnasiumVectorEnvironment(Environment[VectorAction, VectorObservation, St
             raise EnvError(f"actions outside the action space {vector.single_action_space}")
         observations, rewards, terminations, truncations, infos = vector.step(actions)
         self._steps += 1
-        return _batch(observations, infos, rewards, terminations, truncations)
+        sent: Any = rewards
+        if not np.isfinite(rewards).all():  # orjson would write null: the frame's spelling
+            sent = [reward_value(float(reward)) for reward in rewards]
+        return _batch(observations, infos, sent, terminations, truncations)
 
     @property
     def state(self) -> State:
