@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from openenv import EnvValidationError, WebSocketEnvClient
+from openenv import EnvExecutionError, EnvValidationError, WebSocketEnvClient
 from openenv.adapters.gymnasium import (
     GymnasiumEnvironment,
     GymnasiumState,
@@ -132,3 +132,39 @@ def test_make_kwargs_reach_gymnasium_make() -> None:
     assert [r.truncated for r in results] == [False, False, True]
     assert results[-1].done is True
     env.close()
+
+
+class Misbehaving(gymnasium.Env[np.ndarray, np.int64]):
+    """Action 0 steps as it should; 1 returns an observation of the wrong shape, 2 and 3
+    rewards that are not numbers."""
+
+    action_space = spaces.Discrete(4)
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: np.int64) -> Any:
+        shape, reward = [((2,), 1.0), ((3,), 1.0), ((2,), None), ((2,), np.ones(2))][int(action)]
+        return np.zeros(shape, np.float32), reward, False, False, {}
+
+
+async def test_what_a_gymnasium_env_returns_wrongly_is_said_to_the_client() -> None:
+    models = gymnasium_models(Misbehaving())
+    with run_server(create_gymnasium_app(Misbehaving)) as url:
+        async with WebSocketEnvClient(
+            url, action_cls=models.action_cls, observation_cls=models.observation_cls
+        ) as env:
+            await env.reset(seed=0)
+            errors = []
+            for action in (1, 2, 3):
+                with pytest.raises(EnvExecutionError) as caught:
+                    await env.step(models.action_cls(action=action))
+                errors.append(caught.value.message)
+            result = await env.step(models.action_cls(action=0))  # the session goes on
+    assert result.reward == 1.0
+    assert "Misbehaving returned an observation that does not fit Box(-1.0, 1.0, (2,)" in errors[0]
+    assert "at most 2 items" in errors[0]
+    assert errors[1].endswith("Misbehaving returned the reward None, not a number")
+    assert errors[2].endswith("Misbehaving returned the reward array([1., 1.]), not a number")

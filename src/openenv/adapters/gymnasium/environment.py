@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium
-from pydantic import Field, create_model
+from pydantic import Field, ValidationError, create_model
 
 from openenv.adapters.gymnasium.frames import png_data_url
 from openenv.adapters.gymnasium.spaces import (
@@ -181,7 +181,13 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
             )
         value = from_json(self.models.action_space, jsonable(getattr(action, "action", None)))
         observation, reward, terminated, truncated, info = self.env.step(value)
-        reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        try:
+            reward = float(reward)
+        except (TypeError, ValueError):  # said to the client, not only to the server's log
+            raise EnvError(
+                f"{self._env_id} returned the reward {reward!r:.80}, not a number"
+            ) from None
+        terminated, truncated = bool(terminated), bool(truncated)
         self._steps += 1
         self._total_reward += reward
         self._terminated, self._truncated = terminated, truncated
@@ -210,17 +216,25 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
         terminated: bool = False,
         truncated: bool = False,
     ) -> GymnasiumObservation:
-        return self.models.observation_cls.model_validate(
-            {
-                "observation": to_json(self.models.observation_space, observation),
-                "info": jsonable(info),
-                "terminated": terminated,
-                "truncated": truncated,
-                "reward": reward,
-                "done": terminated or truncated,
-                "frame": png_data_url(self.env.render()) if self._renders else None,
-            }
-        )
+        space = self.models.observation_space
+        try:
+            return self.models.observation_cls.model_validate(
+                {
+                    "observation": to_json(space, observation),
+                    "info": jsonable(info),
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "reward": reward,
+                    "done": terminated or truncated,
+                    "frame": png_data_url(self.env.render()) if self._renders else None,
+                }
+            )
+        except ValidationError as exc:  # said to the client, not only to the server's log
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(map(str, error["loc"]))
+            raise EnvError(
+                f"{self._env_id} returned an {where} that does not fit {space}: {error['msg']}"
+            ) from None
 
 
 def create_gymnasium_app(
