@@ -31,7 +31,7 @@ from openenv.client._base import (
     error_from,
     ws_url,
 )
-from openenv.client.async_ import open_socket
+from openenv.client.sockets import open_socket
 from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
