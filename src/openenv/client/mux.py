@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -29,6 +30,7 @@ from openenv.client._base import (
     auth_headers,
     ws_url,
 )
+from openenv.client.loop_aware import close_when_dropped
 from openenv.client.mux_wire import Kind, MuxWire
 from openenv.client.sockets import open_socket
 from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
@@ -115,6 +117,9 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self.sessions: dict[protocol_v2.SessionKey, MuxSession] = {}
         self._closed = False
         self._connecting = asyncio.Lock()
+        # Cuts the connection if this client is garbage-collected unclosed: the
+        # server then frees every session's slot, as for a v1 client.
+        self._on_drop: weakref.finalize[Any, Any] | None = None
 
     # -- connection -------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
                     self.url, "the server does not speak openenv's protocol v2 (many sessions)"
                 )
             self._wire = MuxWire(ws, self.sessions)
+            self._on_drop = close_when_dropped(self, ws.transport, asyncio.get_running_loop())
             return self
 
     async def open(self, n: int = 1) -> list[MuxSession]:
@@ -172,6 +178,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         wire = self._wire
         if wire is None:
             return
+        if self._on_drop is not None:
+            self._on_drop.detach()
         try:
             if self.sessions and wire.lost is None:
                 async with asyncio.timeout(self.connect_timeout):
