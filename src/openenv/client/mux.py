@@ -116,6 +116,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self._keys = itertools.count()
         self.sessions: dict[protocol_v2.SessionKey, MuxSession] = {}
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._connecting = asyncio.Lock()
         # Cuts the connection if this client is garbage-collected unclosed: the
         # server then frees every session's slot, as for a v1 client.
@@ -136,6 +137,9 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             if self._closed:
                 raise SessionClosedError("this client was closed; create a new one")
             ws = await open_socket(self.url, self.connect_timeout, self._options)
+            if self._closed:  # close() came while the handshake ran: nobody will use it
+                await ws.close()
+                raise SessionClosedError("this client was closed; create a new one")
             if ws.subprotocol != protocol_v2.SUBPROTOCOL:
                 await ws.close()
                 raise V2Unsupported(
@@ -167,14 +171,20 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
     async def close(self) -> None:
         """Close every session and the connection (their slots are freed).
 
-        Returns once the server has closed the sessions, or after
+        Returns once the server has closed the sessions (every caller, however
+        many close at once: the first to call does the closing), or after
         ``connect_timeout`` as a v1 client's ``close`` does: a session whose call
         still runs (its close waits behind it) is closed by the server when
         that call ends, and what still waits on it raises ``SessionClosedError``.
         """
-        if self._closed:
-            return
-        self._closed = True
+        if self._closing is None:
+            self._closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        # Every caller waits for the same closing, and one that is cancelled
+        # does not cut it short for the others.
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         wire = self._wire
         if wire is None:
             return
