@@ -6,17 +6,18 @@ means they are free."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import weakref
 from typing import Any
 
 import orjson
 import pytest
-from servers import Ping, Pong, Tracker, health, ping_app, slots_free
+from servers import Ping, PingEnvironment, Pong, Tracker, health, ping_app, slots_free
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request
 
-from openenv import MuxClient, SessionClosedError
+from openenv import ConcurrencyConfig, EnvTimeoutError, MuxClient, SessionClosedError, create_app
 from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
@@ -91,3 +92,23 @@ async def test_a_close_while_the_client_connects_leaves_nothing_open() -> None:
             await opening  # no session is opened for a closed client
         await asyncio.wait_for(left.wait(), 10)  # and the connection it made is closed
         assert mux.closed
+
+
+async def test_sessions_opened_before_open_gave_up_are_closed_again() -> None:
+    tracker = Tracker()
+    two_slots = ConcurrencyConfig(max_concurrent_envs=2, queue_timeout=30)
+    app = create_app(functools.partial(PingEnvironment, tracker, None), Ping, Pong, two_slots)
+    with run_server(app) as url:
+        mux = MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=1)
+        # Two open at once; the third waits in line for a slot until open() gives up.
+        with pytest.raises(EnvTimeoutError):
+            await mux.open(3)
+        # None of the three is the caller's to close: the client closes each one
+        # (the third once it opens), and the connection stays up meanwhile.
+        await tracker.until_created(3)
+        await tracker.until_closed(3)
+        await slots_free(url)
+        assert not mux.closed
+        mux.message_timeout = 60
+        assert len(await mux.open(2)) == 2
+        await mux.close()

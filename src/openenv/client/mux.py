@@ -157,14 +157,17 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         """
         await self.connect()
         sessions = [MuxSession(self, next(self._keys)) for _ in range(n)]
-        replies = await self._call_many([(s, "open", None) for s in sessions], True)
+        try:
+            replies = await self._call_many([(s, "open", None) for s in sessions], True)
+        except BaseException:
+            # Given up (a timeout, a cancel) with some open already: nobody holds
+            # them to close, so they are closed here (those still opening, once
+            # their ``opened`` comes).
+            self._abandon([s for s in sessions if s.key in self.sessions])
+            raise
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
-        for session, reply in zip(sessions, replies, strict=True):
-            if isinstance(reply, dict):
-                session.session_id = reply["data"]["session_id"]
-                self.sessions[session.key] = session
         if failure is not None:
-            await self.close_sessions([s for s in sessions if s.session_id])
+            await self.close_sessions([s for s in sessions if s.key in self.sessions])
             raise failure
         return sessions
 
@@ -266,6 +269,14 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
                     raise
                 results.append(exc)
         return results
+
+    def _abandon(self, sessions: Sequence[MuxSession]) -> None:
+        """Close these without waiting for the server's word (their caller is gone)."""
+        for session in sessions:
+            session.closed = True
+            self.sessions.pop(session.key, None)
+            if self._wire is not None:
+                self._wire.close_unheard(session.key)
 
     async def close_sessions(self, sessions: Sequence[MuxSession]) -> None:
         """Close these sessions (their slots are freed); the connection stays open."""

@@ -72,6 +72,12 @@ class MuxWire:
         self._flush_soon()
         return future
 
+    def close_unheard(self, key: protocol_v2.SessionKey) -> None:
+        """Ask the server to close session ``key``; nobody waits for the reply."""
+        if self.lost is None:
+            self._outbox.append(protocol_v2.request(protocol.request_frame("close"), key))
+            self._flush_soon()
+
     def forget(self, futures: Sequence[asyncio.Future[dict[str, Any]]]) -> None:
         """Stop waiting for these (given up on): a late reply finds nobody."""
         gone = set(futures)
@@ -118,10 +124,13 @@ class MuxWire:
             if item.get("type") == "opened" and key is not None and key not in self.sessions:
                 # Opened after its caller gave up (a timeout while it waited in line
                 # for a slot): nobody will use or close it, so close it now.
-                self._outbox.append(protocol_v2.request(protocol.request_frame("close"), key))
-                self._flush_soon()
+                self.close_unheard(key)
             return
-        future, _ = waiting
+        future, session = waiting
+        if item.get("type") == "opened":
+            # Open from here, even if its caller gives up before it hears so.
+            session.session_id = item["data"]["session_id"]
+            self.sessions[session.key] = session
         if future.done():
             return
         if item.get("type") == "error":
