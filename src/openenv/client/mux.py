@@ -308,12 +308,15 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             raise EnvTimeoutError(
                 f"no reply to {len(calls)} requests within {self.message_timeout}s from {self.url}"
             ) from None
-        replies: list[dict[str, Any] | BaseException] = []
-        for future in futures:
-            exc = future.exception()
-            if exc is not None and not return_exceptions:
-                raise exc
-            replies.append(exc if exc is not None else future.result())
+        # Every error is retrieved, the first raised: asyncio would log the
+        # others as "never retrieved", one ERROR for each failing session.
+        replies: list[dict[str, Any] | BaseException] = [
+            future.exception() or future.result() for future in futures
+        ]
+        if not return_exceptions:
+            failure = next((r for r in replies if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
         return replies
 
     async def _call(

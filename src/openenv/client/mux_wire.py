@@ -79,11 +79,15 @@ class MuxWire:
             self._flush_soon()
 
     def forget(self, futures: Sequence[asyncio.Future[dict[str, Any]]]) -> None:
-        """Stop waiting for these (given up on): a late reply finds nobody."""
+        """Stop waiting for these (given up on): a late reply finds nobody, and an
+        error already in is not logged as never retrieved."""
         gone = set(futures)
         for request_id, (future, _) in list(self._waiting.items()):
             if future in gone:
                 del self._waiting[request_id]
+        for future in futures:
+            if future.done() and not future.cancelled():
+                future.exception()
 
     def _flush_soon(self) -> None:
         if not self._flushing:  # gather the calls other coroutines make this turn
