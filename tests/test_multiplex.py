@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import random
 import re
 import threading
@@ -143,6 +144,23 @@ async def test_one_sessions_errors_touch_no_other(env_cls: type[PingEnvironment]
             again = await client.step(sessions, [Ping(message=str(i)) for i in range(4)])
             assert [r.observation.count for r in again] == [3, 1, 2, 3]
             assert (await health(url))["active_sessions"] == 4
+
+
+async def test_a_batch_raising_one_error_leaves_no_other_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with run_server(ping_app(Tracker())) as url:
+        async with mux(url) as client:
+            sessions = await client.open(3)
+            with pytest.raises(EnvExecutionError) as raised:
+                await client.step(sessions, [Ping(fail=True)] * 3)
+            del raised  # its traceback held the other sessions' errors
+            gc.collect()
+            # The first error is raised; the others are not logged by asyncio as
+            # "never retrieved" (an ERROR in the caller's log for each session).
+            assert not [r for r in caplog.records if r.name == "asyncio"]
+            again = await client.step(sessions, [Ping()] * 3)
+            assert [r.observation.count for r in again] == [1, 1, 1]
 
 
 async def test_a_fatal_error_closes_only_its_session() -> None:

@@ -9,9 +9,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-import orjson
 from pydantic import BaseModel
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol
 from openenv.client._base import (
@@ -26,6 +25,7 @@ from openenv.client._base import (
 )
 from openenv.client.loop_aware import close_when_dropped, loop_aware
 from openenv.client.pool import ServerPool, as_pool
+from openenv.client.sockets import closed_error, open_socket
 from openenv.client.sync import run_sync
 from openenv.errors import (
     AuthenticationError,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from openenv.client.sync import SyncEnvClient
 
-__all__ = ["EnvClient", "WebSocketEnvClient", "open_socket"]
+__all__ = ["EnvClient", "WebSocketEnvClient"]
 
 # Servers a new session may lose (gone before replying) before the error is the caller's.
 _ATTEMPTS = 8
@@ -392,7 +392,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                     f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
                 ) from None
             except ConnectionClosed as exc:
-                raise _closed_error(exc) from None
+                raise closed_error(exc) from None
 
     async def _reply(self, ws: ClientConnection) -> str | bytes:
         """The next message after the replies owed to calls given up on, which the
@@ -409,7 +409,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             async with asyncio.timeout(1.0):
                 return await self._reply(ws)
         except (ConnectionClosed, TimeoutError):
-            raise _closed_error(exc) from None
+            raise closed_error(exc) from None
 
 
 def _capacity_refusal(reply: str | bytes) -> bool:
@@ -419,27 +419,6 @@ def _capacity_refusal(reply: str | bytes) -> bool:
     data = protocol.decode_frame(reply)
     code = (data.get("data") or {}).get("code") if data.get("type") == "error" else None
     return bool(code == protocol.ErrorCode.CAPACITY_REACHED.value)
-
-
-def _detail(exc: InvalidStatus) -> str:
-    """The server's ``detail`` from a refused handshake (openenv always gives one), or ``""``."""
-    try:
-        detail = orjson.loads(exc.response.body or b"{}").get("detail")
-    except (orjson.JSONDecodeError, AttributeError):
-        detail = None
-    return str(detail) if detail else ""
-
-
-_CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}
-_CLOSE_NAMES[1012] = "server restarting"
-
-
-def _closed_error(exc: ConnectionClosed) -> SessionClosedError:
-    close = exc.rcvd or exc.sent
-    if close is None:
-        return SessionClosedError("the connection dropped without a close frame")
-    reason = close.reason or _CLOSE_NAMES.get(close.code, "closed by the server")
-    return SessionClosedError(reason, close_code=close.code)
 
 
 class WebSocketEnvClient(EnvClient[Action, Observation, State]):
@@ -466,38 +445,3 @@ class WebSocketEnvClient(EnvClient[Action, Observation, State]):
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.state_cls = state_cls
-
-
-async def open_socket(
-    url: str, connect_timeout: float, options: Mapping[str, Any]
-) -> ClientConnection:
-    """Open a WebSocket to a session route; its failures as openenv's errors."""
-    try:
-        return await _connect(url, **options)
-    except TimeoutError:
-        raise ConnectionFailedError(url, f"no answer within {connect_timeout}s") from None
-    except InvalidURI as exc:
-        raise ConnectionFailedError(url, str(exc)) from None
-    except InvalidStatus as exc:
-        status, said = exc.response.status_code, _detail(exc)
-        if status == 401 or (status == 403 and said):
-            raise AuthenticationError(url, said or f"HTTP {status}") from None
-        if status in (403, 404):
-            # What a server (ours or not) answers an upgrade to a path with no
-            # WebSocket route: the URL is wrong, not the key.
-            raise ConnectionFailedError(
-                url,
-                f"no openenv session endpoint there (HTTP {status}); "
-                f"is this the server's root URL?",
-            ) from None
-        raise ConnectionFailedError(url, f"HTTP {status}: {said or 'refused'}") from None
-    except (OSError, InvalidHandshake) as exc:
-        raise ConnectionFailedError(url, str(exc) or type(exc).__name__) from None
-
-
-async def _connect(url: str, **options: Any) -> ClientConnection:
-    # Imported on first use: a server process imports this module (through an
-    # environment package's client) but never opens a connection.
-    from websockets.asyncio.client import connect
-
-    return await connect(url, **options)

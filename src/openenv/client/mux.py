@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 from pydantic import BaseModel
-from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol, protocol_v2
 from openenv.client._base import (
@@ -28,21 +28,20 @@ from openenv.client._base import (
     ObsT,
     StateT,
     auth_headers,
-    error_from,
     ws_url,
 )
-from openenv.client.async_ import open_socket
+from openenv.client.loop_aware import close_when_dropped
+from openenv.client.mux_wire import Kind, MuxWire
+from openenv.client.sockets import open_socket
 from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
-    from websockets.asyncio.client import ClientConnection
+    pass
 
 __all__ = ["MuxClient", "MuxSession", "V2Unsupported"]
-
-_Kind = Literal["open", "close", "reset", "step", "state", "list_tools", "call_tool", "get_prompt"]
 
 
 class V2Unsupported(ConnectionFailedError):
@@ -113,40 +112,41 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             "compression": None,
             **({"additional_headers": extra_headers} if extra_headers else {}),
         }
-        self._ws: ClientConnection | None = None
-        self._ids = itertools.count()
+        self._wire: MuxWire | None = None
         self._keys = itertools.count()
-        self._waiting: dict[int, tuple[asyncio.Future[dict[str, Any]], MuxSession]] = {}
         self.sessions: dict[protocol_v2.SessionKey, MuxSession] = {}
-        self._outbox: list[str] = []
-        self._flushing = False
-        self._reader: asyncio.Task[None] | None = None
-        self._lost: SessionClosedError | None = None
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._connecting = asyncio.Lock()
+        # Cuts the connection if this client is garbage-collected unclosed: the
+        # server then frees every session's slot, as for a v1 client.
+        self._on_drop: weakref.finalize[Any, Any] | None = None
 
     # -- connection -------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
         """Closed, or lost (the connection dropped): no session of it can be used."""
-        return self._closed or self._lost is not None
+        return self._closed or (self._wire is not None and self._wire.lost is not None)
 
     async def connect(self) -> Self:
         """Open the connection (no session yet: ``open`` makes them)."""
         async with self._connecting:  # many coroutines may open at once: one socket
-            if self._ws is not None:
+            if self._wire is not None:
                 return self
             if self._closed:
                 raise SessionClosedError("this client was closed; create a new one")
             ws = await open_socket(self.url, self.connect_timeout, self._options)
+            if self._closed:  # close() came while the handshake ran: nobody will use it
+                await ws.close()
+                raise SessionClosedError("this client was closed; create a new one")
             if ws.subprotocol != protocol_v2.SUBPROTOCOL:
                 await ws.close()
                 raise V2Unsupported(
                     self.url, "the server does not speak openenv's protocol v2 (many sessions)"
                 )
-            self._ws = ws
-            self._reader = asyncio.get_running_loop().create_task(self._read(ws))
+            self._wire = MuxWire(ws, self.sessions)
+            self._on_drop = close_when_dropped(self, ws.transport, asyncio.get_running_loop())
             return self
 
     async def open(self, n: int = 1) -> list[MuxSession]:
@@ -157,42 +157,51 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         """
         await self.connect()
         sessions = [MuxSession(self, next(self._keys)) for _ in range(n)]
-        replies = await self._call_many([(s, "open", None) for s in sessions], True)
+        try:
+            replies = await self._call_many([(s, "open", None) for s in sessions], True)
+        except BaseException:
+            # Given up (a timeout, a cancel) with some open already: nobody holds
+            # them to close, so they are closed here (those still opening, once
+            # their ``opened`` comes).
+            self._abandon([s for s in sessions if s.key in self.sessions])
+            raise
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
-        for session, reply in zip(sessions, replies, strict=True):
-            if isinstance(reply, dict):
-                session.session_id = reply["data"]["session_id"]
-                self.sessions[session.key] = session
         if failure is not None:
-            await self.close_sessions([s for s in sessions if s.session_id])
+            await self.close_sessions([s for s in sessions if s.key in self.sessions])
             raise failure
         return sessions
 
     async def close(self) -> None:
         """Close every session and the connection (their slots are freed).
 
-        Returns once the server has closed the sessions, or after
+        Returns once the server has closed the sessions (every caller, however
+        many close at once: the first to call does the closing), or after
         ``connect_timeout`` as a v1 client's ``close`` does: a session whose call
         still runs (its close waits behind it) is closed by the server when
         that call ends, and what still waits on it raises ``SessionClosedError``.
         """
-        if self._closed:
+        if self._closing is None:
+            self._closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        # Every caller waits for the same closing, and one that is cancelled
+        # does not cut it short for the others.
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        wire = self._wire
+        if wire is None:
             return
-        self._closed = True
-        ws = self._ws
-        if ws is None:
-            return
+        if self._on_drop is not None:
+            self._on_drop.detach()
         try:
-            if self.sessions and self._lost is None:
+            if self.sessions and wire.lost is None:
                 async with asyncio.timeout(self.connect_timeout):
                     await self.close_sessions(list(self.sessions.values()))
         except (SessionClosedError, TimeoutError):  # EnvTimeoutError included
             pass
         finally:
-            self._ws = None
-            await ws.close()
-            if self._reader is not None:
-                await asyncio.wait([self._reader])
+            await wire.ws.close()
+            await asyncio.wait([wire.reader])
 
     async def __aenter__(self) -> Self:
         return await self.connect()
@@ -222,7 +231,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             seeds = list(seed)
             if len(seeds) != len(sessions):
                 raise ValueError(f"{len(seeds)} seeds for {len(sessions)} sessions")
-        calls: list[tuple[MuxSession, _Kind, dict[str, Any] | None]] = [
+        calls: list[tuple[MuxSession, Kind, dict[str, Any] | None]] = [
             (s, "reset", self.encode_reset(sd, episode_id, kwargs))
             for s, sd in zip(sessions, seeds, strict=True)
         ]
@@ -244,7 +253,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         """
         if len(actions) != len(sessions):
             raise ValueError(f"{len(actions)} actions for {len(sessions)} sessions")
-        calls: list[tuple[MuxSession, _Kind, dict[str, Any] | None]] = [
+        calls: list[tuple[MuxSession, Kind, dict[str, Any] | None]] = [
             (s, "step", self.encode_action(a)) for s, a in zip(sessions, actions, strict=True)
         ]
         replies = await self._call_many(calls, return_exceptions)
@@ -261,6 +270,14 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
                 results.append(exc)
         return results
 
+    def _abandon(self, sessions: Sequence[MuxSession]) -> None:
+        """Close these without waiting for the server's word (their caller is gone)."""
+        for session in sessions:
+            session.closed = True
+            self.sessions.pop(session.key, None)
+            if self._wire is not None:
+                self._wire.close_unheard(session.key)
+
     async def close_sessions(self, sessions: Sequence[MuxSession]) -> None:
         """Close these sessions (their slots are freed); the connection stays open."""
         live = [s for s in sessions if not s.closed]
@@ -274,13 +291,12 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
 
     async def _call_many(
         self,
-        calls: Sequence[tuple[MuxSession, _Kind, dict[str, Any] | None]],
+        calls: Sequence[tuple[MuxSession, Kind, dict[str, Any] | None]],
         return_exceptions: bool,
     ) -> list[dict[str, Any] | BaseException]:
         if not calls:  # a batch of no sessions (every episode done, say): nothing to ask
             return []
         futures = [self._queue(session, kind, data) for session, kind, data in calls]
-        self._flush_soon()
         try:
             async with asyncio.timeout(self.message_timeout):
                 await asyncio.wait(futures)
@@ -292,19 +308,21 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             raise EnvTimeoutError(
                 f"no reply to {len(calls)} requests within {self.message_timeout}s from {self.url}"
             ) from None
-        replies: list[dict[str, Any] | BaseException] = []
-        for future in futures:
-            exc = future.exception()
-            if exc is not None and not return_exceptions:
-                raise exc
-            replies.append(exc if exc is not None else future.result())
+        # Every error is retrieved, the first raised: asyncio would log the
+        # others as "never retrieved", one ERROR for each failing session.
+        replies: list[dict[str, Any] | BaseException] = [
+            future.exception() or future.result() for future in futures
+        ]
+        if not return_exceptions:
+            failure = next((r for r in replies if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
         return replies
 
     async def _call(
-        self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None = None
+        self, session: MuxSession, kind: Kind, data: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         future = self._queue(session, kind, data)
-        self._flush_soon()
         started = time.time() if session.on_exchange is not None else 0.0
         try:
             async with asyncio.timeout(self.message_timeout):
@@ -322,114 +340,17 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             session.on_exchange(frame, orjson.dumps(reply).decode(), started)
         return reply
 
-    def _flush_soon(self) -> None:
-        if not self._flushing:  # gather the calls other coroutines make this turn
-            self._flushing = True
-            asyncio.get_running_loop().call_soon(self._flush_now)
-
     def _queue(
-        self, session: MuxSession, kind: _Kind, data: dict[str, Any] | None
+        self, session: MuxSession, kind: Kind, data: dict[str, Any] | None
     ) -> asyncio.Future[dict[str, Any]]:
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        if self._lost is not None:
-            future.set_exception(self._lost)
-            return future
-        if session.closed and kind != "close":
-            future.set_exception(SessionClosedError(session.closed_because))
-            return future
-        request_id = next(self._ids)
-        self._waiting[request_id] = (future, session)
-        item: dict[str, Any] = {"session": session.key, "type": kind, "id": request_id}
-        if data is not None:
-            item["data"] = data
-        self._outbox.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY).decode())
-        return future
-
-    def _flush_now(self) -> None:
-        self._flushing = False
-        if not self._outbox or self._ws is None:
-            return
-        frame = "[" + ",".join(self._outbox) + "]"
-        self._outbox = []
-        task = asyncio.get_running_loop().create_task(self._ws.send(frame))
-        task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            self._lose(exc)
-
-    async def _read(self, ws: ClientConnection) -> None:
-        try:
-            async for frame in ws:
-                for item in orjson.loads(frame):
-                    self._route(item)
-        except ConnectionClosed as exc:
-            self._lose(exc)
-        except Exception as exc:  # a malformed frame: every caller hears of it
-            self._lose(exc)
-        else:
-            self._lose(None)
-
-    def _route(self, item: dict[str, Any]) -> None:
-        key = item.pop("session", None)
-        request_id = item.get("id")
-        waiting = self._waiting.pop(request_id, None) if request_id is not None else None
-        if item.get("type") == "closed":
-            session = self.sessions.pop(key, None) if key is not None else None
-            if session is not None:
-                session.closed = True
-                session.closed_because = item["data"].get("message") or item["data"]["reason"]
-                if request_id is None:  # the server ended it: what it still awaits never comes
-                    self._fail_pending(session)
-        if waiting is None:
-            if item.get("type") == "opened" and key is not None and key not in self.sessions:
-                # Opened after its caller gave up (a timeout while it waited in line
-                # for a slot): nobody will use or close it, so close it now.
-                self._outbox.append(protocol_v2.request(protocol.request_frame("close"), key))
-                self._flush_soon()
-            return
-        future, _ = waiting
-        if future.done():
-            return
-        if item.get("type") == "error":
-            future.set_exception(error_from(item["data"]))
-        else:
-            future.set_result(item)
+        wire = self._wire
+        if wire is None:  # never connected: no session of it can have opened
+            raise SessionClosedError("this client is not connected")
+        return wire.queue(session, kind, data)
 
     def _forget(self, futures: Sequence[asyncio.Future[dict[str, Any]]]) -> None:
-        """Stop waiting for these (given up on): a late reply finds nobody."""
-        gone = set(futures)
-        for request_id, (future, _) in list(self._waiting.items()):
-            if future in gone:
-                del self._waiting[request_id]
-
-    def _fail_pending(self, session: MuxSession) -> None:
-        for request_id, (future, owner) in list(self._waiting.items()):
-            if owner is session:
-                del self._waiting[request_id]
-                if not future.done():
-                    future.set_exception(SessionClosedError(session.closed_because))
-
-    def _lose(self, exc: BaseException | None) -> None:
-        if isinstance(exc, ConnectionClosed):
-            close = exc.rcvd or exc.sent
-            lost = SessionClosedError(
-                (close.reason or "the connection closed") if close else "the connection dropped",
-                close_code=close.code if close else None,
-            )
-        elif exc is None:
-            lost = SessionClosedError("the connection closed")
-        else:
-            lost = SessionClosedError(f"the connection failed: {exc!r}")
-        if self._lost is None:
-            self._lost = lost
-        waiting, self._waiting = self._waiting, {}
-        for future, _ in waiting.values():
-            if not future.done():
-                future.set_exception(lost)
-        for session in self.sessions.values():
-            session.closed = True
-            session.closed_because = lost.reason
+        if self._wire is not None:
+            self._wire.forget(futures)
 
 
 class MuxSession:

@@ -144,7 +144,8 @@ class ServerSettings(BaseModel):
         default=4096,
         ge=1,
         description=(
-            "On one v2 (multiplexed) connection: requests read and not yet answered. "
+            "On one v2 (multiplexed) connection: requests read whose replies have "
+            "not gone out yet (unanswered, or waiting for the socket). "
             "A frame carrying more is refused; past it the server reads no further "
             "frame until replies free room, so a client cannot queue without bound."
         ),

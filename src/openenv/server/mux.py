@@ -11,8 +11,8 @@ Replies go to the connection's ``Outbox`` (``server/mux_writer.py``) as they
 finish, so a slow environment holds back only its own reply.
 
 The connection reads no further frame while ``max_requests_in_flight``
-requests are unanswered: a client that floods it waits on TCP, not on the
-server's memory.
+requests are unanswered or their replies wait to go out: a client that floods
+it and reads nothing waits on TCP, not on the server's memory.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class FrameSteps(StepBatch):
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         connection = self.connection
-        connection.outbox.encoded(protocol_v2.replies_text(replies))
+        connection.outbox.encoded(protocol_v2.replies_text(replies), len(replies))
         connection._answered(len(replies))
 
     def replied(self, owner: Lane, frame: str) -> None:
@@ -101,7 +101,7 @@ class MuxConnection:
         self._max_bad = settings.max_bad_frames
         self.lanes: dict[SessionKey, Lane] = {}
         self.closed: asyncio.Future[None] = loop.create_future()
-        self.outbox = Outbox(send, channel, self._peer_gone)
+        self.outbox = Outbox(send, channel, self._peer_gone, self._wake_reader)
         self._room: asyncio.Future[None] | None = None  # the reader, waiting for room
         self._in_flight = 0
         self._bad_frames = 0
@@ -116,6 +116,17 @@ class MuxConnection:
 
     def _peer_gone(self) -> None:
         self._gone = True
+        self._wake_reader()  # no reply will go out now: it reads the disconnect
+
+    def _wake_reader(self) -> None:
+        room = self._room
+        if room is not None and not room.done() and (self._gone or self._has_room()):
+            room.set_result(None)
+
+    def _has_room(self) -> bool:
+        # Replies made and not yet sent count too: a client that reads none
+        # would otherwise have them buffered here without bound.
+        return self._in_flight + self.outbox.unsent < self._max_in_flight
 
     # -- the reader ------------------------------------------------------------
 
@@ -125,8 +136,8 @@ class MuxConnection:
         reason = "disconnect"
         try:
             while True:
-                if self._in_flight >= self._max_in_flight:
-                    # Read no more until replies free room (a client that vanished
+                while not self._has_room() and not self._gone:
+                    # Read no more until replies go out (a client that vanished
                     # meanwhile is seen after that: what it queued is answered first).
                     self._room = asyncio.get_running_loop().create_future()
                     await self._room
@@ -288,9 +299,7 @@ class MuxConnection:
 
     def _answered(self, count: int = 1) -> None:
         self._in_flight -= count
-        room = self._room
-        if room is not None and not room.done() and self._in_flight < self._max_in_flight:
-            room.set_result(None)
+        self._wake_reader()
 
     def _stepped(self, lane: Lane, reply: str) -> None:
         """The reply of a step the fast path started (``Session.try_step_request``)."""

@@ -28,13 +28,23 @@ GONE = (WebSocketDisconnect, OSError, RuntimeError)
 class Outbox:
     """Replies of one v2 connection, and the task that sends them."""
 
-    def __init__(self, send: Send, channel: DirectChannel | None, on_gone: Callable[[], None]):
+    def __init__(
+        self,
+        send: Send,
+        channel: DirectChannel | None,
+        on_gone: Callable[[], None],
+        on_sent: Callable[[], None],
+    ):
         self._send = send
         self._channel = channel
         self._on_gone = on_gone
+        self._on_sent = on_sent
         # Tagged with their sessions, or about a whole frame; each item one reply,
         # or several encoded together (comma-separated, as in the frame's array).
         self._replies: list[str] = []
+        # Replies queued and not yet handed to the socket: the reader counts them
+        # as in flight, so a client that reads nothing stops being read.
+        self.unsent = 0
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting
         self._task: asyncio.Task[None] | None = None
         # Odd while a send waits on the peer (``Served.sends``; the service's sweep reads it).
@@ -46,16 +56,19 @@ class Outbox:
     def reply(self, key: SessionKey, frame: str) -> None:
         """Queue a v1 reply of session ``key``."""
         self._replies.append(protocol_v2.tagged(frame, protocol_v2.tag(key)))
+        self.unsent += 1
         self._wake_writer()
 
-    def encoded(self, replies: str) -> None:
-        """Queue replies encoded together (``protocol_v2.replies_text``)."""
+    def encoded(self, replies: str, count: int) -> None:
+        """Queue ``count`` replies encoded together (``protocol_v2.replies_text``)."""
         self._replies.append(replies)
+        self.unsent += count
         self._wake_writer()
 
     def untagged(self, frame: str) -> None:
         """Queue a reply about a whole frame (no session)."""
         self._replies.append(frame)
+        self.unsent += 1
         self._wake_writer()
 
     def _wake_writer(self) -> None:
@@ -75,18 +88,20 @@ class Outbox:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                count = self.unsent
                 frame = self._pending_frame()
                 if frame is None:
                     self._wake = loop.create_future()
                     await self._wake
                     continue
-                if channel is not None and channel.send_text(frame):
-                    continue
-                self.sends += 1
-                try:
-                    await self._send({"type": "websocket.send", "text": frame})
-                finally:
+                if channel is None or not channel.send_text(frame):
                     self.sends += 1
+                    try:
+                        await self._send({"type": "websocket.send", "text": frame})
+                    finally:
+                        self.sends += 1
+                self.unsent -= count
+                self._on_sent()
         except GONE:
             self._on_gone()  # the reader hears of it from receive, too
 

@@ -1,0 +1,73 @@
+"""Opening a client's WebSocket, and naming why one failed or closed, as openenv's errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from openenv import protocol
+from openenv.errors import AuthenticationError, ConnectionFailedError, SessionClosedError
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+__all__ = ["closed_error", "open_socket"]
+
+
+def _detail(exc: InvalidStatus) -> str:
+    """The server's ``detail`` from a refused handshake (openenv always gives one), or ``""``."""
+    try:
+        detail = orjson.loads(exc.response.body or b"{}").get("detail")
+    except (orjson.JSONDecodeError, AttributeError):
+        detail = None
+    return str(detail) if detail else ""
+
+
+_CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}
+_CLOSE_NAMES[1012] = "server restarting"
+
+
+def closed_error(exc: ConnectionClosed) -> SessionClosedError:
+    close = exc.rcvd or exc.sent
+    if close is None:
+        return SessionClosedError("the connection dropped without a close frame")
+    reason = close.reason or _CLOSE_NAMES.get(close.code, "closed by the server")
+    return SessionClosedError(reason, close_code=close.code)
+
+
+async def open_socket(
+    url: str, connect_timeout: float, options: Mapping[str, Any]
+) -> ClientConnection:
+    """Open a WebSocket to a session route; its failures as openenv's errors."""
+    try:
+        return await _connect(url, **options)
+    except TimeoutError:
+        raise ConnectionFailedError(url, f"no answer within {connect_timeout}s") from None
+    except InvalidURI as exc:
+        raise ConnectionFailedError(url, str(exc)) from None
+    except InvalidStatus as exc:
+        status, said = exc.response.status_code, _detail(exc)
+        if status == 401 or (status == 403 and said):
+            raise AuthenticationError(url, said or f"HTTP {status}") from None
+        if status in (403, 404):
+            # What a server (ours or not) answers an upgrade to a path with no
+            # WebSocket route: the URL is wrong, not the key.
+            raise ConnectionFailedError(
+                url,
+                f"no openenv session endpoint there (HTTP {status}); "
+                f"is this the server's root URL?",
+            ) from None
+        raise ConnectionFailedError(url, f"HTTP {status}: {said or 'refused'}") from None
+    except (OSError, InvalidHandshake) as exc:
+        raise ConnectionFailedError(url, str(exc) or type(exc).__name__) from None
+
+
+async def _connect(url: str, **options: Any) -> ClientConnection:
+    # Imported on first use: a server process imports this module (through an
+    # environment package's client) but never opens a connection.
+    from websockets.asyncio.client import connect
+
+    return await connect(url, **options)

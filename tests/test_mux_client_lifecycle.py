@@ -1,0 +1,114 @@
+"""A ``MuxClient``'s end on a real server: dropped without ``close()``, closed by
+several coroutines at once, closed while it connects. However it ends, the
+server frees every slot its sessions held, and a ``close()`` that has returned
+means they are free."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import weakref
+from typing import Any
+
+import orjson
+import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker, health, ping_app, slots_free
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.http11 import Request
+
+from openenv import ConcurrencyConfig, EnvTimeoutError, MuxClient, SessionClosedError, create_app
+from openenv.protocol_v2 import SUBPROTOCOL
+from openenv.testing import run_server
+
+
+def client(url: str) -> MuxClient[Ping, Pong, Any]:
+    return MuxClient(url, action_cls=Ping, observation_cls=Pong)
+
+
+async def test_a_client_dropped_without_close_frees_its_sessions_slots() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        mux = client(url)
+        sessions = await mux.open(2)
+        assert [r.observation.count for r in await mux.step(sessions, [Ping()] * 2)] == [1, 1]
+        dropped = weakref.ref(mux)
+        del mux, sessions
+        gc.collect()
+        assert dropped() is None  # neither its reader nor its sessions keep it alive
+        await slots_free(url)
+        await tracker.until_closed(2)
+        async with client(url) as again:  # the cap's two slots are there to take
+            assert len(await again.open(2)) == 2
+
+
+async def test_every_close_returns_only_once_the_sessions_are_closed() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=3)) as url:
+        mux = client(url)
+        await mux.open(3)
+        first = asyncio.ensure_future(mux.close())
+        second = asyncio.ensure_future(mux.close())  # while the first is closing
+        await second
+        assert len(tracker.closed) == 3  # the server closed every environment...
+        assert (await health(url))["active_sessions"] == 0  # ...and freed every slot
+        await first
+        assert mux.closed
+
+
+async def test_a_close_while_the_client_connects_leaves_nothing_open() -> None:
+    handshaking, go_on, left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def hold_handshake(connection: ServerConnection, request: Request) -> None:
+        handshaking.set()
+        await go_on.wait()
+
+    async def opens_sessions(ws: ServerConnection) -> None:
+        try:
+            async for frame in ws:
+                opened = [
+                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
+                    for r in orjson.loads(frame)
+                ]
+                await ws.send(orjson.dumps(opened).decode())
+        finally:
+            left.set()
+
+    server = serve(
+        opens_sessions,
+        "127.0.0.1",
+        0,
+        subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+        process_request=hold_handshake,
+    )
+    async with server:
+        port = next(iter(server.server.sockets)).getsockname()[1]
+        mux = client(f"http://127.0.0.1:{port}")
+        opening = asyncio.ensure_future(mux.open(2))
+        await handshaking.wait()
+        await mux.close()  # before the connection is up
+        go_on.set()
+        with pytest.raises(SessionClosedError, match="this client was closed"):
+            await opening  # no session is opened for a closed client
+        await asyncio.wait_for(left.wait(), 10)  # and the connection it made is closed
+        assert mux.closed
+
+
+async def test_sessions_opened_before_open_gave_up_are_closed_again() -> None:
+    tracker = Tracker()
+    two_slots = ConcurrencyConfig(max_concurrent_envs=2, queue_timeout=30)
+    app = create_app(functools.partial(PingEnvironment, tracker, None), Ping, Pong, two_slots)
+    with run_server(app) as url:
+        mux = MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=1)
+        # Two open at once; the third waits in line for a slot until open() gives up.
+        with pytest.raises(EnvTimeoutError):
+            await mux.open(3)
+        # None of the three is the caller's to close: the client closes each one
+        # (the third once it opens), and the connection stays up meanwhile.
+        await tracker.until_created(3)
+        await tracker.until_closed(3)
+        await slots_free(url)
+        assert not mux.closed
+        mux.message_timeout = 60
+        assert len(await mux.open(2)) == 2
+        await mux.close()
