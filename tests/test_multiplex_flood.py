@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import socket
 import threading
 from typing import Any
 
+import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 from servers import Ping, PingEnvironment, Pong, until
 from v2_wire import open_sessions, send
 from websockets.asyncio.client import connect
@@ -20,7 +21,6 @@ from websockets.asyncio.client import connect
 from openenv import ConcurrencyConfig, MuxClient, create_app
 from openenv.client import ws_url
 from openenv.protocol_v2 import SUBPROTOCOL
-from openenv.server.mux import MuxConnection
 from openenv.testing import run_server
 
 CAP = 4  # max_requests_in_flight
@@ -52,12 +52,12 @@ class Large(PingEnvironment):
         return Pong(message="x" * REPLY, count=1)
 
 
-def reader_waits_for_replies_to_go_out() -> bool:
-    """The server's v2 connection reads no further frame, every request it read
-    answered: it waits for its replies to go out."""
-    (connection,) = [o for o in gc.get_objects() if type(o) is MuxConnection]
-    room = connection._room
-    return room is not None and not room.done() and connection._in_flight == 0
+async def paused_connections(url: str) -> float:
+    """The server's gauge of v2 connections it stopped reading (``/metrics``)."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name.endswith("_paused")]
+    return float(family.samples[0].value)
 
 
 def buffered_bytes(sock: socket.socket) -> int:
@@ -101,7 +101,7 @@ async def test_a_client_that_floods_and_reads_nothing_makes_the_server_stop_read
                 await send(ws, [{"session": 0, "type": "step", "data": {}, "id": k}])
 
             async def stopped_or_past_the_bound() -> bool:
-                return produced.started > bound or reader_waits_for_replies_to_go_out()
+                return produced.started > bound or await paused_connections(url) == 1
 
             await until(stopped_or_past_the_bound, 30, "the server to stop reading")
             assert produced.started <= bound
@@ -118,5 +118,6 @@ async def test_a_client_that_floods_and_reads_nothing_makes_the_server_stop_read
                 answered.extend(r["id"] for r in frame if r["type"] == "observation")
             assert sorted(answered) == list(range(total))  # each exactly once
             assert produced.most_unread <= bound
+            assert await paused_connections(url) == 0  # read again, and nothing left
         finally:
             await ws.close()

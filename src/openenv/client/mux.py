@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import orjson
 from pydantic import BaseModel
@@ -37,9 +37,6 @@ from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosed
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["MuxClient", "MuxSession", "V2Unsupported"]
 

@@ -80,6 +80,7 @@ class Metrics:
         self.closed: Counter[str] = Counter()
         self.step_seconds = Histogram(_STEP_BUCKETS)
         self.errors: Counter[str] = Counter()
+        self.v2_paused = 0  # v2 connections not read until their replies go out
 
     @property
     def steps(self) -> int:
@@ -103,6 +104,7 @@ class Metrics:
             "step_counts": self.step_seconds.counts,
             "step_sum": self.step_seconds.sum,
             "errors": dict(self.errors),
+            "v2_paused": self.v2_paused,
         }
 
     def collect(self) -> Iterator[Metric]:
@@ -152,6 +154,12 @@ class Metrics:
         for code, n in sorted(total["errors"].items()):
             errors.add_metric([code], n)
         yield errors
+        yield GaugeMetricFamily(
+            "openenv_v2_connections_paused",
+            "Protocol v2 connections not read until their replies go out "
+            "(max_requests_in_flight reached: the client reads slower than it sends).",
+            value=total["v2_paused"],
+        )
 
     def render(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest

@@ -136,11 +136,8 @@ class MuxConnection:
         reason = "disconnect"
         try:
             while True:
-                while not self._has_room() and not self._gone:
-                    # Read no more until replies go out (a client that vanished
-                    # meanwhile is seen after that: what it queued is answered first).
-                    self._room = asyncio.get_running_loop().create_future()
-                    await self._room
+                if not self._has_room() and not self._gone:
+                    await self._wait_for_room()
                 message = await self._next_message()
                 kind = message["type"]
                 if kind == "websocket.disconnect" or self._ending is not None:
@@ -175,6 +172,19 @@ class MuxConnection:
             await self.outbox.stop()
             if not self.closed.done():
                 self.closed.set_result(None)
+
+    async def _wait_for_room(self) -> None:
+        """Read no more until replies go out (a client that vanished meanwhile is
+        seen after that: what it queued is answered first). Counted in the
+        ``openenv_v2_connections_paused`` gauge, where a client that reads none shows."""
+        metrics = self._service.metrics
+        metrics.v2_paused += 1
+        try:
+            while not self._has_room() and not self._gone:
+                self._room = asyncio.get_running_loop().create_future()
+                await self._room
+        finally:
+            metrics.v2_paused -= 1
 
     async def _next_message(self) -> Any:
         channel = self._channel
