@@ -230,7 +230,30 @@ def _worker(
     options = dict(options)
     gc_threshold = options.pop("gc_threshold", DEFAULT_GC_THRESHOLD)
     config = uvicorn_config(app, **options)
-    GracefulServer(config, supervised=True, gc_threshold=gc_threshold).run(sockets=[sock])
+    server = GracefulServer(config, supervised=True, gc_threshold=gc_threshold)
+    _drain_when_orphaned(server)
+    server.run(sockets=[sock])
+
+
+def _drain_when_orphaned(server: GracefulServer) -> None:
+    """Drain and stop ``server`` once the supervisor is gone, however it went.
+
+    A supervisor killed with SIGKILL (or by a signal before its handlers were
+    in place) cannot stop its workers: left alone they would serve on, holding
+    the port, with nobody to replace them or to stop them. The parent's
+    sentinel (a pipe multiprocessing keeps open in the parent) becomes ready
+    when the parent dies.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        logger.warning("the supervisor is gone; worker %s stops", os.getpid())
+        server.should_exit = True
+
+    threading.Thread(target=watch, name="openenv-orphan-watch", daemon=True).start()
 
 
 def _supervise(
@@ -255,8 +278,8 @@ def _supervise(
         process.start()
         return process
 
-    processes = [start() for _ in range(workers)]
-    born = {process.pid: time.monotonic() for process in processes}
+    processes: list[multiprocessing.process.BaseProcess] = []
+    born: dict[int | None, float] = {}
 
     def stop(sig: int, frame: object) -> None:
         nonlocal stopping
@@ -265,9 +288,21 @@ def _supervise(
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
+    def add(process: multiprocessing.process.BaseProcess) -> None:
+        processes.append(process)
+        born[process.pid] = time.monotonic()
+        if stopping and process.pid is not None:
+            # The signal came while it was being started, before ``stop`` could see it.
+            os.kill(process.pid, signal.SIGTERM)
+
+    # Handlers first: a signal between starting a worker and handling signals
+    # would end this process by default and leave that worker serving on.
     originals = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     failed = False
     try:
+        for _ in range(workers):
+            if not stopping:
+                add(start())
         while processes:
             ended = multiprocessing.connection.wait([p.sentinel for p in processes])
             for process in [p for p in processes if p.sentinel in ended]:
@@ -288,11 +323,14 @@ def _supervise(
                 if time.monotonic() - born.pop(process.pid, 0.0) < _CRASH_LOOP_SECONDS:
                     time.sleep(_CRASH_LOOP_SECONDS)  # dying at once: do not spin
                 if not stopping:
-                    processes.append(replacement := start())
-                    born[replacement.pid] = time.monotonic()
+                    add(start())
     finally:
         for sig, handler in originals.items():
             signal.signal(sig, handler)
+        for process in processes:  # only if this loop failed: stop what it started
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+            process.join()
         sock.close()
         if previous is None:
             os.environ.pop(BOARD_VAR, None)

@@ -1,0 +1,107 @@
+"""``openenv serve --workers N``: the supervisor never leaves a worker behind.
+
+Every test starts the real ``openenv`` script in a session of its own, so its
+workers (and multiprocessing's resource tracker) share its process group: the
+group emptying is what "nothing left behind" means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from cli_envs import write_env
+from test_cli_serve import OPENENV, eventually, health, how_it_ended, open_sessions, serving
+
+
+def group(pgid: int) -> set[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        state, _, fields_pgid = stat.rsplit(")", 1)[1].split()[:3]
+        if int(fields_pgid) == pgid and state != "Z":
+            members.add(int(entry))
+    return members
+
+
+def wait_until_empty(pgid: int, log: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while left := group(pgid):
+        if time.monotonic() > deadline:
+            commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[-80:] for pid in left}
+            raise AssertionError(f"left behind: {commands}\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever the test asserts, kill what it left so that later tests have the cores."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_as_the_first_worker_starts_stops_everything_and_exits_zero(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--port", "0", "--workers", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    with reaped(proc):
+        deadline = time.monotonic() + 60
+        while group(proc.pid) <= {proc.pid}:  # as soon as it has started a child
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        wait_until_empty(proc.pid, log)
+
+
+@pytest.mark.timeout(120)
+def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> list[str | int | None]:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        proc.kill()  # no handler runs: the workers must notice by themselves
+        try:
+            async with asyncio.timeout(60):
+                return list(await asyncio.gather(*(how_it_ended(c) for c, _ in held)))
+        except TimeoutError:
+            message = f"sessions went on without a supervisor\n{log.read_text()}"
+            raise AssertionError(message) from None
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        endings = asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+        address = urlsplit(url)
+        with pytest.raises(ConnectionRefusedError):  # nobody holds the port any more
+            socket.create_connection((address.hostname, address.port), timeout=5).close()
+    assert set(endings) <= {"server shutting down", 1001}, endings
