@@ -9,13 +9,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import Any, Literal
 
 from openenv import Action, Environment, Observation, State
 
 
 class Crash(Action):
-    how: Literal["no", "exit", "segfault", "kill", "raise"] = "no"
+    how: Literal["no", "exit", "segfault", "kill", "raise", "hang"] = "no"
 
 
 class Sighting(Observation):
@@ -42,6 +43,8 @@ class Crashy(Environment[Crash, Sighting, State]):
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if action.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if action.how == "hang":
+            time.sleep(3600)  # as stuck as C code that never returns
         if action.how == "raise":
             raise ValueError("asked to raise")
         self._state.step_count += 1

@@ -11,6 +11,7 @@ from isolated_envs import Crash, Crashy, Sighting
 
 from openenv import (
     ConcurrencyConfig,
+    DeadlineError,
     EnvClient,
     EnvExecutionError,
     MuxClient,
@@ -56,6 +57,36 @@ def test_a_crash_ends_its_own_session_and_no_other(how: str) -> None:
                 assert {s.observation.pid for s in steps} == pids - {first[0].observation.pid}
             assert await active(url) == 3
             await asyncio.gather(*(c.close() for c in clients))
+            assert await active(url) == 0
+
+        asyncio.run(scenario())
+
+
+def running(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def test_a_step_past_its_deadline_kills_its_process_and_ends_only_its_session() -> None:
+    # Only killing the process stops an isolated call; left running, its late
+    # reply would be read as the answer to the session's next call.
+    with run_server(app(isolation="process", step_timeout=0.5)) as url:
+
+        async def scenario() -> None:
+            victim, other = CrashyClient(url), CrashyClient(url)
+            pid = (await victim.reset()).observation.pid
+            await other.reset()
+            with pytest.raises(DeadlineError, match="killed") as caught:
+                await victim.step(Crash(how="hang"))
+            assert "session is closed" in str(caught.value)
+            with pytest.raises(SessionClosedError):
+                await victim.step(Crash())
+            deadline = asyncio.get_running_loop().time() + 30
+            while running(pid):
+                assert asyncio.get_running_loop().time() < deadline, f"{pid} still runs"
+                await asyncio.sleep(0.05)
+            assert (await other.step(Crash())).observation.steps == 1
+            assert await active(url) == 1
+            await asyncio.gather(victim.close(), other.close())
             assert await active(url) == 0
 
         asyncio.run(scenario())

@@ -54,6 +54,7 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
         child.close()
         self._state: Any = None
         self._dead = False
+        self.killed = False  # its process was killed to stop a call that overran
         try:
             kind, value, state = self._conn.recv()
         except (EOFError, OSError):
@@ -95,6 +96,13 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
             self._dead = True
             await asyncio.to_thread(self._process.join, _CLOSE_WAIT)
             raise EnvProcessDied(f"the environment's process {self._ended()}") from None
+        except BaseException:
+            # Cancelled (a deadline, the session ending) with the call still running
+            # in the child: only killing the process stops it, and a child left
+            # running would answer this call when asked the next.
+            self.killed = self._dead = True
+            self._process.kill()
+            raise
         if kind == "error":
             raise value
         self._state = state
