@@ -53,3 +53,15 @@ class Crashy(Environment[Crash, Sighting, State]):
     @property
     def state(self) -> State:
         return self._state
+
+
+def hangs_once(marker: str) -> Crashy:
+    """Hang for good the first time (writing its pid to ``marker``); then make a Crashy."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return Crashy()
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    time.sleep(3600)  # as stuck as a simulator that never comes up
+    return Crashy()
