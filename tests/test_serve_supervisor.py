@@ -105,3 +105,44 @@ def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) ->
         with pytest.raises(ConnectionRefusedError):  # nobody holds the port any more
             socket.create_connection((address.hostname, address.port), timeout=5).close()
     assert set(endings) <= {"server shutting down", 1001}, endings
+
+
+# Forks a child that outlives its worker, as a multiprocessing pool does (fork
+# is multiprocessing's default on Linux before Python 3.14).
+FORKING = """\
+import multiprocessing
+import time
+
+
+def make() -> PidEnvironment:
+    multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,)).start()
+    return PidEnvironment()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env", factory=FORKING)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 4)
+        try:
+            victim = held[0][1]
+            os.kill(victim, signal.SIGKILL)
+            others = [(client, pid) for client, pid in held if pid != victim]
+            await eventually(
+                lambda: (
+                    health(url).get("active_sessions") == len(others)
+                    and health(url).get("workers") == 2
+                ),
+                "the dead worker's slots stayed taken",
+                log,
+            )
+            held = others + await open_sessions(url, len(held) - len(others))
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))

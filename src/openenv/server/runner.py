@@ -256,6 +256,21 @@ def _drain_when_orphaned(server: GracefulServer) -> None:
     threading.Thread(target=watch, name="openenv-orphan-watch", daemon=True).start()
 
 
+def _end_of(process: multiprocessing.process.BaseProcess) -> Any:
+    """What becomes ready when ``process`` ends: a pidfd where the kernel has them.
+
+    A process's sentinel is a pipe it holds open, and so does every child it
+    forks without exec (a multiprocessing pool in environment code, say): the
+    worker's death would go unseen, and it unreplaced, for as long as they live.
+    """
+    pid_open = getattr(os, "pidfd_open", None)
+    if pid_open is not None and process.pid is not None:
+        with contextlib.suppress(OSError):
+            fd: int = pid_open(process.pid)
+            return fd
+    return process.sentinel
+
+
 def _supervise(
     workers: int, app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
 ) -> None:
@@ -263,7 +278,7 @@ def _supervise(
 
     uvicorn's own ``Multiprocess`` supervisor would replace workers too, but it
     runs a plain ``uvicorn.Server`` in each, without openenv's drain; this loop
-    waits on the workers' sentinels, so a death is seen at once, not at the
+    waits on each worker's end (``_end_of``), so a death is seen at once, not at the
     next health-check tick.
     """
     context = multiprocessing.get_context("spawn")
@@ -288,7 +303,10 @@ def _supervise(
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
+    ends: dict[multiprocessing.process.BaseProcess, Any] = {}
+
     def add(process: multiprocessing.process.BaseProcess) -> None:
+        ends[process] = _end_of(process)
         processes.append(process)
         born[process.pid] = time.monotonic()
         if stopping and process.pid is not None:
@@ -304,10 +322,12 @@ def _supervise(
             if not stopping:
                 add(start())
         while processes:
-            ended = multiprocessing.connection.wait([p.sentinel for p in processes])
-            for process in [p for p in processes if p.sentinel in ended]:
+            ended = multiprocessing.connection.wait([ends[p] for p in processes])
+            for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
+                if (end := ends.pop(process)) != process.sentinel:
+                    os.close(end)  # a pidfd of ours
                 if stopping:
                     continue
                 if process.exitcode == _STARTUP_FAILURE:
@@ -331,6 +351,9 @@ def _supervise(
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
             process.join()
+        for process, end in ends.items():
+            if end != process.sentinel:
+                os.close(end)
         sock.close()
         if previous is None:
             os.environ.pop(BOARD_VAR, None)
