@@ -1,4 +1,4 @@
-"""``openenv serve --workers N``: the supervisor never leaves a worker behind.
+"""``openenv serve --workers N``: one cap for the machine, and nothing left behind.
 
 Every test starts the real ``openenv`` script in a session of its own, so its
 workers (and multiprocessing's resource tracker) share its process group: the
@@ -20,7 +20,17 @@ from urllib.parse import urlsplit
 
 import pytest
 from cli_envs import write_env
-from test_cli_serve import OPENENV, eventually, health, how_it_ended, open_sessions, serving
+from test_cli_serve import (
+    OPENENV,
+    eventually,
+    health,
+    how_it_ended,
+    open_session,
+    open_sessions,
+    serving,
+)
+
+from openenv import CapacityError, WebSocketEnvClient
 
 
 def group(pgid: int) -> set[int]:
@@ -145,4 +155,45 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path
             await asyncio.gather(*(client.close() for client, _ in held))
 
     with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+
+
+async def spread(url: str, held: list[tuple[WebSocketEnvClient, int]]) -> None:
+    """Move sessions (closing one, opening another) until both workers hold some."""
+    deadline = time.monotonic() + 30
+    while len({pid for _, pid in held}) < 2:
+        assert time.monotonic() < deadline, "every session kept landing on one worker"
+        client, _ = held.pop(0)
+        await client.close()
+        held.append((await open_sessions(url, 1))[0])
+
+
+@pytest.mark.timeout(120)
+def test_a_refusal_counts_every_workers_sessions_and_churn_frees_the_whole_cap(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        try:
+            await spread(url, held)
+            extra = WebSocketEnvClient(url)
+            with pytest.raises(CapacityError) as refused:
+                await extra.reset()
+            await extra.close()
+            assert (refused.value.active_sessions, refused.value.max_sessions) == (8, 8)
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+        for _ in range(5):  # churn over both workers
+            held = await open_sessions(url, 8)
+            assert await open_session(url) is None
+            await asyncio.gather(*(client.close() for client, _ in held))
+        await eventually(lambda: health(url).get("active_sessions") == 0, "slots leaked", log)
+        held = await open_sessions(url, 8)  # the whole cap, again
+        await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "8") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))

@@ -175,7 +175,7 @@ class EnvService:
                 ErrorCode.CAPACITY_REACHED,
                 f"server at capacity ({self.registry.max_sessions} sessions); retry later",
                 CloseCode.TRY_AGAIN_LATER,
-                active_sessions=self.registry.active,
+                active_sessions=self.registry.totals()[0],  # every worker's, like the cap
                 max_sessions=self.registry.max_sessions,
             )
         elif gone is not None and gone():
