@@ -22,6 +22,7 @@ import pytest
 from cli_envs import write_env
 from test_cli_serve import (
     OPENENV,
+    Ping,
     eventually,
     health,
     how_it_ended,
@@ -197,3 +198,48 @@ def test_a_refusal_counts_every_workers_sessions_and_churn_frees_the_whole_cap(
 
     with serving(folder, "--workers", "2", "--max-sessions", "8") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))
+
+
+# An ``async def`` step that blocks the event loop for good: only a thread
+# can still see the shutdown's deadline pass.
+BLOCKING = """\
+import time
+from pathlib import Path
+
+
+class Stuck(PidEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Where:
+        (Path(__file__).parent / f"stepping-{os.getpid()}").touch()
+        while True:
+            time.sleep(3600)
+
+
+def make() -> Stuck:
+    return Stuck()
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_ends_a_server_whose_event_loop_is_blocked(tmp_path: Path, workers: str) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=BLOCKING, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == int(workers), "no workers", log)
+        (client, pid), *_ = await open_sessions(url, 1)
+        stepping = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 60)  # shutdown_timeout is 1 s: "at all"
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"SIGTERM did not end it\n{log.read_text()}") from None
+        await asyncio.gather(stepping, return_exceptions=True)
+        await client.close()
+
+    with serving(folder, "--workers", workers) as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+    assert "the shutdown overran its 11s deadline" in log.read_text()

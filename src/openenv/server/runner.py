@@ -41,6 +41,7 @@ logger = logging.getLogger("openenv.server")
 _SHM = "/dev/shm"  # the board is a few KiB read on every admission: keep it in memory
 _STARTUP_FAILURE = 3  # uvicorn's exit code when the app's startup fails
 _CRASH_LOOP_SECONDS = 1.0
+_EXIT_GRACE = 10.0  # past shutdown_timeout: for aborts, lifespan and closes to finish
 
 
 def uvicorn_config(
@@ -107,13 +108,23 @@ class GracefulServer(uvicorn.Server):
         self.supervised = supervised
         self.gc_threshold = gc_threshold
         self._restore_gc: Callable[[], None] | None = None
+        self._exit_deadline: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         # Once the app and its lifespan are up, so that what they made is frozen.
         self._restore_gc = tune_gc(self.gc_threshold)
 
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            super().run(sockets)
+        finally:
+            if self._exit_deadline is not None:
+                self._exit_deadline.cancel()  # stopped in time: the caller may go on
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._exit_deadline is None:
+            self._exit_deadline = _exit_deadline()
         if self.supervised:
             self.should_exit = True
             return
@@ -148,6 +159,30 @@ class GracefulServer(uvicorn.Server):
             *(service.drain() for service in list(LIVE_SERVICES) if loop in service.loops)
         )
         await super().shutdown(sockets)
+
+
+def _exit_deadline() -> threading.Timer:
+    """End the process if a shutdown overruns ``shutdown_timeout`` by ``_EXIT_GRACE``.
+
+    The drain keeps that deadline on the event loop, so an ``async def`` step
+    that blocks the loop for good would hold the process (and under
+    ``--workers`` its supervisor) for ever: only a thread can still act.
+    """
+    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=10.0)
+    seconds += _EXIT_GRACE
+
+    def expire() -> None:
+        logger.error(
+            "the shutdown overran its %gs deadline: the event loop is blocked (see the "
+            "watchdog's warning) or a task would not end; exiting without it",
+            seconds,
+        )
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def serve(
