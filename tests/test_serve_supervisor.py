@@ -243,3 +243,47 @@ def test_sigterm_ends_a_server_whose_event_loop_is_blocked(tmp_path: Path, worke
         asyncio.run(scenario(url, proc))
         wait_until_empty(proc.pid, log)
     assert "the shutdown overran its 11s deadline" in log.read_text()
+
+
+# Catastrophic backtracking: the regex engine runs in C holding the GIL, so
+# neither a signal handler nor any thread of the worker runs until it ends.
+SPINNING = """\
+import re
+from pathlib import Path
+
+
+class Spinning(PidEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Where:
+        (Path(__file__).parent / f"stepping-{os.getpid()}").touch()
+        re.match(r"(a+)+$", "a" * 64 + "b")
+        return Where(pid=os.getpid())
+
+
+def make() -> Spinning:
+    return Spinning()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_supervisor_kills_a_worker_that_cannot_even_take_its_signal(tmp_path: Path) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=SPINNING, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "no workers", log)
+        (client, pid), *_ = await open_sessions(url, 1)
+        stepping = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert await asyncio.to_thread(proc.wait, 90) == 0
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"SIGTERM did not end it\n{log.read_text()}") from None
+        await asyncio.gather(stepping, return_exceptions=True)
+        await client.close()
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+    assert "did not stop within" in log.read_text()

@@ -42,6 +42,7 @@ _SHM = "/dev/shm"  # the board is a few KiB read on every admission: keep it in 
 _STARTUP_FAILURE = 3  # uvicorn's exit code when the app's startup fails
 _CRASH_LOOP_SECONDS = 1.0
 _EXIT_GRACE = 10.0  # past shutdown_timeout: for aborts, lifespan and closes to finish
+_SHUTDOWN_TIMEOUT = 10.0  # ServerSettings' default, for apps the supervisor has not seen
 
 
 def uvicorn_config(
@@ -168,7 +169,7 @@ def _exit_deadline() -> threading.Timer:
     that blocks the loop for good would hold the process (and under
     ``--workers`` its supervisor) for ever: only a thread can still act.
     """
-    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=10.0)
+    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
     seconds += _EXIT_GRACE
 
     def expire() -> None:
@@ -235,17 +236,22 @@ def run_on_socket(
     workers: int = 1,
     app_dir: str | Path | None = None,
     gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
+    shutdown_timeout: float | None = None,
     **options: Any,
 ) -> None:
     """Serve on a socket the caller bound and listens on (``openenv serve`` does).
 
     ``workers > 1`` runs that many processes sharing one session cap, and
     replaces any that dies; ``reload=True`` restarts the app when its files change.
+    ``shutdown_timeout`` is the app's (default: openenv's, 10 s): a worker still
+    running ``_EXIT_GRACE`` twice past it after SIGTERM is killed.
     """
     if workers > 1:
         if not isinstance(app, str):
             raise ValueError("workers > 1 needs the app as an import string, e.g. 'server.app:app'")
-        _supervise(workers, app, app_dir, sock, {**options, "gc_threshold": gc_threshold})
+        kill_after = (shutdown_timeout or _SHUTDOWN_TIMEOUT) + 2 * _EXIT_GRACE
+        options = {**options, "gc_threshold": gc_threshold}
+        _supervise(workers, app, app_dir, sock, options, kill_after)
         return
     config = uvicorn_config(app, **options)
     server = GracefulServer(config, gc_threshold=gc_threshold)
@@ -307,7 +313,12 @@ def _end_of(process: multiprocessing.process.BaseProcess) -> Any:
 
 
 def _supervise(
-    workers: int, app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+    workers: int,
+    app: str,
+    app_dir: str | Path | None,
+    sock: socket.socket,
+    options: dict[str, Any],
+    kill_after: float,
 ) -> None:
     """Run ``workers`` processes on one socket sharing one session cap; replace any that dies.
 
@@ -331,9 +342,13 @@ def _supervise(
     processes: list[multiprocessing.process.BaseProcess] = []
     born: dict[int | None, float] = {}
 
+    kill_at: float | None = None
+
     def stop(sig: int, frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, kill_at
         stopping = True
+        if kill_at is None:
+            kill_at = time.monotonic() + kill_after
         for process in processes:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
@@ -357,7 +372,20 @@ def _supervise(
             if not stopping:
                 add(start())
         while processes:
-            ended = multiprocessing.connection.wait([ends[p] for p in processes])
+            # A worker that cannot take its signal (C code holding the GIL) or
+            # keep its own deadline is killed past the supervisor's.
+            left = None if kill_at is None else max(kill_at - time.monotonic(), 0.0)
+            ended = multiprocessing.connection.wait([ends[p] for p in processes], left)
+            if not ended and kill_at is not None and time.monotonic() >= kill_at:
+                for process in processes:
+                    if process.pid is not None and process.is_alive():
+                        logger.error(
+                            "worker %s did not stop within %gs of the signal; killing it",
+                            process.pid,
+                            kill_after,
+                        )
+                        os.kill(process.pid, signal.SIGKILL)
+                kill_at = None  # once; another signal arms it again
             for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
