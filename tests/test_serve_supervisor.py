@@ -287,3 +287,24 @@ def test_the_supervisor_kills_a_worker_that_cannot_even_take_its_signal(tmp_path
         asyncio.run(scenario(url, proc))
         wait_until_empty(proc.pid, log)
     assert "did not stop within" in log.read_text()
+
+
+@pytest.mark.timeout(180)
+def test_an_orphaned_worker_whose_event_loop_is_blocked_still_ends(tmp_path: Path) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=BLOCKING, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "no workers", log)
+        (client, pid), *_ = await open_sessions(url, 1)
+        stepping = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.kill()
+        await asyncio.to_thread(wait_until_empty, proc.pid, log, 90)
+        await asyncio.gather(stepping, return_exceptions=True)
+        await client.close()
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+    assert "the shutdown overran its 11s deadline" in log.read_text()

@@ -292,6 +292,8 @@ def _drain_when_orphaned(server: GracefulServer) -> None:
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
         logger.warning("the supervisor is gone; worker %s stops", os.getpid())
+        if server._exit_deadline is None:  # nobody else will stop it if the drain cannot
+            server._exit_deadline = _exit_deadline()
         server.should_exit = True
 
     threading.Thread(target=watch, name="openenv-orphan-watch", daemon=True).start()
