@@ -245,48 +245,52 @@ def test_sigterm_ends_a_server_whose_event_loop_is_blocked(tmp_path: Path, worke
     assert "the shutdown overran its 11s deadline" in log.read_text()
 
 
-# Catastrophic backtracking: the regex engine runs in C holding the GIL, so
-# neither a signal handler nor any thread of the worker runs until it ends.
-SPINNING = """\
-import re
+# C code that never returns and holds the GIL (a regular expression
+# backtracking for ever, say): neither a signal handler nor any other thread
+# of the worker runs again. Sleeping in C through PyDLL (which keeps the GIL)
+# is that, without burning a core.
+HOLDING_THE_GIL = """\
+import ctypes
 from pathlib import Path
 
 
-class Spinning(PidEnvironment):
+class Holding(PidEnvironment):
     async def step(self, action: Ping, **kwargs: Any) -> Where:
         (Path(__file__).parent / f"stepping-{os.getpid()}").touch()
-        re.match(r"(a+)+$", "a" * 64 + "b")
-        return Where(pid=os.getpid())
+        while True:  # a signal may cut one sleep short
+            ctypes.PyDLL(None).sleep(3600)
 
 
-def make() -> Spinning:
-    return Spinning()
+def make() -> Holding:
+    return Holding()
 """
 
 
 @pytest.mark.timeout(180)
-def test_the_supervisor_kills_a_worker_that_cannot_even_take_its_signal(tmp_path: Path) -> None:
+def test_the_supervisor_kills_workers_that_cannot_even_take_their_signal(tmp_path: Path) -> None:
     config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
-    folder = write_env(tmp_path / "env", factory=SPINNING, config=config)
+    folder = write_env(tmp_path / "env", factory=HOLDING_THE_GIL, config=config)
     log = folder / "serve.log"
 
     async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
         await eventually(lambda: health(url).get("workers") == 2, "no workers", log)
-        (client, pid), *_ = await open_sessions(url, 1)
-        stepping = asyncio.ensure_future(client.step(Ping()))
-        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        held = await open_sessions(url, 2)
+        await spread(url, held)
+        steps = [asyncio.ensure_future(client.step(Ping())) for client, _ in held]
+        for _, pid in held:  # both workers stuck: nothing else ends to wake the supervisor
+            await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
         proc.send_signal(signal.SIGTERM)
         try:
             assert await asyncio.to_thread(proc.wait, 90) == 0
         except subprocess.TimeoutExpired:
             raise AssertionError(f"SIGTERM did not end it\n{log.read_text()}") from None
-        await asyncio.gather(stepping, return_exceptions=True)
-        await client.close()
+        await asyncio.gather(*steps, return_exceptions=True)
+        await asyncio.gather(*(client.close() for client, _ in held))
 
     with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
         asyncio.run(scenario(url, proc))
         wait_until_empty(proc.pid, log)
-    assert "did not stop within" in log.read_text()
+    assert log.read_text().count("did not stop within 21s of the signal") == 2
 
 
 @pytest.mark.timeout(180)

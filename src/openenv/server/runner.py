@@ -345,12 +345,18 @@ def _supervise(
     born: dict[int | None, float] = {}
 
     kill_at: float | None = None
+    # The loop below may be waiting without a timeout when a signal sets one:
+    # a byte down this pipe wakes it to start counting.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
 
     def stop(sig: int, frame: object) -> None:
         nonlocal stopping, kill_at
         stopping = True
         if kill_at is None:
             kill_at = time.monotonic() + kill_after
+            with contextlib.suppress(OSError):
+                os.write(wake_w, b"\0")
         for process in processes:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
@@ -377,8 +383,10 @@ def _supervise(
             # A worker that cannot take its signal (C code holding the GIL) or
             # keep its own deadline is killed past the supervisor's.
             left = None if kill_at is None else max(kill_at - time.monotonic(), 0.0)
-            ended = multiprocessing.connection.wait([ends[p] for p in processes], left)
-            if not ended and kill_at is not None and time.monotonic() >= kill_at:
+            ended = multiprocessing.connection.wait([wake_r, *(ends[p] for p in processes)], left)
+            if wake_r in ended:
+                os.read(wake_r, 512)
+            if kill_at is not None and time.monotonic() >= kill_at:
                 for process in processes:
                     if process.pid is not None and process.is_alive():
                         logger.error(
@@ -419,6 +427,8 @@ def _supervise(
         for process, end in ends.items():
             if end != process.sentinel:
                 os.close(end)
+        os.close(wake_r)
+        os.close(wake_w)
         sock.close()
         if previous is None:
             os.environ.pop(BOARD_VAR, None)
