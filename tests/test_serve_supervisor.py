@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -312,3 +313,73 @@ def test_an_orphaned_worker_whose_event_loop_is_blocked_still_ends(tmp_path: Pat
     with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
         asyncio.run(scenario(url, proc))
     assert "the shutdown overran its 11s deadline" in log.read_text()
+
+
+SERVING = re.compile(r"at (http://\S+) \(")
+
+# Two environments of one class (so of one name) behind one server.
+TWINS = """\
+import os
+from typing import Any
+
+from openenv import Action, ConcurrencyConfig, Environment, EnvSpec, Observation, State
+from openenv import create_multi_app
+
+
+class Ping(Action):
+    note: str = ""
+
+
+class Where(Observation):
+    pid: int
+
+
+class Twin(Environment[Ping, Where, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: Any = None, episode_id: Any = None, **kwargs: Any) -> Where:
+        return Where(pid=os.getpid())
+
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        return Where(pid=os.getpid(), reward=1.0)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+two = ConcurrencyConfig(max_concurrent_envs=2)
+app = create_multi_app({name: EnvSpec(Twin, Ping, Where, two) for name in ("easy", "hard")})
+"""
+
+
+@pytest.mark.timeout(120)
+def test_each_environment_of_a_multi_app_keeps_its_own_cap_across_workers(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", app=TWINS)
+    log, out = folder / "serve.log", folder / "serve.out"
+    with log.open("wb") as err, out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--port", "0", "--workers", "2"],
+            stdout=stdout,
+            stderr=err,
+            start_new_session=True,
+        )
+
+    async def scenario() -> None:
+        await eventually(lambda: SERVING.search(out.read_text()) is not None, "no url", log)
+        url = SERVING.search(out.read_text()).group(1)  # type: ignore[union-attr]
+        easy, hard = f"{url}/envs/easy", f"{url}/envs/hard"
+        await eventually(lambda: health(easy).get("workers") == 2, "no workers", log)
+        held = await open_sessions(easy, 2)
+        try:
+            assert await open_session(easy) is None  # easy is full
+            assert (health(easy)["active_sessions"], health(hard)["active_sessions"]) == (2, 0)
+            held += await open_sessions(hard, 2)  # hard is not
+            assert health(easy)["workers"] == 2
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with reaped(proc):
+        asyncio.run(scenario())

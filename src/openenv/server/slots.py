@@ -228,7 +228,7 @@ class SlotBoard:
     @classmethod
     def join(cls, folder: str | Path, app_name: str) -> SlotBoard:
         """Claim a free row of ``app_name``'s board in ``folder`` (created if need be)."""
-        base = Path(folder) / re.sub(r"[^A-Za-z0-9_.-]", "_", app_name or "app")
+        base = Path(folder) / re.sub(r"[^A-Za-z0-9_.+-]", "_", app_name or "app")
         base.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(base / "board", os.O_RDWR | os.O_CREAT, 0o600)
         size = (_HIGH_WATER + 1) * 8
