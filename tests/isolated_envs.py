@@ -55,13 +55,11 @@ class Crashy(Environment[Crash, Sighting, State]):
         return self._state
 
 
-def hangs_once(marker: str) -> Crashy:
-    """Hang for good the first time (writing its pid to ``marker``); then make a Crashy."""
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
+def hangs_if(flag: str) -> Crashy:
+    """Hang for good while the file ``flag`` exists (writing its pid into it first)."""
+    if not os.path.exists(flag):
         return Crashy()
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+    with open(flag, "w") as file:
+        file.write(str(os.getpid()))
     time.sleep(3600)  # as stuck as a simulator that never comes up
     return Crashy()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from isolated_envs import Crash, Crashy, Sighting, hangs_once
+from isolated_envs import Crash, Crashy, Sighting, hangs_if
 
 from openenv import (
     ConcurrencyConfig,
@@ -65,10 +65,6 @@ def test_a_crash_ends_its_own_session_and_no_other(how: str) -> None:
         asyncio.run(scenario())
 
 
-def read_text(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
-
-
 def running(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -100,22 +96,22 @@ def test_a_step_past_its_deadline_kills_its_process_and_ends_only_its_session() 
 
 
 def test_a_factory_past_its_deadline_is_killed_and_its_slot_freed(tmp_path: Path) -> None:
-    marker = tmp_path / "hung"
-    factory = functools.partial(hangs_once, str(marker))
+    flag = tmp_path / "hang"
+    factory = functools.partial(hangs_if, str(flag))
     settings = ConcurrencyConfig(max_concurrent_envs=1)
     with run_server(
-        create_app(factory, Crash, Sighting, settings, isolation="process", factory_timeout=0.5)
+        create_app(factory, Crash, Sighting, settings, isolation="process", factory_timeout=2)
     ) as url:
 
         async def scenario() -> None:
-            with pytest.raises(FactoryError, match=r"did not return within 0\.5s"):
+            async with CrashyClient(url) as env:  # the fork server is up: the next starts at once
+                await env.reset()
+            flag.touch()
+            with pytest.raises(FactoryError, match=r"did not return within 2s"):
                 async with CrashyClient(url) as env:
                     await env.reset()
-            deadline = asyncio.get_running_loop().time() + 30
-            while not (written := await asyncio.to_thread(read_text, marker)):
-                assert asyncio.get_running_loop().time() < deadline, "the factory never ran"
-                await asyncio.sleep(0.05)
-            pid = int(written)
+            pid = int(await asyncio.to_thread(flag.read_text))
+            flag.unlink()
             async with CrashyClient(url) as env:  # the one slot is free again
                 assert (await env.reset()).observation.pid != pid
             deadline = asyncio.get_running_loop().time() + 30
