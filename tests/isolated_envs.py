@@ -9,13 +9,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import Any, Literal
 
 from openenv import Action, Environment, Observation, State
 
 
 class Crash(Action):
-    how: Literal["no", "exit", "segfault", "kill", "raise"] = "no"
+    how: Literal["no", "exit", "segfault", "kill", "raise", "hang"] = "no"
 
 
 class Sighting(Observation):
@@ -42,6 +43,8 @@ class Crashy(Environment[Crash, Sighting, State]):
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if action.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if action.how == "hang":
+            time.sleep(3600)  # as stuck as C code that never returns
         if action.how == "raise":
             raise ValueError("asked to raise")
         self._state.step_count += 1
@@ -50,3 +53,13 @@ class Crashy(Environment[Crash, Sighting, State]):
     @property
     def state(self) -> State:
         return self._state
+
+
+def hangs_if(flag: str) -> Crashy:
+    """Hang for good while the file ``flag`` exists (writing its pid into it first)."""
+    if not os.path.exists(flag):
+        return Crashy()
+    with open(flag, "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(3600)  # as stuck as a simulator that never comes up
+    return Crashy()

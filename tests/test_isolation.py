@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+from pathlib import Path
 
 import httpx
 import pytest
-from isolated_envs import Crash, Crashy, Sighting
+from isolated_envs import Crash, Crashy, Sighting, hangs_if
 
 from openenv import (
     ConcurrencyConfig,
+    DeadlineError,
     EnvClient,
     EnvExecutionError,
+    FactoryError,
     MuxClient,
     SessionClosedError,
     State,
@@ -57,6 +61,63 @@ def test_a_crash_ends_its_own_session_and_no_other(how: str) -> None:
             assert await active(url) == 3
             await asyncio.gather(*(c.close() for c in clients))
             assert await active(url) == 0
+
+        asyncio.run(scenario())
+
+
+def running(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def test_a_step_past_its_deadline_kills_its_process_and_ends_only_its_session() -> None:
+    # Only killing the process stops an isolated call; left running, its late
+    # reply would be read as the answer to the session's next call.
+    with run_server(app(isolation="process", step_timeout=0.5)) as url:
+
+        async def scenario() -> None:
+            victim, other = CrashyClient(url), CrashyClient(url)
+            pid = (await victim.reset()).observation.pid
+            await other.reset()
+            with pytest.raises(DeadlineError, match="killed") as caught:
+                await victim.step(Crash(how="hang"))
+            assert "session is closed" in str(caught.value)
+            with pytest.raises(SessionClosedError):
+                await victim.step(Crash())
+            deadline = asyncio.get_running_loop().time() + 30
+            while running(pid):
+                assert asyncio.get_running_loop().time() < deadline, f"{pid} still runs"
+                await asyncio.sleep(0.05)
+            assert (await other.step(Crash())).observation.steps == 1
+            assert await active(url) == 1
+            await asyncio.gather(victim.close(), other.close())
+            assert await active(url) == 0
+
+        asyncio.run(scenario())
+
+
+def test_a_factory_past_its_deadline_is_killed_and_its_slot_freed(tmp_path: Path) -> None:
+    flag = tmp_path / "hang"
+    factory = functools.partial(hangs_if, str(flag))
+    settings = ConcurrencyConfig(max_concurrent_envs=1)
+    with run_server(
+        create_app(factory, Crash, Sighting, settings, isolation="process", factory_timeout=2)
+    ) as url:
+
+        async def scenario() -> None:
+            async with CrashyClient(url) as env:  # the fork server is up: the next starts at once
+                await env.reset()
+            flag.touch()
+            with pytest.raises(FactoryError, match=r"did not return within 2s"):
+                async with CrashyClient(url) as env:
+                    await env.reset()
+            pid = int(await asyncio.to_thread(flag.read_text))
+            flag.unlink()
+            async with CrashyClient(url) as env:  # the one slot is free again
+                assert (await env.reset()).observation.pid != pid
+            deadline = asyncio.get_running_loop().time() + 30
+            while running(pid):
+                assert asyncio.get_running_loop().time() < deadline, f"{pid} still runs"
+                await asyncio.sleep(0.05)
 
         asyncio.run(scenario())
 

@@ -122,6 +122,7 @@ def serve(
                     sock,
                     workers=workers,
                     app_dir=folder,
+                    shutdown_timeout=_shutdown_timeout(app),
                     **options,
                 )
             except SystemExit as exc:  # uvicorn's way out when the app's startup fails
@@ -154,6 +155,14 @@ def _check_applied(
             f"its app uses {timeout}. Build its config with ConcurrencyConfig.from_env(...)"
         )
     return str(service.metadata.name), int(cap)
+
+
+def _shutdown_timeout(app: Any) -> float | None:
+    """The longest ``shutdown_timeout`` of the app's environments (``None``: not openenv's)."""
+    state = getattr(app, "state", None)
+    services = [getattr(state, "openenv", None), *getattr(state, "openenv_envs", {}).values()]
+    timeouts = [float(s.settings.shutdown_timeout) for s in services if s is not None]
+    return max(timeouts, default=None)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -39,9 +39,11 @@ class EnvProcessDied(ServerSideError):
 class ProcessEnvironment(Environment[Any, Any, Any]):
     """An environment living in a child process; this object forwards calls to it.
 
-    Made in a worker thread by the server (the constructor waits for the
-    child to build its environment, so a factory that raises is the
-    session's ``FACTORY_ERROR`` as usual).
+    Made by ``isolated_factory``: the constructor starts the child (in a
+    thread: the first start also starts the fork server), and ``ready`` waits
+    on the event loop for it to build its environment, so a factory that
+    raises is the session's ``FACTORY_ERROR`` as usual, and one that overruns
+    ``factory_timeout`` is killed with its process.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -54,15 +56,31 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
         child.close()
         self._state: Any = None
         self._dead = False
+        self.killed = False  # its process was killed to stop a call that overran
+
+    async def ready(self) -> None:
+        """Wait for the child's environment; raise what its factory raised."""
         try:
+            await _readable(self._conn)
             kind, value, state = self._conn.recv()
         except (EOFError, OSError):
-            self._process.join(_CLOSE_WAIT)
+            await asyncio.to_thread(self._process.join, _CLOSE_WAIT)
+            self._conn.close()
             raise EnvProcessDied(f"the environment's process {self._ended()}") from None
+        except BaseException:
+            self.kill()
+            raise
         if kind == "error":
-            self._process.join(_CLOSE_WAIT)
+            await asyncio.to_thread(self._process.join, _CLOSE_WAIT)
+            self._conn.close()
             raise value
         self._state = state
+
+    def kill(self) -> None:
+        """Stop the child at once, whatever it is doing (nothing may wait on its pipe)."""
+        self.killed = self._dead = True
+        self._process.kill()
+        self._conn.close()
 
     async def reset(self, *args: Any, **kwargs: Any) -> Any:
         return await self._call("reset", args, kwargs)
@@ -95,6 +113,12 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
             self._dead = True
             await asyncio.to_thread(self._process.join, _CLOSE_WAIT)
             raise EnvProcessDied(f"the environment's process {self._ended()}") from None
+        except BaseException:
+            # Cancelled (a deadline, the session ending) with the call still running
+            # in the child: only killing the process stops it, and a child left
+            # running would answer this call when asked the next.
+            self.kill()
+            raise
         if kind == "error":
             raise value
         self._state = state
@@ -113,10 +137,22 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
 def isolated_factory(factory: Any) -> Any:
     """A factory of ``ProcessEnvironment`` proxies around ``factory``'s environments."""
 
-    def make() -> ProcessEnvironment:
-        return ProcessEnvironment(factory)
+    async def make() -> ProcessEnvironment:
+        starting = asyncio.ensure_future(asyncio.to_thread(ProcessEnvironment, factory))
+        try:
+            env = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(_kill_late)  # its thread starts the child regardless
+            raise
+        await env.ready()
+        return env
 
     return make
+
+
+def _kill_late(started: asyncio.Future[ProcessEnvironment]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        started.result().kill()
 
 
 async def _readable(conn: multiprocessing.connection.Connection) -> None:

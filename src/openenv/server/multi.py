@@ -101,6 +101,9 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
                 f"optionally in '/'-separated parts (e.g. 'ns/counter')"
             )
     apps = {name: spec.build() for name, spec in envs.items()}
+    for name, sub in apps.items():
+        # Not by the environment's name, which two of them may share: one cap each.
+        sub.state.openenv.board_name = name.replace("/", "+")
     # OpenReward's SDK reaches every environment from the root: /create, /call and
     # the rest name theirs in X-Deployment or as /{name}/call (server/openreward.py).
     bridge = OpenRewardBridge({name: sub.state.openenv for name, sub in apps.items()})

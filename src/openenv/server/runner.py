@@ -41,6 +41,8 @@ logger = logging.getLogger("openenv.server")
 _SHM = "/dev/shm"  # the board is a few KiB read on every admission: keep it in memory
 _STARTUP_FAILURE = 3  # uvicorn's exit code when the app's startup fails
 _CRASH_LOOP_SECONDS = 1.0
+_EXIT_GRACE = 10.0  # past shutdown_timeout: for aborts, lifespan and closes to finish
+_SHUTDOWN_TIMEOUT = 10.0  # ServerSettings' default, for apps the supervisor has not seen
 
 
 def uvicorn_config(
@@ -107,13 +109,23 @@ class GracefulServer(uvicorn.Server):
         self.supervised = supervised
         self.gc_threshold = gc_threshold
         self._restore_gc: Callable[[], None] | None = None
+        self._exit_deadline: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         # Once the app and its lifespan are up, so that what they made is frozen.
         self._restore_gc = tune_gc(self.gc_threshold)
 
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            super().run(sockets)
+        finally:
+            if self._exit_deadline is not None:
+                self._exit_deadline.cancel()  # stopped in time: the caller may go on
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._exit_deadline is None:
+            self._exit_deadline = _exit_deadline()
         if self.supervised:
             self.should_exit = True
             return
@@ -148,6 +160,30 @@ class GracefulServer(uvicorn.Server):
             *(service.drain() for service in list(LIVE_SERVICES) if loop in service.loops)
         )
         await super().shutdown(sockets)
+
+
+def _exit_deadline() -> threading.Timer:
+    """End the process if a shutdown overruns ``shutdown_timeout`` by ``_EXIT_GRACE``.
+
+    The drain keeps that deadline on the event loop, so an ``async def`` step
+    that blocks the loop for good would hold the process (and under
+    ``--workers`` its supervisor) for ever: only a thread can still act.
+    """
+    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
+    seconds += _EXIT_GRACE
+
+    def expire() -> None:
+        logger.error(
+            "the shutdown overran its %gs deadline: the event loop is blocked (see the "
+            "watchdog's warning) or a task would not end; exiting without it",
+            seconds,
+        )
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def serve(
@@ -200,17 +236,22 @@ def run_on_socket(
     workers: int = 1,
     app_dir: str | Path | None = None,
     gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
+    shutdown_timeout: float | None = None,
     **options: Any,
 ) -> None:
     """Serve on a socket the caller bound and listens on (``openenv serve`` does).
 
     ``workers > 1`` runs that many processes sharing one session cap, and
     replaces any that dies; ``reload=True`` restarts the app when its files change.
+    ``shutdown_timeout`` is the app's (default: openenv's, 10 s): a worker still
+    running ``_EXIT_GRACE`` twice past it after SIGTERM is killed.
     """
     if workers > 1:
         if not isinstance(app, str):
             raise ValueError("workers > 1 needs the app as an import string, e.g. 'server.app:app'")
-        _supervise(workers, app, app_dir, sock, {**options, "gc_threshold": gc_threshold})
+        kill_after = (shutdown_timeout or _SHUTDOWN_TIMEOUT) + 2 * _EXIT_GRACE
+        options = {**options, "gc_threshold": gc_threshold}
+        _supervise(workers, app, app_dir, sock, options, kill_after)
         return
     config = uvicorn_config(app, **options)
     server = GracefulServer(config, gc_threshold=gc_threshold)
@@ -230,17 +271,62 @@ def _worker(
     options = dict(options)
     gc_threshold = options.pop("gc_threshold", DEFAULT_GC_THRESHOLD)
     config = uvicorn_config(app, **options)
-    GracefulServer(config, supervised=True, gc_threshold=gc_threshold).run(sockets=[sock])
+    server = GracefulServer(config, supervised=True, gc_threshold=gc_threshold)
+    _drain_when_orphaned(server)
+    server.run(sockets=[sock])
+
+
+def _drain_when_orphaned(server: GracefulServer) -> None:
+    """Drain and stop ``server`` once the supervisor is gone, however it went.
+
+    A supervisor killed with SIGKILL (or by a signal before its handlers were
+    in place) cannot stop its workers: left alone they would serve on, holding
+    the port, with nobody to replace them or to stop them. The parent's
+    sentinel (a pipe multiprocessing keeps open in the parent) becomes ready
+    when the parent dies.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        logger.warning("the supervisor is gone; worker %s stops", os.getpid())
+        if server._exit_deadline is None:  # nobody else will stop it if the drain cannot
+            server._exit_deadline = _exit_deadline()
+        server.should_exit = True
+
+    threading.Thread(target=watch, name="openenv-orphan-watch", daemon=True).start()
+
+
+def _end_of(process: multiprocessing.process.BaseProcess) -> Any:
+    """What becomes ready when ``process`` ends: a pidfd where the kernel has them.
+
+    A process's sentinel is a pipe it holds open, and so does every child it
+    forks without exec (a multiprocessing pool in environment code, say): the
+    worker's death would go unseen, and it unreplaced, for as long as they live.
+    """
+    pid_open = getattr(os, "pidfd_open", None)
+    if pid_open is not None and process.pid is not None:
+        with contextlib.suppress(OSError):
+            fd: int = pid_open(process.pid)
+            return fd
+    return process.sentinel
 
 
 def _supervise(
-    workers: int, app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+    workers: int,
+    app: str,
+    app_dir: str | Path | None,
+    sock: socket.socket,
+    options: dict[str, Any],
+    kill_after: float,
 ) -> None:
     """Run ``workers`` processes on one socket sharing one session cap; replace any that dies.
 
     uvicorn's own ``Multiprocess`` supervisor would replace workers too, but it
     runs a plain ``uvicorn.Server`` in each, without openenv's drain; this loop
-    waits on the workers' sentinels, so a death is seen at once, not at the
+    waits on each worker's end (``_end_of``), so a death is seen at once, not at the
     next health-check tick.
     """
     context = multiprocessing.get_context("spawn")
@@ -255,24 +341,66 @@ def _supervise(
         process.start()
         return process
 
-    processes = [start() for _ in range(workers)]
-    born = {process.pid: time.monotonic() for process in processes}
+    processes: list[multiprocessing.process.BaseProcess] = []
+    born: dict[int | None, float] = {}
+
+    kill_at: float | None = None
+    # The loop below may be waiting without a timeout when a signal sets one:
+    # a byte down this pipe wakes it to start counting.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
 
     def stop(sig: int, frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, kill_at
         stopping = True
+        if kill_at is None:
+            kill_at = time.monotonic() + kill_after
+            with contextlib.suppress(OSError):
+                os.write(wake_w, b"\0")
         for process in processes:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
+    ends: dict[multiprocessing.process.BaseProcess, Any] = {}
+
+    def add(process: multiprocessing.process.BaseProcess) -> None:
+        ends[process] = _end_of(process)
+        processes.append(process)
+        born[process.pid] = time.monotonic()
+        if stopping and process.pid is not None:
+            # The signal came while it was being started, before ``stop`` could see it.
+            os.kill(process.pid, signal.SIGTERM)
+
+    # Handlers first: a signal between starting a worker and handling signals
+    # would end this process by default and leave that worker serving on.
     originals = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     failed = False
     try:
+        for _ in range(workers):
+            if not stopping:
+                add(start())
         while processes:
-            ended = multiprocessing.connection.wait([p.sentinel for p in processes])
-            for process in [p for p in processes if p.sentinel in ended]:
+            # A worker that cannot take its signal (C code holding the GIL) or
+            # keep its own deadline is killed past the supervisor's.
+            left = None if kill_at is None else max(kill_at - time.monotonic(), 0.0)
+            ended = multiprocessing.connection.wait([wake_r, *(ends[p] for p in processes)], left)
+            if wake_r in ended:
+                os.read(wake_r, 512)
+            if kill_at is not None and time.monotonic() >= kill_at:
+                for process in processes:
+                    if process.pid is not None and process.is_alive():
+                        logger.error(
+                            "worker %s did not stop within %gs of the signal; killing it",
+                            process.pid,
+                            kill_after,
+                        )
+                        os.kill(process.pid, signal.SIGKILL)
+                kill_at = None  # once; another signal arms it again
+            for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
+                if (end := ends.pop(process)) != process.sentinel:
+                    os.close(end)  # a pidfd of ours
                 if stopping:
                     continue
                 if process.exitcode == _STARTUP_FAILURE:
@@ -288,11 +416,19 @@ def _supervise(
                 if time.monotonic() - born.pop(process.pid, 0.0) < _CRASH_LOOP_SECONDS:
                     time.sleep(_CRASH_LOOP_SECONDS)  # dying at once: do not spin
                 if not stopping:
-                    processes.append(replacement := start())
-                    born[replacement.pid] = time.monotonic()
+                    add(start())
     finally:
         for sig, handler in originals.items():
             signal.signal(sig, handler)
+        for process in processes:  # only if this loop failed: stop what it started
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+            process.join()
+        for process, end in ends.items():
+            if end != process.sentinel:
+                os.close(end)
+        os.close(wake_r)
+        os.close(wake_w)
         sock.close()
         if previous is None:
             os.environ.pop(BOARD_VAR, None)

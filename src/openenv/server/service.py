@@ -128,6 +128,9 @@ class EnvService:
         # test's fixture and a test) share its cap, and each drains only its own.
         self._serving: dict[asyncio.AbstractEventLoop, bool] = {}
         self._board: SlotBoard | None = None
+        # Its board's name under `openenv serve --workers N`: one per environment of
+        # the server (a multi-environment app names each by its path).
+        self.board_name = str(self.metadata.name)
         self._restore_gc: Callable[[], None] = unchanged
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Served] = set()
@@ -175,7 +178,7 @@ class EnvService:
                 ErrorCode.CAPACITY_REACHED,
                 f"server at capacity ({self.registry.max_sessions} sessions); retry later",
                 CloseCode.TRY_AGAIN_LATER,
-                active_sessions=self.registry.active,
+                active_sessions=self.registry.totals()[0],  # every worker's, like the cap
                 max_sessions=self.registry.max_sessions,
             )
         elif gone is not None and gone():
@@ -292,7 +295,7 @@ class EnvService:
             if self.settings.record is not None:
                 self.recorder = Recorder(self.settings.record)
             # Under `openenv serve --workers N` every worker counts on one board: one cap.
-            self._board = SlotBoard.from_env(str(self.metadata.name))
+            self._board = SlotBoard.from_env(self.board_name)
             if self._board is not None:
                 self.registry.attach(self._board)
             LIVE_SERVICES.add(self)

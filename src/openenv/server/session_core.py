@@ -55,7 +55,7 @@ from openenv.environment import Environment
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server.calls import DeadlineExceeded
 from openenv.server.handoff import NotStarted
-from openenv.server.isolation import EnvProcessDied
+from openenv.server.isolation import EnvProcessDied, ProcessEnvironment
 from openenv.server.redact import failure_text
 from openenv.server.session_host import (
     EnvFailure,
@@ -422,15 +422,20 @@ class SessionCore:
         """The error for a call that raised ``exc`` or overran its deadline."""
         name, request_id = call.name, call.request_id
         if isinstance(exc, DeadlineExceeded):
-            if exc.stuck is not None:
-                # The thread cannot be stopped: end the session, and keep the slot
-                # (and the environment) until the thread returns.
+            killed = isinstance(self.env, ProcessEnvironment) and self.env.killed
+            if exc.stuck is not None or killed:
+                # A thread cannot be stopped: end the session, and keep the slot
+                # (and the environment) until the thread returns. An isolated call
+                # was stopped by killing its process: nothing is left to step.
                 self.stuck = exc.stuck
+                why = (
+                    "its process was killed" if killed else "a blocking call cannot be interrupted"
+                )
                 self.log.error("%s overran its %gs deadline; ending the session", name, exc.seconds)
                 return EnvFailure(
                     ErrorCode.TIMEOUT,
                     f"{name} did not return within {exc.seconds:g}s; the session is closed "
-                    f"because a blocking call cannot be interrupted",
+                    f"because {why}",
                     request_id,
                     fatal=True,
                 )

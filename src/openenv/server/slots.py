@@ -33,6 +33,7 @@ import json
 import mmap
 import os
 import re
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -216,6 +217,7 @@ class SlotBoard:
         self._memory = memory
         self._view = memoryview(memory).cast("q")
         self._peers: dict[int, int] = {}  # row -> an fd of its lock file, to test it
+        _JOINED.add(self)
 
     @classmethod
     def from_env(cls, app_name: str) -> SlotBoard | None:
@@ -226,14 +228,18 @@ class SlotBoard:
     @classmethod
     def join(cls, folder: str | Path, app_name: str) -> SlotBoard:
         """Claim a free row of ``app_name``'s board in ``folder`` (created if need be)."""
-        base = Path(folder) / re.sub(r"[^A-Za-z0-9_.-]", "_", app_name or "app")
+        base = Path(folder) / re.sub(r"[^A-Za-z0-9_.+-]", "_", app_name or "app")
         base.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(base / "board", os.O_RDWR | os.O_CREAT, 0o600)
         size = (_HIGH_WATER + 1) * 8
         with _locked(lock_fd):
             if os.fstat(lock_fd).st_size < size:
                 os.ftruncate(lock_fd, size)
-            memory = mmap.mmap(lock_fd, size)
+            # Mapped through a file of its own: mmap keeps a duplicate of the
+            # descriptor, which would otherwise share the board lock.
+            map_fd = os.open(base / "board", os.O_RDWR)
+            memory = mmap.mmap(map_fd, size)
+            os.close(map_fd)
             view = memoryview(memory).cast("q")
             for row in range(_ROWS):
                 row_fd = os.open(base / f"row-{row}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -309,11 +315,15 @@ class SlotBoard:
         with _locked(self._lock_fd):
             self._view[self.row * _WIDTH + _ACTIVE] = self._view[self.row * _WIDTH + _QUEUED] = 0
             _retire(self.folder, self.row)
+        self._close_fds()
+        self._view.release()
+        self._memory.close()
+
+    def _close_fds(self) -> None:
+        _JOINED.discard(self)
         for fd in (*self._peers.values(), self._row_fd, self._lock_fd):
             os.close(fd)
         self._peers.clear()
-        self._view.release()
-        self._memory.close()
 
     def _rows(self) -> range:
         return range(self._view[_HIGH_WATER])
@@ -343,6 +353,21 @@ class SlotBoard:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True
+
+
+_JOINED: weakref.WeakSet[SlotBoard] = weakref.WeakSet()
+
+
+def _forget_boards() -> None:
+    # A child forked by environment code (a multiprocessing pool, say) shares the
+    # open file of its worker's row lock, and so the lock itself: were it to keep
+    # it, a worker killed before that child ends would look alive, its slots
+    # counted for ever. The child has no use for the board.
+    for board in list(_JOINED):
+        board._close_fds()
+
+
+os.register_at_fork(after_in_child=_forget_boards)
 
 
 def _retire(folder: Path, row: int) -> None:

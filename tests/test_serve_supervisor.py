@@ -1,0 +1,385 @@
+"""``openenv serve --workers N``: one cap for the machine, and nothing left behind.
+
+Every test starts the real ``openenv`` script in a session of its own, so its
+workers (and multiprocessing's resource tracker) share its process group: the
+group emptying is what "nothing left behind" means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from cli_envs import write_env
+from test_cli_serve import (
+    OPENENV,
+    Ping,
+    eventually,
+    health,
+    how_it_ended,
+    open_session,
+    open_sessions,
+    serving,
+)
+
+from openenv import CapacityError, WebSocketEnvClient
+
+
+def group(pgid: int) -> set[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        state, _, fields_pgid = stat.rsplit(")", 1)[1].split()[:3]
+        if int(fields_pgid) == pgid and state != "Z":
+            members.add(int(entry))
+    return members
+
+
+def wait_until_empty(pgid: int, log: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while left := group(pgid):
+        if time.monotonic() > deadline:
+            commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[-80:] for pid in left}
+            raise AssertionError(f"left behind: {commands}\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever the test asserts, kill what it left so that later tests have the cores."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_as_the_first_worker_starts_stops_everything_and_exits_zero(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--port", "0", "--workers", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    with reaped(proc):
+        deadline = time.monotonic() + 60
+        while group(proc.pid) <= {proc.pid}:  # as soon as it has started a child
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        wait_until_empty(proc.pid, log)
+
+
+@pytest.mark.timeout(120)
+def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> list[str | int | None]:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        proc.kill()  # no handler runs: the workers must notice by themselves
+        try:
+            async with asyncio.timeout(60):
+                return list(await asyncio.gather(*(how_it_ended(c) for c, _ in held)))
+        except TimeoutError:
+            message = f"sessions went on without a supervisor\n{log.read_text()}"
+            raise AssertionError(message) from None
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        endings = asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+        address = urlsplit(url)
+        with pytest.raises(ConnectionRefusedError):  # nobody holds the port any more
+            socket.create_connection((address.hostname, address.port), timeout=5).close()
+    assert set(endings) <= {"server shutting down", 1001}, endings
+
+
+# Forks a child that outlives its worker, as a multiprocessing pool does (fork
+# is multiprocessing's default on Linux before Python 3.14).
+FORKING = """\
+import multiprocessing
+import time
+
+
+def make() -> PidEnvironment:
+    multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,)).start()
+    return PidEnvironment()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path: Path) -> None:
+    folder = write_env(tmp_path / "env", factory=FORKING)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 4)
+        try:
+            victim = held[0][1]
+            os.kill(victim, signal.SIGKILL)
+            others = [(client, pid) for client, pid in held if pid != victim]
+            await eventually(
+                lambda: (
+                    health(url).get("active_sessions") == len(others)
+                    and health(url).get("workers") == 2
+                ),
+                "the dead worker's slots stayed taken",
+                log,
+            )
+            held = others + await open_sessions(url, len(held) - len(others))
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+
+
+async def spread(url: str, held: list[tuple[WebSocketEnvClient, int]]) -> None:
+    """Move sessions (closing one, opening another) until both workers hold some."""
+    deadline = time.monotonic() + 30
+    while len({pid for _, pid in held}) < 2:
+        assert time.monotonic() < deadline, "every session kept landing on one worker"
+        client, _ = held.pop(0)
+        await client.close()
+        held.append((await open_sessions(url, 1))[0])
+
+
+@pytest.mark.timeout(120)
+def test_a_refusal_counts_every_workers_sessions_and_churn_frees_the_whole_cap(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env")
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 8)
+        try:
+            await spread(url, held)
+            extra = WebSocketEnvClient(url)
+            with pytest.raises(CapacityError) as refused:
+                await extra.reset()
+            await extra.close()
+            assert (refused.value.active_sessions, refused.value.max_sessions) == (8, 8)
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+        for _ in range(5):  # churn over both workers
+            held = await open_sessions(url, 8)
+            assert await open_session(url) is None
+            await asyncio.gather(*(client.close() for client, _ in held))
+        await eventually(lambda: health(url).get("active_sessions") == 0, "slots leaked", log)
+        held = await open_sessions(url, 8)  # the whole cap, again
+        await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "8") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+
+
+# An ``async def`` step that blocks the event loop for good: only a thread
+# can still see the shutdown's deadline pass.
+BLOCKING = """\
+import time
+from pathlib import Path
+
+
+class Stuck(PidEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Where:
+        (Path(__file__).parent / f"stepping-{os.getpid()}").touch()
+        while True:
+            time.sleep(3600)
+
+
+def make() -> Stuck:
+    return Stuck()
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_ends_a_server_whose_event_loop_is_blocked(tmp_path: Path, workers: str) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=BLOCKING, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == int(workers), "no workers", log)
+        (client, pid), *_ = await open_sessions(url, 1)
+        stepping = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 60)  # shutdown_timeout is 1 s: "at all"
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"SIGTERM did not end it\n{log.read_text()}") from None
+        await asyncio.gather(stepping, return_exceptions=True)
+        await client.close()
+
+    with serving(folder, "--workers", workers) as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+    assert "the shutdown overran its 11s deadline" in log.read_text()
+
+
+# C code that never returns and holds the GIL (a regular expression
+# backtracking for ever, say): neither a signal handler nor any other thread
+# of the worker runs again. Sleeping in C through PyDLL (which keeps the GIL)
+# is that, without burning a core.
+HOLDING_THE_GIL = """\
+import ctypes
+from pathlib import Path
+
+
+class Holding(PidEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Where:
+        (Path(__file__).parent / f"stepping-{os.getpid()}").touch()
+        while True:  # a signal may cut one sleep short
+            ctypes.PyDLL(None).sleep(3600)
+
+
+def make() -> Holding:
+    return Holding()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_supervisor_kills_workers_that_cannot_even_take_their_signal(tmp_path: Path) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=HOLDING_THE_GIL, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "no workers", log)
+        held = await open_sessions(url, 2)
+        await spread(url, held)
+        steps = [asyncio.ensure_future(client.step(Ping())) for client, _ in held]
+        for _, pid in held:  # both workers stuck: nothing else ends to wake the supervisor
+            await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert await asyncio.to_thread(proc.wait, 90) == 0
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"SIGTERM did not end it\n{log.read_text()}") from None
+        await asyncio.gather(*steps, return_exceptions=True)
+        await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+        wait_until_empty(proc.pid, log)
+    assert log.read_text().count("did not stop within 21s of the signal") == 2
+
+
+@pytest.mark.timeout(180)
+def test_an_orphaned_worker_whose_event_loop_is_blocked_still_ends(tmp_path: Path) -> None:
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=1"
+    folder = write_env(tmp_path / "env", factory=BLOCKING, config=config)
+    log = folder / "serve.log"
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "no workers", log)
+        (client, pid), *_ = await open_sessions(url, 1)
+        stepping = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        proc.kill()
+        await asyncio.to_thread(wait_until_empty, proc.pid, log, 90)
+        await asyncio.gather(stepping, return_exceptions=True)
+        await client.close()
+
+    with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url, proc))
+    assert "the shutdown overran its 11s deadline" in log.read_text()
+
+
+SERVING = re.compile(r"at (http://\S+) \(")
+
+# Two environments of one class (so of one name) behind one server.
+TWINS = """\
+import os
+from typing import Any
+
+from openenv import Action, ConcurrencyConfig, Environment, EnvSpec, Observation, State
+from openenv import create_multi_app
+
+
+class Ping(Action):
+    note: str = ""
+
+
+class Where(Observation):
+    pid: int
+
+
+class Twin(Environment[Ping, Where, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: Any = None, episode_id: Any = None, **kwargs: Any) -> Where:
+        return Where(pid=os.getpid())
+
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        return Where(pid=os.getpid(), reward=1.0)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+two = ConcurrencyConfig(max_concurrent_envs=2)
+app = create_multi_app({name: EnvSpec(Twin, Ping, Where, two) for name in ("easy", "hard")})
+"""
+
+
+@pytest.mark.timeout(120)
+def test_each_environment_of_a_multi_app_keeps_its_own_cap_across_workers(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", app=TWINS)
+    log, out = folder / "serve.log", folder / "serve.out"
+    with log.open("wb") as err, out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--port", "0", "--workers", "2"],
+            stdout=stdout,
+            stderr=err,
+            start_new_session=True,
+        )
+
+    async def scenario() -> None:
+        await eventually(lambda: SERVING.search(out.read_text()) is not None, "no url", log)
+        url = SERVING.search(out.read_text()).group(1)  # type: ignore[union-attr]
+        easy, hard = f"{url}/envs/easy", f"{url}/envs/hard"
+        await eventually(lambda: health(easy).get("workers") == 2, "no workers", log)
+        held = await open_sessions(easy, 2)
+        try:
+            assert await open_session(easy) is None  # easy is full
+            assert (health(easy)["active_sessions"], health(hard)["active_sessions"]) == (2, 0)
+            held += await open_sessions(hard, 2)  # hard is not
+            assert health(easy)["workers"] == 2
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with reaped(proc):
+        asyncio.run(scenario())
