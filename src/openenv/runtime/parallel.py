@@ -79,6 +79,7 @@ class ParallelizableAgent:
         self._passes_agent = _passes_agent(aggregate_func) if aggregate_func else False
         # Any session agent among them: each sub-agent plays its own episode.
         self.drives_session = any(is_session_agent(a) for a in named.values())
+        self._session: EpisodeSession | None = None  # set on the copy bound to an episode
 
     def __repr__(self) -> str:
         return f"ParallelizableAgent(name={self.name!r}, agents={list(self.agents)!r})"
@@ -89,10 +90,14 @@ class ParallelizableAgent:
         for key, agent in self.agents.items():
             for_episode = getattr(agent, "for_episode", None)
             bound[key] = await _maybe_await(for_episode(session)) if for_episode else agent
-        return self._with(bound)
+        bound_agent = self._with(bound)
+        bound_agent._session = session
+        return bound_agent
 
     async def act(self, observation: Any) -> Any:
-        outputs = await asyncio.gather(*(_call(a, observation) for a in self.agents.values()))
+        outputs = await asyncio.gather(
+            *(_call(a, observation, self._session) for a in self.agents.values())
+        )
         return await self._aggregate(dict(zip(self.agents, outputs, strict=True)))
 
     async def __call__(self, session: EpisodeSession) -> Any:
@@ -140,13 +145,15 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _call(agent: Any, observation: Any) -> Any:
+async def _call(agent: Any, observation: Any, session: EpisodeSession | None) -> Any:
     fn = agent.act if callable(getattr(agent, "act", None)) else agent
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an object with `async def __call__`
     ):
         return await fn(observation)
-    return await _maybe_await(await asyncio.to_thread(fn, observation))
+    if session is None:
+        return await _maybe_await(await asyncio.to_thread(fn, observation))
+    return await _maybe_await(await session.in_thread(fn, observation))
 
 
 def _name_agents(agents: Sequence[Any]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import contextlib
 import functools
 import time
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
 from openenv.client.pool import as_pool
@@ -25,6 +25,8 @@ from openenv.runtime.task import Task
 from openenv.types import Action
 
 __all__ = ["ClientPool", "Multiplexer"]
+
+_T = TypeVar("_T")
 
 _CLOSE_TIMEOUT = 5.0
 # Servers a new session may fail to reach before the error is the episode's.
@@ -51,6 +53,23 @@ class ClientPool:
                 max_workers=self.max_idle, thread_name_prefix="openenv-agent"
             )
         return self._threads
+
+    async def in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on one of ``threads``.
+
+        A call still running when its caller gives up (its task's timeout)
+        keeps its thread until it returns: from then on, calls go to fresh
+        threads, so those stuck ones never hold up another episode's call.
+        """
+        threads = self.threads
+        future = threads.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if not future.cancel() and not future.done() and threads is self._threads:
+                self._threads = None
+                threads.shutdown(wait=False)
+            raise
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
         """A connected session for ``task``, and whether it was used before."""

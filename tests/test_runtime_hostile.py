@@ -1,0 +1,83 @@
+"""Runners against agents that misbehave: each costs its own task, never the others'.
+
+An agent whose sync ``act()`` blocks past its task's timeout keeps its thread
+(Python cannot stop it), but no later episode may wait behind that thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any
+
+import pytest
+from runtime_agents import BlockingActor, Shouter
+
+from echo_env.models import EchoAction
+from echo_env.server.environment import EchoEnvironment
+from openenv.runtime import ParallelizableAgent, RunConfig, Runners, Task
+
+ENGINES = {
+    "local": {"worker_num": 1},
+    "processes": {"worker_num": 2},
+}
+# Generous: an echo episode takes milliseconds; the bound only ends a stalled test.
+SLACK = 30
+
+
+def echo_task(task_id: str, agent: Any, **options: Any) -> Task:
+    env = functools.partial(EchoEnvironment, max_steps=3)
+    return Task(id=task_id, env=env, agent=agent, **options)
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_a_sync_act_stuck_past_its_timeout_holds_up_no_later_episode(name: str) -> None:
+    # One slot, one thread: the blocker's. Later act() calls must get a thread
+    # of their own, not queue behind it. (In order, so that on processes they
+    # all follow the blocker on its one worker.)
+    tasks = [
+        echo_task("blocker", BlockingActor(), timeout=0.5),
+        *(echo_task(f"t{i}", Shouter(), timeout=SLACK) for i in range(6)),
+    ]
+    config = RunConfig(**ENGINES[name], max_concurrency=1, sequence_dependent=True, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["timeout"] + ["ok"] * 6, [r.error for r in results]
+
+
+class HeldActor:
+    """A sync ``act()`` that blocks its thread until the test releases it."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def act(self, observation: Any) -> EchoAction:
+        self.release.wait(4 * SLACK)  # past the other tasks' timeout
+        return EchoAction(message="late")
+
+
+def only(results: dict[str, Any]) -> Any:
+    (action,) = results.values()
+    return action
+
+
+def test_sync_sub_agents_stuck_past_their_timeout_hold_up_no_later_episode() -> None:
+    # More stuck sub-agents than a loop's default executor has threads.
+    stuck = min(32, (os.cpu_count() or 1) + 4)
+    release = threading.Event()
+    try:
+        tasks = [
+            *(
+                echo_task(f"b{i}", ParallelizableAgent([HeldActor(release)], only), timeout=0.2)
+                for i in range(stuck)
+            ),
+            *(
+                echo_task(f"t{i}", ParallelizableAgent([Shouter()], only), timeout=SLACK)
+                for i in range(3)
+            ),
+        ]
+        results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=1, progress=False))
+    finally:
+        release.set()
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] * stuck + ["ok"] * 3, [r.error for r in results]
