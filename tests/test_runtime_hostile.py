@@ -1,22 +1,25 @@
 """Runners against agents that misbehave: each costs its own task, never the others'.
 
 An agent whose sync ``act()`` blocks past its task's timeout keeps its thread
-(Python cannot stop it), but no later episode may wait behind that thread.
+(Python cannot stop it), but no later episode may wait behind that thread; an
+agent that calls ``sys.exit()`` is that task's error, not the end of the run
+or of a worker.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Shouter
+from runtime_agents import BlockingActor, Shouter, echo_agent
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
-from openenv.runtime import ParallelizableAgent, RunConfig, Runners, Task
+from openenv.runtime import EpisodeSession, ParallelizableAgent, RunConfig, Runners, Task
 
 ENGINES = {
     "local": {"worker_num": 1},
@@ -81,3 +84,26 @@ def test_sync_sub_agents_stuck_past_their_timeout_hold_up_no_later_episode() -> 
         release.set()
     statuses = [r.status.value for r in results]
     assert statuses == ["timeout"] * stuck + ["ok"] * 3, [r.error for r in results]
+
+
+async def exiting_agent(session: EpisodeSession) -> None:
+    await session.reset()
+    sys.exit("the agent quit")
+
+
+class ExitingActor:
+    def act(self, observation: Any) -> EchoAction:
+        raise SystemExit(4)
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+@pytest.mark.parametrize("agent", [exiting_agent, ExitingActor()], ids=["async", "act"])
+def test_an_agent_calling_sys_exit_fails_alone(name: str, agent: Any) -> None:
+    tasks = [echo_task("quitter", agent), *(echo_task(f"t{i}", echo_agent) for i in range(3))]
+    config = RunConfig(**ENGINES[name], max_concurrency=2, retry_backoff=0.01, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "SystemExit"
+    assert results[0].attempts == 1  # its own failure: not retried, no worker lost
