@@ -1,7 +1,8 @@
-"""Runners against agents that misbehave: each costs its own task, never the others'.
+"""Runners against agents and environments that misbehave: each costs its own task only.
 
-An agent whose sync ``act()`` blocks past its task's timeout keeps its thread
-(Python cannot stop it), but no later episode may wait behind that thread; an
+An agent whose sync ``act()``, or an in-process environment whose ``def``
+method, blocks past its task's timeout keeps its thread (Python cannot stop
+it), but no later episode may wait behind that thread; an
 agent that calls ``sys.exit()`` is that task's error, not the end of the run
 or of a worker.
 """
@@ -84,6 +85,31 @@ def test_sync_sub_agents_stuck_past_their_timeout_hold_up_no_later_episode() -> 
         release.set()
     statuses = [r.status.value for r in results]
     assert statuses == ["timeout"] * stuck + ["ok"] * 3, [r.error for r in results]
+
+
+class StuckEcho(EchoEnvironment):
+    """An environment whose ``def step`` blocks its thread until the test releases it."""
+
+    release = threading.Event()
+
+    def step(self, action: EchoAction) -> Any:
+        self.release.wait(4 * SLACK)
+        return super().step(action)
+
+
+def test_in_process_environments_stuck_past_their_timeout_hold_up_no_later_episode() -> None:
+    # More stuck steps than the old pool of environment threads had
+    # (max_concurrency + 4): then no later environment could even be made.
+    tasks = [
+        *(Task(id=f"b{i}", env=StuckEcho, agent=echo_agent, timeout=0.2) for i in range(6)),
+        *(echo_task(f"t{i}", echo_agent, timeout=SLACK) for i in range(3)),
+    ]
+    try:
+        results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=1, progress=False))
+    finally:
+        StuckEcho.release.set()
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] * 6 + ["ok"] * 3, [r.error for r in results]
 
 
 async def exiting_agent(session: EpisodeSession) -> None:

@@ -21,6 +21,7 @@ fetch the action schema and seed its generator).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -108,4 +109,5 @@ async def _call_act(agent: Any, observation: Any, session: EpisodeSession) -> An
     act = agent.act
     if inspect.iscoroutinefunction(act) or getattr(agent, "quick_act", False):
         return await _maybe_await(act(observation))
-    return await _maybe_await(await session.in_thread(act, observation))
+    loop = asyncio.get_running_loop()
+    return await _maybe_await(await loop.run_in_executor(session.threads, act, observation))

@@ -151,9 +151,11 @@ async def _call(agent: Any, observation: Any, session: EpisodeSession | None) ->
         getattr(fn, "__call__", None)  # noqa: B004 - an object with `async def __call__`
     ):
         return await fn(observation)
-    if session is None:
-        return await _maybe_await(await asyncio.to_thread(fn, observation))
-    return await _maybe_await(await session.in_thread(fn, observation))
+    # The run's threads: a loop's default executor has a few, which sub-agents
+    # stuck past their task's timeout would use up.
+    threads = session.threads if session is not None else None
+    loop = asyncio.get_running_loop()
+    return await _maybe_await(await loop.run_in_executor(threads, fn, observation))
 
 
 def _name_agents(agents: Sequence[Any]) -> dict[str, Any]:

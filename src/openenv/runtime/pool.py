@@ -12,9 +12,9 @@ import contextlib
 import functools
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
 from openenv.client.pool import as_pool
@@ -26,9 +26,13 @@ from openenv.types import Action
 
 __all__ = ["ClientPool", "Multiplexer"]
 
-_T = TypeVar("_T")
-
 _CLOSE_TIMEOUT = 5.0
+# A thread pool starts a thread only when none is idle, so its threads number
+# the calls in flight (at most an episode's worth each), plus any left running
+# past their task's timeout: Python cannot stop those, and with a bound near
+# the episodes in flight later calls would queue behind them. So the bound is
+# far past that, only a guard against runaway.
+_MAX_THREADS = 4096
 # Servers a new session may fail to reach before the error is the episode's.
 _PLACE_ATTEMPTS = 8
 
@@ -47,29 +51,10 @@ class ClientPool:
 
     @property
     def threads(self) -> ThreadPoolExecutor:
-        """Threads for agents' sync ``act()``: one per episode in flight, made on first use."""
+        """Threads for agents' sync ``act()``, made as they are needed."""
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(
-                max_workers=self.max_idle, thread_name_prefix="openenv-agent"
-            )
+            self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="openenv-agent")
         return self._threads
-
-    async def in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """``fn(*args)`` on one of ``threads``.
-
-        A call still running when its caller gives up (its task's timeout)
-        keeps its thread until it returns: from then on, calls go to fresh
-        threads, so those stuck ones never hold up another episode's call.
-        """
-        threads = self.threads
-        future = threads.submit(fn, *args)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            if not future.cancel() and not future.done() and threads is self._threads:
-                self._threads = None
-                threads.shutdown(wait=False)
-            raise
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
         """A connected session for ``task``, and whether it was used before."""
@@ -159,7 +144,7 @@ class ClientPool:
             return (task.client_cls or WebSocketEnvClient)(task.env)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
-                max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
+                _MAX_THREADS, thread_name_prefix="openenv-inprocess"
             )
         return InProcessClient(task.env, self._executor)
 

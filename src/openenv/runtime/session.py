@@ -7,9 +7,9 @@ import contextlib
 import json
 import urllib.request
 import warnings
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
 from openenv.client._base import auth_headers
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from openenv.runtime.task import Task, TaskResult
 
 __all__ = ["EpisodeSession", "SessionClient", "fetch_schema"]
-
-_T = TypeVar("_T")
 
 
 class SessionClient(Protocol):
@@ -106,13 +104,6 @@ class EpisodeSession:
     def threads(self) -> Executor | None:
         """Where a sync ``act()`` runs (``None``: the loop's default executor)."""
         return self._pool.threads if self._pool is not None else None
-
-    async def in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """``fn(*args)`` in a thread (a sync ``act()``); one that outlives its
-        task's timeout holds up no other episode's call."""
-        if self._pool is None:
-            return await asyncio.to_thread(fn, *args)
-        return await self._pool.in_thread(fn, *args)
 
     @contextlib.asynccontextmanager
     async def fork(self) -> AsyncIterator[EpisodeSession]:
