@@ -133,3 +133,32 @@ def test_an_agent_calling_sys_exit_fails_alone(name: str, agent: Any) -> None:
     assert error is not None
     assert error.type == "SystemExit"
     assert results[0].attempts == 1  # its own failure: not retried, no worker lost
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+async def unprintable_agent(session: EpisodeSession) -> None:
+    await session.reset()
+    raise Unprintable
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_an_exception_that_cannot_be_printed_fails_its_task_alone(name: str) -> None:
+    # It aborted the in-process run, and left its task without a result on
+    # worker processes (the run waited for it for ever).
+    tasks = [
+        echo_task("odd", unprintable_agent),
+        *(echo_task(f"t{i}", echo_agent) for i in range(3)),
+    ]
+    config = RunConfig(**ENGINES[name], max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "Unprintable"
+    assert "str() of the exception failed" in error.message
