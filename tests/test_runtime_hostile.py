@@ -9,6 +9,7 @@ or of a worker.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import sys
@@ -162,3 +163,46 @@ def test_an_exception_that_cannot_be_printed_fails_its_task_alone(name: str) -> 
     assert error is not None
     assert error.type == "Unprintable"
     assert "str() of the exception failed" in error.message
+
+
+@pytest.mark.parametrize("mode", ["session", "observation"])
+async def test_a_failing_sub_agent_stops_its_siblings_before_its_task_ends(mode: str) -> None:
+    # asyncio.gather left the sibling running past its task's result, holding
+    # its session (and, in a worker process kept for the next run, its slot).
+    events: list[str] = []
+    sibling_waits = asyncio.Event()
+
+    async def linger() -> None:
+        events.append("started")
+        sibling_waits.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+
+    async def fail() -> None:
+        await sibling_waits.wait()
+        raise ValueError("this sub-agent gave up")
+
+    async def lingers(session: EpisodeSession) -> None:
+        await session.reset()
+        await linger()
+
+    async def fails(session: EpisodeSession) -> None:
+        await session.reset()
+        await fail()
+
+    async def lingers_on(observation: Any) -> None:
+        await linger()
+
+    async def fails_on(observation: Any) -> None:
+        await fail()
+
+    pair = {"session": (lingers, fails), "observation": (lingers_on, fails_on)}[mode]
+    agent = ParallelizableAgent(dict(zip(["lingers", "fails"], pair, strict=True)))
+    config = RunConfig(progress=False)
+    (result,) = await Runners.run_task([echo_task("t0", agent)], config)
+    assert result.error is not None
+    assert (result.error.type, result.error.message) == ("ValueError", "this sub-agent gave up")
+    assert events == ["started", "cancelled"]

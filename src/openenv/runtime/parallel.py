@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from openenv.runtime.agents import drive, is_session_agent
@@ -95,9 +95,7 @@ class ParallelizableAgent:
         return bound_agent
 
     async def act(self, observation: Any) -> Any:
-        outputs = await asyncio.gather(
-            *(_call(a, observation, self._session) for a in self.agents.values())
-        )
+        outputs = await _all([_call(a, observation, self._session) for a in self.agents.values()])
         return await self._aggregate(dict(zip(self.agents, outputs, strict=True)))
 
     async def __call__(self, session: EpisodeSession) -> Any:
@@ -107,7 +105,7 @@ class ParallelizableAgent:
             async with session.fork() as own:
                 return await drive(agent, own)
 
-        outputs = await asyncio.gather(*(play(a) for a in self.agents.values()))
+        outputs = await _all([play(a) for a in self.agents.values()])
         return await self._aggregate(dict(zip(self.agents, outputs, strict=True)))
 
     async def _aggregate(self, results: dict[str, Any]) -> Any:
@@ -119,6 +117,19 @@ class ParallelizableAgent:
 
     def _with(self, agents: dict[str, Any]) -> ParallelizableAgent:
         return ParallelizableAgent(agents, self.aggregate_func, name=self.name)
+
+
+async def _all(calls: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Their results; when one fails, the others are cancelled (gather leaves them
+    running, past their task's end, holding their sessions) before it is raised."""
+    running = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*running)
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
 
 
 def _passes_agent(func: Callable[..., Any]) -> bool:
