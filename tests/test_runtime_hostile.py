@@ -27,8 +27,20 @@ ENGINES = {
     "local": {"worker_num": 1},
     "processes": {"worker_num": 2},
 }
+EVERY = {
+    **ENGINES,
+    "ray": {"engine_name": "ray", "worker_num": 2},
+    "spark": {"engine_name": "spark", "worker_num": 2},
+}
 # Generous: an echo episode takes milliseconds; the bound only ends a stalled test.
 SLACK = 30
+
+
+def engine(request: pytest.FixtureRequest, name: str) -> dict[str, Any]:
+    """The engine's options; a Ray cluster or Spark context started for it."""
+    if name in ("ray", "spark"):
+        request.getfixturevalue("ray_cluster" if name == "ray" else "spark_context")
+    return EVERY[name]
 
 
 def echo_task(task_id: str, agent: Any, **options: Any) -> Task:
@@ -123,11 +135,14 @@ class ExitingActor:
         raise SystemExit(4)
 
 
-@pytest.mark.parametrize("name", list(ENGINES))
+@pytest.mark.parametrize("name", list(EVERY))
 @pytest.mark.parametrize("agent", [exiting_agent, ExitingActor()], ids=["async", "act"])
-def test_an_agent_calling_sys_exit_fails_alone(name: str, agent: Any) -> None:
+def test_an_agent_calling_sys_exit_fails_alone(
+    request: pytest.FixtureRequest, name: str, agent: Any
+) -> None:
     tasks = [echo_task("quitter", agent), *(echo_task(f"t{i}", echo_agent) for i in range(3))]
-    config = RunConfig(**ENGINES[name], max_concurrency=2, retry_backoff=0.01, progress=False)
+    options = engine(request, name)
+    config = RunConfig(**options, max_concurrency=2, retry_backoff=0.01, progress=False)
     results = Runners.sync_run_task(tasks, config)
     assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
     error = results[0].error
@@ -148,15 +163,17 @@ async def unprintable_agent(session: EpisodeSession) -> None:
     raise Unprintable
 
 
-@pytest.mark.parametrize("name", list(ENGINES))
-def test_an_exception_that_cannot_be_printed_fails_its_task_alone(name: str) -> None:
+@pytest.mark.parametrize("name", list(EVERY))
+def test_an_exception_that_cannot_be_printed_fails_its_task_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
     # It aborted the in-process run, and left its task without a result on
     # worker processes (the run waited for it for ever).
     tasks = [
         echo_task("odd", unprintable_agent),
         *(echo_task(f"t{i}", echo_agent) for i in range(3)),
     ]
-    config = RunConfig(**ENGINES[name], max_concurrency=2, progress=False)
+    config = RunConfig(**engine(request, name), max_concurrency=2, progress=False)
     results = Runners.sync_run_task(tasks, config)
     assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
     error = results[0].error
