@@ -120,7 +120,9 @@ async def run_one(
         if not deadline.expired():  # the agent's own TimeoutError, not the deadline
             return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
         return attempts.result(task, TaskStatus.TIMEOUT, error=timeout_error(task, limit))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
+        # SystemExit too (an agent's or its library's sys.exit()): it is the
+        # task's failure; raised on, it would end the run, or kill the worker.
         return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
     return attempts.result(task, TaskStatus.OK, value=value)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from openenv.runtime.agents import drive, is_session_agent
@@ -79,6 +79,7 @@ class ParallelizableAgent:
         self._passes_agent = _passes_agent(aggregate_func) if aggregate_func else False
         # Any session agent among them: each sub-agent plays its own episode.
         self.drives_session = any(is_session_agent(a) for a in named.values())
+        self._session: EpisodeSession | None = None  # set on the copy bound to an episode
 
     def __repr__(self) -> str:
         return f"ParallelizableAgent(name={self.name!r}, agents={list(self.agents)!r})"
@@ -89,10 +90,12 @@ class ParallelizableAgent:
         for key, agent in self.agents.items():
             for_episode = getattr(agent, "for_episode", None)
             bound[key] = await _maybe_await(for_episode(session)) if for_episode else agent
-        return self._with(bound)
+        bound_agent = self._with(bound)
+        bound_agent._session = session
+        return bound_agent
 
     async def act(self, observation: Any) -> Any:
-        outputs = await asyncio.gather(*(_call(a, observation) for a in self.agents.values()))
+        outputs = await _all([_call(a, observation, self._session) for a in self.agents.values()])
         return await self._aggregate(dict(zip(self.agents, outputs, strict=True)))
 
     async def __call__(self, session: EpisodeSession) -> Any:
@@ -102,7 +105,7 @@ class ParallelizableAgent:
             async with session.fork() as own:
                 return await drive(agent, own)
 
-        outputs = await asyncio.gather(*(play(a) for a in self.agents.values()))
+        outputs = await _all([play(a) for a in self.agents.values()])
         return await self._aggregate(dict(zip(self.agents, outputs, strict=True)))
 
     async def _aggregate(self, results: dict[str, Any]) -> Any:
@@ -114,6 +117,19 @@ class ParallelizableAgent:
 
     def _with(self, agents: dict[str, Any]) -> ParallelizableAgent:
         return ParallelizableAgent(agents, self.aggregate_func, name=self.name)
+
+
+async def _all(calls: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Their results; when one fails, the others are cancelled (gather leaves them
+    running, past their task's end, holding their sessions) before it is raised."""
+    running = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*running)
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
 
 
 def _passes_agent(func: Callable[..., Any]) -> bool:
@@ -140,13 +156,17 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _call(agent: Any, observation: Any) -> Any:
+async def _call(agent: Any, observation: Any, session: EpisodeSession | None) -> Any:
     fn = agent.act if callable(getattr(agent, "act", None)) else agent
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an object with `async def __call__`
     ):
         return await fn(observation)
-    return await _maybe_await(await asyncio.to_thread(fn, observation))
+    # The run's threads: a loop's default executor has a few, which sub-agents
+    # stuck past their task's timeout would use up.
+    threads = session.threads if session is not None else None
+    loop = asyncio.get_running_loop()
+    return await _maybe_await(await loop.run_in_executor(threads, fn, observation))
 
 
 def _name_agents(agents: Sequence[Any]) -> dict[str, Any]:

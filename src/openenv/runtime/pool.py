@@ -27,6 +27,12 @@ from openenv.types import Action
 __all__ = ["ClientPool", "Multiplexer"]
 
 _CLOSE_TIMEOUT = 5.0
+# A thread pool starts a thread only when none is idle, so its threads number
+# the calls in flight (at most an episode's worth each), plus any left running
+# past their task's timeout: Python cannot stop those, and with a bound near
+# the episodes in flight later calls would queue behind them. So the bound is
+# far past that, only a guard against runaway.
+_MAX_THREADS = 4096
 # Servers a new session may fail to reach before the error is the episode's.
 _PLACE_ATTEMPTS = 8
 
@@ -45,11 +51,9 @@ class ClientPool:
 
     @property
     def threads(self) -> ThreadPoolExecutor:
-        """Threads for agents' sync ``act()``: one per episode in flight, made on first use."""
+        """Threads for agents' sync ``act()``, made as they are needed."""
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(
-                max_workers=self.max_idle, thread_name_prefix="openenv-agent"
-            )
+            self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="openenv-agent")
         return self._threads
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
@@ -140,7 +144,7 @@ class ClientPool:
             return (task.client_cls or WebSocketEnvClient)(task.env)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
-                max_workers=min(64, self.max_idle + 4), thread_name_prefix="openenv-inprocess"
+                _MAX_THREADS, thread_name_prefix="openenv-inprocess"
             )
         return InProcessClient(task.env, self._executor)
 

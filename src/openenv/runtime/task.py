@@ -136,10 +136,19 @@ class TaskError:
     @classmethod
     def from_exception(cls, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(exc))
-        return cls(type=type(exc).__name__, message=str(exc), traceback=text)
+        return cls(type=type(exc).__name__, message=_message(exc), traceback=text)
 
     def describe(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
+
+
+def _message(exc: BaseException) -> str:
+    # An agent's exception is anything at all, its __str__ included: one that
+    # raises must still leave its task a result.
+    try:
+        return str(exc)
+    except Exception as failure:
+        return f"<str() of the exception failed: {type(failure).__name__}>"
 
 
 @dataclass(frozen=True)

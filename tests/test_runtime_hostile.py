@@ -1,0 +1,225 @@
+"""Runners against agents and environments that misbehave: each costs its own task only.
+
+An agent whose sync ``act()``, or an in-process environment whose ``def``
+method, blocks past its task's timeout keeps its thread (Python cannot stop
+it), but no later episode may wait behind that thread; an
+agent that calls ``sys.exit()`` is that task's error, not the end of the run
+or of a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+import threading
+from typing import Any
+
+import pytest
+from runtime_agents import BlockingActor, Shouter, echo_agent
+
+from echo_env.models import EchoAction
+from echo_env.server.environment import EchoEnvironment
+from openenv.runtime import EpisodeSession, ParallelizableAgent, RunConfig, Runners, Task
+
+ENGINES = {
+    "local": {"worker_num": 1},
+    "processes": {"worker_num": 2},
+}
+EVERY = {
+    **ENGINES,
+    "ray": {"engine_name": "ray", "worker_num": 2},
+    "spark": {"engine_name": "spark", "worker_num": 2},
+}
+# Generous: an echo episode takes milliseconds; the bound only ends a stalled test.
+SLACK = 30
+
+
+def engine(request: pytest.FixtureRequest, name: str) -> dict[str, Any]:
+    """The engine's options; a Ray cluster or Spark context started for it."""
+    if name in ("ray", "spark"):
+        request.getfixturevalue("ray_cluster" if name == "ray" else "spark_context")
+    return EVERY[name]
+
+
+def echo_task(task_id: str, agent: Any, **options: Any) -> Task:
+    env = functools.partial(EchoEnvironment, max_steps=3)
+    return Task(id=task_id, env=env, agent=agent, **options)
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_a_sync_act_stuck_past_its_timeout_holds_up_no_later_episode(name: str) -> None:
+    # One slot, one thread: the blocker's. Later act() calls must get a thread
+    # of their own, not queue behind it. (In order, so that on processes they
+    # all follow the blocker on its one worker.)
+    tasks = [
+        echo_task("blocker", BlockingActor(), timeout=0.5),
+        *(echo_task(f"t{i}", Shouter(), timeout=SLACK) for i in range(6)),
+    ]
+    config = RunConfig(**ENGINES[name], max_concurrency=1, sequence_dependent=True, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["timeout"] + ["ok"] * 6, [r.error for r in results]
+
+
+class HeldActor:
+    """A sync ``act()`` that blocks its thread until the test releases it."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def act(self, observation: Any) -> EchoAction:
+        self.release.wait(4 * SLACK)  # past the other tasks' timeout
+        return EchoAction(message="late")
+
+
+def only(results: dict[str, Any]) -> Any:
+    (action,) = results.values()
+    return action
+
+
+def test_sync_sub_agents_stuck_past_their_timeout_hold_up_no_later_episode() -> None:
+    # More stuck sub-agents than a loop's default executor has threads.
+    stuck = min(32, (os.cpu_count() or 1) + 4)
+    release = threading.Event()
+    try:
+        tasks = [
+            *(
+                echo_task(f"b{i}", ParallelizableAgent([HeldActor(release)], only), timeout=0.2)
+                for i in range(stuck)
+            ),
+            *(
+                echo_task(f"t{i}", ParallelizableAgent([Shouter()], only), timeout=SLACK)
+                for i in range(3)
+            ),
+        ]
+        results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=1, progress=False))
+    finally:
+        release.set()
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] * stuck + ["ok"] * 3, [r.error for r in results]
+
+
+class StuckEcho(EchoEnvironment):
+    """An environment whose ``def step`` blocks its thread until the test releases it."""
+
+    release = threading.Event()
+
+    def step(self, action: EchoAction) -> Any:
+        self.release.wait(4 * SLACK)
+        return super().step(action)
+
+
+def test_in_process_environments_stuck_past_their_timeout_hold_up_no_later_episode() -> None:
+    # More stuck steps than the old pool of environment threads had
+    # (max_concurrency + 4): then no later environment could even be made.
+    tasks = [
+        *(Task(id=f"b{i}", env=StuckEcho, agent=echo_agent, timeout=0.2) for i in range(6)),
+        *(echo_task(f"t{i}", echo_agent, timeout=SLACK) for i in range(3)),
+    ]
+    try:
+        results = Runners.sync_run_task(tasks, RunConfig(max_concurrency=1, progress=False))
+    finally:
+        StuckEcho.release.set()
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] * 6 + ["ok"] * 3, [r.error for r in results]
+
+
+async def exiting_agent(session: EpisodeSession) -> None:
+    await session.reset()
+    sys.exit("the agent quit")
+
+
+class ExitingActor:
+    def act(self, observation: Any) -> EchoAction:
+        raise SystemExit(4)
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+@pytest.mark.parametrize("agent", [exiting_agent, ExitingActor()], ids=["async", "act"])
+def test_an_agent_calling_sys_exit_fails_alone(
+    request: pytest.FixtureRequest, name: str, agent: Any
+) -> None:
+    tasks = [echo_task("quitter", agent), *(echo_task(f"t{i}", echo_agent) for i in range(3))]
+    options = engine(request, name)
+    config = RunConfig(**options, max_concurrency=2, retry_backoff=0.01, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "SystemExit"
+    assert results[0].attempts == 1  # its own failure: not retried, no worker lost
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+async def unprintable_agent(session: EpisodeSession) -> None:
+    await session.reset()
+    raise Unprintable
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+def test_an_exception_that_cannot_be_printed_fails_its_task_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    # It aborted the in-process run, and left its task without a result on
+    # worker processes (the run waited for it for ever).
+    tasks = [
+        echo_task("odd", unprintable_agent),
+        *(echo_task(f"t{i}", echo_agent) for i in range(3)),
+    ]
+    config = RunConfig(**engine(request, name), max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "Unprintable"
+    assert "str() of the exception failed" in error.message
+
+
+@pytest.mark.parametrize("mode", ["session", "observation"])
+async def test_a_failing_sub_agent_stops_its_siblings_before_its_task_ends(mode: str) -> None:
+    # asyncio.gather left the sibling running past its task's result, holding
+    # its session (and, in a worker process kept for the next run, its slot).
+    events: list[str] = []
+    sibling_waits = asyncio.Event()
+
+    async def linger() -> None:
+        events.append("started")
+        sibling_waits.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+
+    async def fail() -> None:
+        await sibling_waits.wait()
+        raise ValueError("this sub-agent gave up")
+
+    async def lingers(session: EpisodeSession) -> None:
+        await session.reset()
+        await linger()
+
+    async def fails(session: EpisodeSession) -> None:
+        await session.reset()
+        await fail()
+
+    async def lingers_on(observation: Any) -> None:
+        await linger()
+
+    async def fails_on(observation: Any) -> None:
+        await fail()
+
+    pair = {"session": (lingers, fails), "observation": (lingers_on, fails_on)}[mode]
+    agent = ParallelizableAgent(dict(zip(["lingers", "fails"], pair, strict=True)))
+    config = RunConfig(progress=False)
+    (result,) = await Runners.run_task([echo_task("t0", agent)], config)
+    assert result.error is not None
+    assert (result.error.type, result.error.message) == ("ValueError", "this sub-agent gave up")
+    assert events == ["started", "cancelled"]
