@@ -114,8 +114,10 @@ class EpisodeSession:
         """
         if self._pool is None:
             raise RuntimeError("this session was not opened by the runtime; it cannot fork")
-        client, _ = await self._pool.acquire(self.task, fresh=True)
+        # Numbered as forked, not as their sessions open (in any order, in threads
+        # for an in-process environment): fork-1 is the first sub-agent's.
         record = self.record.fork() if self.record is not None else None
+        client, _ = await self._pool.acquire(self.task, fresh=True)
         own = EpisodeSession(self.task, client, self.previous, self._pool, record)
         reason = "ok"
         try:
