@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from cli_envs import write_env
+from dockerfiles import stop
 from test_cli_serve import (
     OPENENV,
     Ping,
@@ -62,10 +63,13 @@ def wait_until_empty(pgid: int, log: Path, seconds: float = 30) -> None:
 
 @contextlib.contextmanager
 def reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Whatever the test asserts, kill what it left so that later tests have the cores."""
+    """Whatever the test asserts, end what it left so that later tests have the cores:
+    gracefully first (a supervisor killed outright leaves its board in /dev/shm),
+    then anything still in its process group."""
     try:
         yield
     finally:
+        stop(proc, signal.SIGINT)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -123,11 +127,20 @@ def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) ->
 # is multiprocessing's default on Linux before Python 3.14).
 FORKING = """\
 import multiprocessing
+import signal
 import time
 
 
+def sleep() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the server's handler it inherited
+    time.sleep(600)
+
+
 def make() -> PidEnvironment:
-    multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,)).start()
+    # Daemonic: a worker that stops cleanly ends it; a killed one leaves it running,
+    # holding what it inherited.
+    child = multiprocessing.get_context("fork").Process(target=sleep, daemon=True)
+    child.start()
     return PidEnvironment()
 """
 
