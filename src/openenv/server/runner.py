@@ -29,6 +29,7 @@ from typing import Any
 
 import uvicorn
 
+from openenv.server.config import ServerSettings
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.protocols import default_protocols
 from openenv.server.service import LIVE_SERVICES
@@ -42,7 +43,8 @@ _SHM = "/dev/shm"  # the board is a few KiB read on every admission: keep it in 
 _STARTUP_FAILURE = 3  # uvicorn's exit code when the app's startup fails
 _CRASH_LOOP_SECONDS = 1.0
 _EXIT_GRACE = 10.0  # past shutdown_timeout: for aborts, lifespan and closes to finish
-_SHUTDOWN_TIMEOUT = 10.0  # ServerSettings' default, for apps the supervisor has not seen
+# For apps the supervisor has not seen: ServerSettings' own default.
+_SHUTDOWN_TIMEOUT: float = ServerSettings.model_fields["shutdown_timeout"].default
 
 
 def uvicorn_config(
