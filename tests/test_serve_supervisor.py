@@ -64,8 +64,7 @@ def wait_until_empty(pgid: int, log: Path, seconds: float = 30) -> None:
 @contextlib.contextmanager
 def reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
     """Whatever the test asserts, end what it left so that later tests have the cores:
-    gracefully first (a supervisor killed outright leaves its board in /dev/shm),
-    then anything still in its process group."""
+    gracefully first, then anything still in its process group."""
     try:
         yield
     finally:
@@ -98,14 +97,42 @@ def test_sigterm_as_the_first_worker_starts_stops_everything_and_exits_zero(
         wait_until_empty(proc.pid, log)
 
 
+# Writes down where its workers count their slots (the supervisor's board).
+RECORDS_BOARD = """\
+from pathlib import Path
+
+
+def record_board() -> None:
+    (Path(__file__).parent / "board").write_text(os.environ.get("OPENENV_SLOT_BOARD", ""))
+"""
+
+
+PID_RECORDING_BOARD = (
+    RECORDS_BOARD
+    + """
+
+def make() -> PidEnvironment:
+    record_board()
+    return PidEnvironment()
+"""
+)
+
+
+def board_of(folder: Path) -> Path:
+    board = Path((folder / "server" / "board").read_text())
+    assert board.is_dir(), board  # one exists while it serves: what is gone below was there
+    return board
+
+
 @pytest.mark.timeout(120)
 def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
-    folder = write_env(tmp_path / "env")
+    folder = write_env(tmp_path / "env", factory=PID_RECORDING_BOARD)
     log = folder / "serve.log"
 
     async def scenario(url: str, proc: subprocess.Popen[bytes]) -> list[str | int | None]:
         await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
         held = await open_sessions(url, 8)
+        boards.append(board_of(folder))
         proc.kill()  # no handler runs: the workers must notice by themselves
         try:
             async with asyncio.timeout(60):
@@ -114,6 +141,7 @@ def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) ->
             message = f"sessions went on without a supervisor\n{log.read_text()}"
             raise AssertionError(message) from None
 
+    boards: list[Path] = []
     with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
         endings = asyncio.run(scenario(url, proc))
         wait_until_empty(proc.pid, log)
@@ -121,6 +149,7 @@ def test_workers_drain_and_stop_when_the_supervisor_is_killed(tmp_path: Path) ->
         with pytest.raises(ConnectionRefusedError):  # nobody holds the port any more
             socket.create_connection((address.hostname, address.port), timeout=5).close()
     assert set(endings) <= {"server shutting down", 1001}, endings
+    assert not boards[0].exists(), "the last worker out left the supervisor's board behind"
 
 
 # Forks a child that outlives its worker, as a multiprocessing pool does (fork
@@ -216,7 +245,9 @@ def test_a_refusal_counts_every_workers_sessions_and_churn_frees_the_whole_cap(
 
 # An ``async def`` step that blocks the event loop for good: only a thread
 # can still see the shutdown's deadline pass.
-BLOCKING = """\
+BLOCKING = (
+    RECORDS_BOARD
+    + """\
 import time
 from pathlib import Path
 
@@ -229,8 +260,10 @@ class Stuck(PidEnvironment):
 
 
 def make() -> Stuck:
+    record_board()
     return Stuck()
 """
+)
 
 
 @pytest.mark.timeout(180)
@@ -318,14 +351,18 @@ def test_an_orphaned_worker_whose_event_loop_is_blocked_still_ends(tmp_path: Pat
         (client, pid), *_ = await open_sessions(url, 1)
         stepping = asyncio.ensure_future(client.step(Ping()))
         await eventually((folder / "server" / f"stepping-{pid}").exists, "no step", log)
+        boards.append(board_of(folder))
         proc.kill()
         await asyncio.to_thread(wait_until_empty, proc.pid, log, 90)
         await asyncio.gather(stepping, return_exceptions=True)
         await client.close()
 
+    boards: list[Path] = []
     with serving(folder, "--workers", "2") as (url, proc), reaped(proc):
         asyncio.run(scenario(url, proc))
     assert "the shutdown overran its 11s deadline" in log.read_text()
+    # The stuck worker was the last out, by its deadline's thread: it removed the board.
+    assert not boards[0].exists(), "the stuck worker left the supervisor's board behind"
 
 
 SERVING = re.compile(r"at (http://\S+) \(")

@@ -33,7 +33,7 @@ from openenv.server.config import ServerSettings
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.protocols import default_protocols
 from openenv.server.service import LIVE_SERVICES
-from openenv.server.slots import BOARD_VAR
+from openenv.server.slots import BOARD_VAR, remove_if_unused
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
@@ -180,6 +180,7 @@ def _exit_deadline() -> threading.Timer:
             "watchdog's warning) or a task would not end; exiting without it",
             seconds,
         )
+        _remove_orphaned_board()
         os._exit(1)
 
     timer = threading.Timer(seconds, expire)
@@ -275,7 +276,19 @@ def _worker(
     config = uvicorn_config(app, **options)
     server = GracefulServer(config, supervised=True, gc_threshold=gc_threshold)
     _drain_when_orphaned(server)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        _remove_orphaned_board()
+
+
+# Set in a worker whose supervisor is gone: the board it must not leave behind.
+_orphaned_board: str | None = None
+
+
+def _remove_orphaned_board() -> None:
+    if _orphaned_board is not None and remove_if_unused(_orphaned_board):
+        logger.info("removed the slot board %s its supervisor left", _orphaned_board)
 
 
 def _drain_when_orphaned(server: GracefulServer) -> None:
@@ -292,8 +305,10 @@ def _drain_when_orphaned(server: GracefulServer) -> None:
         return
 
     def watch() -> None:
+        global _orphaned_board
         multiprocessing.connection.wait([parent.sentinel])
         logger.warning("the supervisor is gone; worker %s stops", os.getpid())
+        _orphaned_board = os.environ.get(BOARD_VAR)
         if server._exit_deadline is None:  # nobody else will stop it if the drain cannot
             server._exit_deadline = _exit_deadline()
         server.should_exit = True

@@ -33,6 +33,7 @@ import json
 import mmap
 import os
 import re
+import shutil
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from openenv.server.sessions import Session
 
-__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard", "add_numbers"]
+__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard", "add_numbers", "remove_if_unused"]
 
 BOARD_VAR: Final = "OPENENV_SLOT_BOARD"
 
@@ -368,6 +369,32 @@ def _forget_boards() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_boards)
+
+
+def remove_if_unused(folder: str | Path) -> bool:
+    """Remove the boards in ``folder`` if no live worker holds a row of any of them.
+
+    The supervisor removes its boards when it ends; one killed outright cannot,
+    and its orphaned workers are the only ones left who know the folder. Each
+    checks as it stops, having let go of its own rows, so the last one out
+    finds every row free and removes it. This process's rows count as free:
+    it calls this on its way out.
+    """
+    if not Path(folder).is_dir():  # the supervisor removed it as it ended after all
+        return False
+    _forget_boards()
+    for lock in Path(folder).glob("*/row-*.lock"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:  # removed meanwhile by another worker on its way out
+            continue
+        try:
+            if not _try_lock(fd):
+                return False
+        finally:
+            os.close(fd)  # closing it releases the lock just taken
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _retire(folder: Path, row: int) -> None:
