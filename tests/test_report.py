@@ -96,6 +96,22 @@ def test_a_file_that_is_not_results_is_one_line_of_error(tmp_path: Path) -> None
     assert outcome.stderr.startswith(f"error: {bad}:2 is not JSON")
 
 
+def test_the_report_of_a_run_killed_as_it_wrote_a_result_has_every_result_it_kept(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "killed.jsonl"
+    kept = [{"task_id": f"t-{i}", "status": "ok", "reward": float(i), "steps": 2} for i in range(3)]
+    cut = json.dumps({"task_id": "t-3", "status": "ok", "reward": 1.0})[:17]  # no newline
+    results.write_text("".join(json.dumps(row) + "\n" for row in kept) + cut)
+    outcome = CliRunner().invoke(app, ["report", str(results)])
+    assert outcome.exit_code == 0, outcome.output
+    assert load_results(results) == kept
+    # A bad line that was written whole is no cut: it is still an error.
+    results.write_text(results.read_text() + "\n")
+    with pytest.raises(ValueError, match="killed.jsonl:4 is not JSON"):
+        load_results(results)
+
+
 @pytest.mark.parametrize(
     ("line", "problem"),
     [

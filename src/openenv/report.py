@@ -40,16 +40,24 @@ _PALETTE = ("#3b6ea5", "#e07b39", "#5a9e5a", "#c44e52", "#8172b2")
 def load_results(path: str | Path) -> list[dict[str, Any]]:
     """Every result in a JSON Lines file (blank lines skipped).
 
+    A last line without its newline that is not JSON was cut short by a run
+    killed as it wrote it: it is left out, as ``openenv run --resume`` leaves
+    it out, so the report of a killed run shows every result it kept.
+
     Raises:
         ValueError: A line is not JSON, or not a result (a JSON object with a
             ``task_id``, and numbers or null where the report reads numbers).
     """
     rows = []
-    for number, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+    data = Path(path).read_bytes()
+    lines = data.splitlines()
+    for number, line in enumerate(lines, 1):
         if line.strip():
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
+                if number == len(lines) and not data.endswith(b"\n"):
+                    break  # cut short
                 raise ValueError(f"{path}:{number} is not JSON: {exc}") from None
             if type(row) is dict and "reward" in row:  # a NaN total is written "NaN"
                 row["reward"] = reward_from(row["reward"])
