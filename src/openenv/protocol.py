@@ -16,6 +16,9 @@ A client that offers the WebSocket subprotocol ``openenv.v2`` gets protocol v2
 instead: many sessions per connection, each of these messages tagged with its
 ``session``, many of them per frame (``openenv/protocol_v2.py`` defines it).
 
+The error and close codes (``openenv/protocol_errors.py``) and the HTTP
+routes' bodies (``openenv/protocol_http.py``) are re-exported from here.
+
 >>> msg = parse_client_message('{"type": "step", "data": {"message": "hi"}, "id": 7}')
 >>> type(msg).__name__, msg.data, msg.id
 ('StepRequest', {'message': 'hi'}, 7)
@@ -27,13 +30,21 @@ from __future__ import annotations
 
 import difflib
 import math
-from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from openenv.errors import ServerSideError
+from openenv.protocol_errors import (
+    FATAL_CODES,
+    CloseCode,
+    ErrorCode,
+    FrameError,
+    RequestId,
+    summarise,
+    validation_frame_error,
+    wire_errors,
+)
 from openenv.protocol_http import (
     EnvInfo,
     EnvListing,
@@ -97,60 +108,6 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-
-RequestId = int | str
-
-
-class ErrorCode(StrEnum):
-    """Why the server answered with an ``error`` frame."""
-
-    INVALID_JSON = "INVALID_JSON"
-    UNKNOWN_TYPE = "UNKNOWN_TYPE"
-    VALIDATION_ERROR = "VALIDATION_ERROR"
-    EXECUTION_ERROR = "EXECUTION_ERROR"
-    CAPACITY_REACHED = "CAPACITY_REACHED"
-    FACTORY_ERROR = "FACTORY_ERROR"
-    SESSION_ERROR = "SESSION_ERROR"
-    TIMEOUT = "TIMEOUT"
-    UNKNOWN_TOOL = "UNKNOWN_TOOL"
-    EPISODE_FINISHED = "EPISODE_FINISHED"
-
-
-# After one of these the server closes the socket; after any other code the
-# session goes on and the next message is served as usual. A TIMEOUT is fatal
-# only when its frame says ``"fatal": true`` (a blocking call that overran).
-FATAL_CODES = frozenset(
-    {ErrorCode.CAPACITY_REACHED, ErrorCode.FACTORY_ERROR, ErrorCode.SESSION_ERROR}
-)
-
-
-class CloseCode(IntEnum):
-    """WebSocket close codes the server uses, and when."""
-
-    NORMAL = 1000
-    GOING_AWAY = 1001  # server shutting down, or the session idled out
-    POLICY_VIOLATION = 1008  # a bad API key or Origin, or too many bad frames
-    MESSAGE_TOO_BIG = 1009
-    INTERNAL_ERROR = 1011
-    TRY_AGAIN_LATER = 1013  # at capacity
-
-
-class FrameError(ServerSideError):
-    """A client frame the server cannot act on; becomes an ``error`` frame."""
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        message: str,
-        *,
-        request_id: RequestId | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-        self.details = details or {}
 
 
 class _Message(BaseModel):
@@ -396,9 +353,9 @@ def validate_client_message(obj: dict[str, Any]) -> ClientMessage:
     except ValidationError as exc:
         raise FrameError(
             ErrorCode.VALIDATION_ERROR,
-            f"invalid {kind!r} message: {_summarise(exc)}",
+            f"invalid {kind!r} message: {summarise(exc)}",
             request_id=request_id,
-            details={"errors": _errors(exc)},
+            details={"errors": wire_errors(exc)},
         ) from None
 
 
@@ -410,7 +367,7 @@ def parse_server_message(frame: str | bytes | dict[str, Any]) -> ServerMessage:
             return _server_adapter.validate_python(frame)
         return _server_adapter.validate_json(frame)
     except ValidationError as exc:
-        raise ValueError(f"malformed frame from server: {_summarise(exc)}") from None
+        raise ValueError(f"malformed frame from server: {summarise(exc)}") from None
 
 
 def _unknown_type_message(kind: object) -> str:
@@ -419,34 +376,6 @@ def _unknown_type_message(kind: object) -> str:
     hint = difflib.get_close_matches(kind, _CLIENT_TYPES, n=1)
     suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
     return f"unknown message type {kind!r}, expected one of {', '.join(_CLIENT_TYPES)}{suggestion}"
-
-
-def _errors(exc: ValidationError) -> list[dict[str, Any]]:
-    """Pydantic's errors, reduced to what is JSON-safe and useful on the wire."""
-    return [
-        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-        for e in exc.errors(include_url=False, include_context=False, include_input=False)
-    ]
-
-
-def _summarise(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in e["loc"]) or "(root)"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
-
-
-def validation_frame_error(
-    exc: ValidationError, what: str, request_id: RequestId | None
-) -> FrameError:
-    """Turn a pydantic error on an action or reset arguments into a ``FrameError``."""
-    return FrameError(
-        ErrorCode.VALIDATION_ERROR,
-        f"invalid {what}: {_summarise(exc)}",
-        request_id=request_id,
-        details={"errors": _errors(exc)},
-    )
 
 
 # -- encoding -----------------------------------------------------------------
