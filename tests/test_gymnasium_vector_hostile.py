@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -279,3 +280,46 @@ def test_infos_are_batched_as_sync_vector_env_batches_them(server: Any, env_id: 
         finally:
             here.close()
             remote.close()
+
+
+@pytest.fixture(scope="module")
+def cartpole_vector_url() -> Iterator[str]:
+    app = create_gymnasium_vector_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=2))
+    with run_server(app) as url:
+        yield url
+
+
+# Each with what Gymnasium 1.4's SyncVectorEnv raises (1.1, the floor, asserts).
+BAD_MASKS: dict[str, tuple[Any, type[Exception], str]] = {
+    "a list": ([True, False, True, False], TypeError, "must be a numpy array"),
+    # As indices, these would reset environments 1 and 0.
+    "ints": (np.array([1, 0, 1, 0]), TypeError, "must have `dtype=np.bool_`, got int64"),
+    "too short": (np.array([True, False, True]), ValueError, "must have shape `(4,)`, got (3,)"),
+    "all False": (np.zeros(4, dtype=np.bool_), ValueError, "at least one True value"),
+}
+
+
+@pytest.mark.parametrize("served", ["one session per environment", "a vector session"])
+@pytest.mark.parametrize("mask", list(BAD_MASKS))
+def test_a_bad_reset_mask_is_refused_as_sync_vector_env_refuses_it_and_nothing_resets(
+    request: pytest.FixtureRequest, served: str, mask: str
+) -> None:
+    url = request.getfixturevalue(
+        "cartpole_url" if served.startswith("one") else "cartpole_vector_url"
+    )
+    here = SyncVectorEnv(
+        [lambda: gymnasium.make("CartPole-v1")] * 4, autoreset_mode=AutoresetMode.DISABLED
+    )
+    remote = RemoteVectorEnv(url, num_envs=4, autoreset_mode=AutoresetMode.DISABLED)
+    try:
+        np.testing.assert_allclose(remote.reset(seed=5)[0], here.reset(seed=5)[0], rtol=1e-6)
+        assert_in_step(here, remote, 3)
+        bad, error, message = BAD_MASKS[mask]
+        with pytest.raises((AssertionError, TypeError, ValueError)):
+            here.reset(options={"reset_mask": bad})
+        with pytest.raises(error, match=re.escape(message)):
+            remote.reset(options={"reset_mask": bad})
+        assert_in_step(here, remote, 3)  # no environment was reset by the refused call
+    finally:
+        here.close()
+        remote.close()

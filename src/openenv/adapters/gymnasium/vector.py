@@ -173,6 +173,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every environment (or those of ``options["reset_mask"]``)."""
+        if options and "reset_mask" in options:
+            _check_mask(options["reset_mask"], self.num_envs)
         if self._link is not None:
             return self._batched(self._link.reset(seed, _listed(options)))
         if seed is None:
@@ -403,6 +405,26 @@ def _refused(exc: ValidationError, envs: list[int]) -> Exception:
 def _why(exc: ConnectionClosed) -> str:
     close = exc.rcvd or exc.sent
     return (close.reason or f"close code {close.code}") if close else "no close frame"
+
+
+def _check_mask(mask: Any, num_envs: int) -> None:
+    """Refuse a ``reset_mask`` as ``SyncVectorEnv`` refuses it, before anything resets.
+
+    An integer array would index environments rather than pick them, and one
+    that picks none would be a reset that does nothing.
+    """
+    where = "`options['reset_mask']`"
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"{where} must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(f"{where} must have shape `({num_envs},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"{where} must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError(
+            f"{where} must contain a boolean array with at least one True value, "
+            f"got reset_mask={mask}"
+        )
 
 
 def _listed(options: dict[str, Any] | None) -> dict[str, Any] | None:
