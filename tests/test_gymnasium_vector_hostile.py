@@ -24,6 +24,7 @@ from test_shutdown import free_port, wait_healthy
 
 from openenv import (
     ConcurrencyConfig,
+    EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
     SessionClosedError,
@@ -323,3 +324,22 @@ def test_a_bad_reset_mask_is_refused_as_sync_vector_env_refuses_it_and_nothing_r
     finally:
         here.close()
         remote.close()
+
+
+@pytest.mark.parametrize("server", [create_gymnasium_app, create_gymnasium_vector_app])
+def test_a_reset_that_raises_leaves_the_environments_playable(server: Any) -> None:
+    # Gymnasium's checker wrapper breaks for good when the first reset raises;
+    # the environments after it must play as if it had never been made.
+    here = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+    with run_server(server("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, num_envs=2)
+        try:
+            with pytest.raises(EnvExecutionError, match="must be 0 or more"):
+                remote.reset(seed=-1)
+            with pytest.raises(EnvExecutionError):
+                remote.reset(seed=3, options={"low": 5})  # CartPole refuses low > high
+            np.testing.assert_allclose(remote.reset(seed=3)[0], here.reset(seed=3)[0], rtol=1e-6)
+            assert_in_step(here, remote, 30)
+        finally:
+            here.close()
+            remote.close()

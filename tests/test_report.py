@@ -108,7 +108,7 @@ def test_the_report_of_a_run_killed_as_it_wrote_a_result_has_every_result_it_kep
     assert load_results(results) == kept
     # A bad line that was written whole is no cut: it is still an error.
     results.write_text(results.read_text() + "\n")
-    with pytest.raises(ValueError, match="killed.jsonl:4 is not JSON"):
+    with pytest.raises(ValueError, match=re.escape("killed.jsonl:4 is not JSON")):
         load_results(results)
 
 

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from counter_env.models import CounterAction, CounterObservation, CounterState, CounterTask
-from openenv import Environment, TextContent, ToolOutput, tool
+from openenv import EnvError, Environment, TextContent, ToolOutput, tool
 
 
 class Split(Sequence[CounterTask]):
@@ -79,6 +79,9 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
         return CounterObservation(value=0, target=task.target)
 
     def step(self, action: CounterAction, **kwargs: Any) -> CounterObservation:
+        # The server refuses tools once submit() has ended the episode, not plain steps.
+        if self._state.done:
+            raise EnvError("the episode is over (submit() ended it); reset() to start another")
         self.increment(action.amount)
         return CounterObservation(value=self._state.value, target=self._state.target)
 

@@ -3,11 +3,12 @@
 import asyncio
 
 import httpx
+import pytest
 
 from counter_env import CounterAction, CounterEnv, CounterObservation, CounterState, CounterTask
 from counter_env.server.app import app
 from counter_env.server.environment import CounterEnvironment
-from openenv import ConcurrencyConfig, EnvSession, RemoteEnv, create_app
+from openenv import ConcurrencyConfig, EnvExecutionError, EnvSession, RemoteEnv, create_app
 from openenv.testing import run_server
 
 
@@ -81,5 +82,18 @@ def test_a_wrong_submit_scores_zero_and_ends_the_episode() -> None:
         state = env.state()
         assert (state.value, state.target, state.done) == (2, 3, True)
         # the plain step interface works too
+        env.reset(seed=1)
+        assert env.step(CounterAction(amount=4)).observation.value == 4
+
+
+def test_a_step_after_submit_is_refused_and_changes_nothing() -> None:
+    with run_server(app) as url, CounterEnv(url).sync() as env:
+        env.reset(task=CounterTask(id="t", target=3))
+        env.call_tool("increment", amount=3)
+        assert env.call_tool("submit").reward == 1.0
+        with pytest.raises(EnvExecutionError, match=r"the episode is over .*reset\(\)"):
+            env.step(CounterAction(amount=1))
+        state = env.state()
+        assert (state.value, state.step_count, state.done) == (3, 2, True)
         env.reset(seed=1)
         assert env.step(CounterAction(amount=4)).observation.value == 4

@@ -124,6 +124,23 @@ def test_bad_cartpole_actions_are_validation_errors(cartpole_url: str) -> None:
         assert len(result.observation.observation) == 4  # type: ignore[attr-defined]
 
 
+def test_a_reset_that_raises_leaves_the_session_playable(cartpole_url: str) -> None:
+    actions = [0, 1, 1, 0, 1]
+    with CartPoleEnv(cartpole_url).sync() as env:
+        with pytest.raises(EnvExecutionError, match="seed must be 0 or more"):
+            env.reset(seed=-1)
+        with pytest.raises(EnvExecutionError):
+            env.reset(options={"low": 5})  # CartPole refuses bounds with low > high
+        with pytest.raises(EnvExecutionError, match=r"reset\(\) before the first step"):
+            env.step(CartPoleAction(action=0))
+        trajectory: list[tuple[object, ...]] = [(env.reset(seed=5).observation.observation,)]
+        for action in actions:
+            result = env.step(CartPoleAction(action=action))
+            obs = result.observation
+            trajectory.append((obs.observation, result.reward, obs.terminated, obs.truncated))
+    assert trajectory == local_episode("CartPole-v1", 5, actions)
+
+
 def test_pendulum_box_actions_and_truncation(pendulum_url: str) -> None:
     torques = [float(x) for x in np.linspace(-2.0, 2.0, 200)]
     with PendulumEnv(pendulum_url).sync() as env:

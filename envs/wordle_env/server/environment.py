@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from wordle_env.server.words import SPLITS, allowed_words, answers, pattern, sco
 __all__ = ["MAX_GUESSES", "WordleEnvironment", "tasks"]
 
 MAX_GUESSES = 6
+_INDEX = re.compile("[0-9]{4}")
 
 
 @functools.cache
@@ -158,8 +160,9 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
 
 
 def _answer_of(task: WordleTask) -> str:
+    # Only the ids tasks() lists: str.isdigit() and int() also take "²" and fullwidth digits.
     split, _, index = task.id.partition("-")
-    if split in SPLITS and index.isdigit() and int(index) < len(answers(split)):
+    if split in SPLITS and _INDEX.fullmatch(index) and int(index) < len(answers(split)):
         return answers(split)[int(index)]
     raise EnvError(
         f"unknown task {task.id!r}: ids are train-0000..train-{len(answers('train')) - 1:04d} "

@@ -106,6 +106,27 @@ def test_six_wrong_guesses_lose_the_game() -> None:
             env.reset(task=WordleTask(id="test-9999"))
 
 
+@pytest.mark.parametrize(
+    "task_id",
+    [
+        "test-0300",
+        "train-²",
+        "train-\uff11\uff12\uff13\uff14",
+        "train-00001",
+        "test-0000 ",
+        "test-+001",
+        "test-",
+    ],
+)
+def test_only_the_listed_task_ids_are_accepted(task_id: str) -> None:
+    with run_server(app) as url, WordleEnv(url).sync() as env:
+        # Each is refused with the list of ids, not taken for another task or a crash.
+        with pytest.raises(EnvExecutionError, match=r"unknown task .*test-0000\.\.test-0299"):
+            env.reset(task=WordleTask(id=task_id))
+        env.reset(task=WordleTask(id="test-0001"))
+        assert env.state().task_id == "test-0001"
+
+
 async def solve(session: EnvSession) -> tuple[float, list[str]]:
     """A tool-calling agent: guess the first test word consistent with the feedback."""
     candidates = sorted(answers("test"))

@@ -190,7 +190,17 @@ class GymnasiumVectorEnvironment(Environment[VectorAction, VectorObservation, St
         if seeds is not None and len(seeds) != num_envs:
             raise EnvError(f"{len(seeds)} seeds for num_envs={num_envs}")
         chosen = seeds if seeds is not None else seed
-        observations, infos = self.vector.reset(seed=chosen, options=options or None)
+        if any(s is not None and s < 0 for s in (seeds or [seed])):
+            raise EnvError(f"seeds must be 0 or more, got {chosen}")  # as Gymnasium's seeding
+        try:
+            observations, infos = self.vector.reset(seed=chosen, options=options or None)
+        except BaseException:
+            # Its environments may be left half reset, and Gymnasium's own checker
+            # wrappers broken for good (every later step raises TypeError): the
+            # next reset makes new ones, and no step goes on meanwhile.
+            self.vector.close()
+            self.vector, self._shape = None, (0, "")
+            raise
         self._steps = 0
         return _batch(observations, infos)
 

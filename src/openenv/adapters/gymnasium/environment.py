@@ -144,7 +144,9 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
     def __init__(
         self, env: EnvSource, models: GymnasiumModels | None = None, **make_kwargs: Any
     ) -> None:
-        self.env = _make(env, make_kwargs)
+        self._remake = functools.partial(_make, env, make_kwargs)
+        self.env = self._remake()
+        self._stale = False
         self.models = models or _derive(self.env)
         # Frames only when asked for: rendering and encoding cost more than a step.
         self._renders = self.env.render_mode == "rgb_array"
@@ -165,7 +167,20 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
         **kwargs: Any,
     ) -> GymnasiumObservation:
         """Start an episode; the same ``seed`` gives the same episode for the same actions."""
-        observation, info = self.env.reset(seed=seed, options=options)
+        if seed is not None and seed < 0:  # Gymnasium's seeding refuses it, less clearly
+            raise EnvError(f"seed must be 0 or more, got {seed}")
+        if self._stale:
+            self.env.close()
+            self.env = self._remake()
+            self._stale = False
+        try:
+            observation, info = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            # The environment may be left half reset, and Gymnasium's own checker
+            # wrapper broken for good (every later step raises TypeError): the
+            # next reset starts from a new one, and no step goes on meanwhile.
+            self._stale = self._needs_reset = True
+            raise
         self._episode_id = episode_id or uuid.uuid4().hex
         self._steps, self._total_reward = 0, 0.0
         self._terminated = self._truncated = False
