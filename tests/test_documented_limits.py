@@ -18,6 +18,7 @@ from test_cli_serve import serving
 from test_sessions_live import ping_client
 from websockets.asyncio.client import ClientConnection, connect
 
+from openenv import ConnectionFailedError, MuxClient
 from openenv.client import ws_url
 from openenv.testing import run_server
 from openenv.trajectories import load
@@ -113,3 +114,21 @@ async def test_openenv_record_records_every_session(
     assert [s.kind for s in episode.steps] == ["reset", "step"]
     assert episode.steps[1].request["message"] == "a"
     assert episode.total_reward == 1.0
+
+
+async def test_a_mux_client_names_the_url_when_nothing_listens_or_answers() -> None:
+    """clients.md: ``ConnectionFailedError`` naming the URL within ``connect_timeout``,
+    for ``MuxClient`` as for ``EnvClient`` (test_client.py)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(
+        ConnectionFailedError, match=rf"cannot connect to ws://127\.0\.0\.1:{port}/ws"
+    ):
+        await MuxClient(f"http://127.0.0.1:{port}").open(1)
+    with socket.socket() as silent:  # listens, never accepts: no handshake
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ConnectionFailedError, match=r"/ws: no answer within 0\.2s"):
+            await MuxClient(url, connect_timeout=0.2).open(2)
