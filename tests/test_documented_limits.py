@@ -132,3 +132,11 @@ async def test_a_mux_client_names_the_url_when_nothing_listens_or_answers() -> N
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         with pytest.raises(ConnectionFailedError, match=r"/ws: no answer within 0\.2s"):
             await MuxClient(url, connect_timeout=0.2).open(2)
+
+
+def test_a_mux_client_given_a_pool_says_it_holds_one_server() -> None:
+    """scaling.md: a comma-joined URL string is a pool where clients take a URL;
+    ``MuxClient`` is one connection to one server, and says so up front rather
+    than failing at connect on a "port" of ``8000,http:``."""
+    with pytest.raises(ValueError, match="MuxClient holds one connection to one server"):
+        MuxClient("http://127.0.0.1:8000,http://127.0.0.1:8001")
