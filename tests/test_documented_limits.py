@@ -18,7 +18,14 @@ from test_cli_serve import serving
 from test_sessions_live import ping_client
 from websockets.asyncio.client import ClientConnection, connect
 
-from openenv import ConnectionFailedError, MuxClient
+from openenv import (
+    ConcurrencyConfig,
+    ConnectionFailedError,
+    MuxClient,
+    ServerPool,
+    ServerSettings,
+    WebSocketEnvClient,
+)
 from openenv.client import ws_url
 from openenv.testing import run_server
 from openenv.trajectories import load
@@ -140,3 +147,29 @@ def test_a_mux_client_given_a_pool_says_it_holds_one_server() -> None:
     than failing at connect on a "port" of ``8000,http:``."""
     with pytest.raises(ValueError, match="MuxClient holds one connection to one server"):
         MuxClient("http://127.0.0.1:8000,http://127.0.0.1:8001")
+
+
+def test_the_documented_defaults_are_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults the tables of production.md, security.md, clients.md and
+    scaling.md (and README's production settings) state, as the code has them."""
+    for name in ("OPENENV_SESSION_TIMEOUT", "OPENENV_QUEUE_TIMEOUT", "OPENENV_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    settings = ServerSettings()
+    assert (settings.send_timeout, settings.shutdown_timeout) == (30.0, 10.0)
+    assert (settings.step_timeout, settings.reset_timeout) == (None, None)
+    assert (settings.max_threads, settings.max_message_size, settings.max_bad_frames) == (
+        64,
+        1 << 20,
+        20,
+    )
+    assert (settings.factory_timeout, settings.close_timeout) == (60.0, 10.0)
+    assert (settings.api_key, settings.error_details, settings.mcp_open_timeout) == (
+        None,
+        False,
+        30.0,
+    )
+    assert ConcurrencyConfig().session_timeout == 300.0
+    for client in (WebSocketEnvClient("http://127.0.0.1:1"), MuxClient("http://127.0.0.1:1")):
+        assert (client.connect_timeout, client.message_timeout) == (10.0, 60.0)
+    pool = ServerPool(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    assert (pool.wait, pool.health_timeout) == (60.0, 5.0)
