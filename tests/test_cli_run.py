@@ -228,3 +228,19 @@ def test_resuming_from_a_file_that_is_not_results_names_file_and_line(
     )
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert (tmp_path / "notes.jsonl").read_text() == '{"task_id": "task-0"}\n{"note": 1}\n'
+
+
+def test_resume_drops_a_half_written_last_line_and_plays_its_task(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """runners.md: "a half-written last line is dropped"; the file ends in task order."""
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--tasks", "3", "--max-steps", "1", "--out", str(out)]
+    assert runner.invoke(app, command).exit_code == 0
+    first, second, _ = out.read_bytes().splitlines(keepends=True)
+    out.write_bytes(second + first[: len(first) // 2])  # as a kill mid-write leaves it
+    outcome = runner.invoke(app, [*command, "--resume"])
+    assert outcome.exit_code == 0, outcome.output
+    assert "resuming: 1 of 3 tasks done" in outcome.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task_id"], r["status"]) for r in rows] == [(f"task-{i}", "ok") for i in range(3)]

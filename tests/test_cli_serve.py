@@ -104,7 +104,9 @@ def test_an_app_that_is_not_an_asgi_app_is_refused_before_serving(
     )
 
 
-def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path, workers: str) -> None:
+    """scaling.md: a worker that fails during startup stops the server, not replaced."""
     failing = (
         "import contextlib\n"
         "from fastapi import FastAPI\n\n\n"
@@ -114,7 +116,8 @@ def test_an_app_that_fails_to_start_exits_with_an_error(tmp_path: Path) -> None:
         "    yield\n\n\n"
         "app = FastAPI(lifespan=lifespan)\n"
     )
-    result = CliRunner().invoke(app, ["serve", str(write_env(tmp_path / "env", app=failing))])
+    folder = write_env(tmp_path / "env", app=failing)
+    result = CliRunner().invoke(app, ["serve", str(folder), "--port", "0", "--workers", workers])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "error: the app failed to start (exit code 3); see the log above"

@@ -46,7 +46,9 @@ def test_http_url_from_a_session_url() -> None:
     assert http_url("wss://h/envs/echo/ws") == "https://h/envs/echo"
 
 
-@pytest.mark.parametrize("bad", ["localhost:8000", "ftp://h", "http://"])
+@pytest.mark.parametrize(
+    "bad", ["localhost:8000", "ftp://h", "http://", "http://h:notaport", "http://h:99999"]
+)
 def test_bad_urls_are_refused_up_front(bad: str) -> None:
     with pytest.raises(ValueError, match="isn't a valid environment URL"):
         EchoEnv(bad)

@@ -130,3 +130,20 @@ async def test_the_api_key_never_reaches_uvicorns_logs(
     assert KEY not in logged
     logging.getLogger("uvicorn.access").info("%s", f"/x?api_key={KEY}")  # any later line too
     assert KEY not in "".join(capfd.readouterr())
+
+
+async def test_a_key_whose_name_is_percent_encoded_is_not_taken_past_the_log_filter(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log filter knows ``api_key=`` as sent; a key under any other spelling of
+    the name (``api%5Fkey``) would reach the access log whole, so it is no key."""
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    app = create_app(PingEnvironment, Ping, Pong, api_key=KEY)
+    with run_server(app, log_level="info", access_log=True) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            encoded = await http.get(f"{url}/schema?api%5Fkey={KEY}")
+            assert encoded.status_code == 401
+            # The value may be percent-encoded: the filter masks it whatever it holds.
+            escaped = KEY.replace("-", "%2D")
+            assert (await http.get(f"{url}/schema?api_key={escaped}")).status_code == 200
+    assert KEY not in "".join(capfd.readouterr())

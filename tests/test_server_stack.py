@@ -133,3 +133,16 @@ def test_untested_uvicorn_or_websockets_releases_get_uvicorns_own_protocols(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_openenv_stock_protocols_picks_uvicorns_own_on_purpose(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dependencies.md: ``OPENENV_STOCK_PROTOCOLS=1`` picks them, and warns of nothing."""
+    import openenv.server.protocols as protocols
+
+    monkeypatch.setenv("OPENENV_STOCK_PROTOCOLS", "1")
+    with caplog.at_level("WARNING", logger="openenv.server"):
+        assert protocols.default_protocols() == ("websockets-sansio", "httptools")
+        assert uvicorn_config(object()).ws == "websockets-sansio"
+    assert caplog.records == []

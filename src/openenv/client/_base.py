@@ -69,6 +69,10 @@ def ws_url(base_url: str, path: str = "/ws") -> str:
     """
     parts = urlsplit(base_url)
     scheme = _SCHEMES.get(parts.scheme)
+    try:
+        parts.port  # noqa: B018  # a bad port would surface only at connect, unnamed
+    except ValueError:
+        scheme = None
     if scheme is None or not parts.netloc:
         raise ValueError(
             f"{base_url!r} isn't a valid environment URL; "

@@ -95,6 +95,11 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             self.observation_cls = AnyObservation
         if state_cls is not None:
             self.state_cls = state_cls
+        if "," in base_url:
+            raise ValueError(
+                f"MuxClient holds one connection to one server, not a pool ({base_url!r}); "
+                f"open a MuxClient per server, or let Runners place sessions on a ServerPool"
+            )
         self.url = ws_url(base_url)
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout

@@ -23,7 +23,11 @@ __all__ = ["ApiKeyFilter", "failure_text", "redact_api_keys"]
 
 # uvicorn's request lines (access log) and WebSocket handshakes (error log, INFO).
 _LOGGERS = ("uvicorn.access", "uvicorn.error")
-_API_KEY = re.compile(r"(?i)(\bapi_key=)[^&#\s\"]*")
+# ``api_key=`` with any of its characters percent-encoded (``api%5Fkey=``) too:
+# the server takes only the plain name as a key, but a key sent under another
+# spelling is as secret.
+_NAME = "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in "api_key")
+_API_KEY = re.compile(rf"(?i)((?<!\w){_NAME}=)[^&#\s\"]*")
 
 
 def failure_text(exc: BaseException, details: bool = False) -> str:
@@ -54,13 +58,13 @@ class ApiKeyFilter(logging.Filter):
             record.args = tuple(_redacted(arg) for arg in record.args)
         elif isinstance(record.args, dict):
             record.args = {name: _redacted(arg) for name, arg in record.args.items()}
-        if isinstance(record.msg, str) and "api_key=" in record.msg.lower():
+        if isinstance(record.msg, str) and "=" in record.msg:
             record.msg = _API_KEY.sub(r"\1***", record.msg)
         return True
 
 
 def _redacted(value: object) -> object:
-    if isinstance(value, str) and "api_key=" in value.lower():
+    if isinstance(value, str) and "=" in value:
         return _API_KEY.sub(r"\1***", value)
     return value
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -205,9 +205,12 @@ def _supplied_key(scope: Scope, headers: Headers) -> str | None:
         if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(protocol[len(KEY_SUBPROTOCOL_PREFIX) :])
     query: str = scope.get("query_string", b"").decode("latin-1")
-    for name, value in parse_qsl(query):
+    # The name as sent, not decoded: uvicorn logs the raw query, and the log
+    # filter masks only ``api_key=``; ``api%5Fkey=KEY`` would be logged whole.
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
         if name == "api_key":
-            return value
+            return unquote_plus(value)
     return None
 
 
