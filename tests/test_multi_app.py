@@ -143,3 +143,31 @@ async def test_mcp_is_served_per_environment(url: str) -> None:
         assert result.structured_content["data"] == {"value": 2}  # type: ignore[index]
         assert HTTP.get(f"{url}/envs/counter/health").json()["active_sessions"] == 1
     assert HTTP.get(f"{url}/envs/ns/echo/mcp").status_code == 404  # echo did not ask for MCP
+
+
+def test_the_root_asks_for_a_key_of_one_of_its_environments_and_lists_only_theirs() -> None:
+    """security.md: every route but /health needs the key, and every request an
+    allowed host; the root of a multi-environment server belongs to none of them."""
+
+    def spec(key: str | None) -> EnvSpec:
+        return EnvSpec(EchoEnvironment, EchoAction, EchoObservation, api_key=key)
+
+    app = create_multi_app({"a": spec("key-a"), "b": spec("key-b")})
+    with run_server(app) as url:
+        for path in ("/envs", "/docs", "/openapi.json", "/redoc"):
+            refused = HTTP.get(f"{url}{path}")
+            assert refused.status_code == 401, (path, refused.text)
+            assert HTTP.get(f"{url}{path}", headers={"X-API-Key": "wrong"}).status_code == 401
+        listed = HTTP.get(f"{url}/envs", headers={"Authorization": "Bearer key-b"})
+        assert [env["name"] for env in listed.json()["envs"]] == ["b"]
+        assert HTTP.get(f"{url}/openapi.json", headers={"X-API-Key": "key-a"}).status_code == 200
+        rebound = HTTP.get(f"{url}/envs", headers={"X-API-Key": "key-a", "Host": "evil.example"})
+        assert rebound.status_code == 403, rebound.text
+        # Each environment's own routes keep their own key, and /health stays public.
+        assert HTTP.get(f"{url}/envs/a/health").status_code == 200
+        assert HTTP.get(f"{url}/envs/a/schema", headers={"X-API-Key": "key-b"}).status_code == 401
+        assert HTTP.get(f"{url}/envs/a/schema", headers={"X-API-Key": "key-a"}).status_code == 200
+    # With no key set anywhere, the root needs none, and lists every environment.
+    with run_server(create_multi_app({"a": spec(None), "b": spec(None)})) as url:
+        assert [env["name"] for env in HTTP.get(f"{url}/envs").json()["envs"]] == ["a", "b"]
+        assert HTTP.get(f"{url}/docs").status_code == 200

@@ -24,6 +24,7 @@ from openenv.server.app import create_app
 from openenv.server.catalog import splits_of, tool_names
 from openenv.server.config import ConcurrencyConfig
 from openenv.server.openreward import OpenRewardBridge
+from openenv.server.security import AccessGuard, AnyGuard
 from openenv.server.service import EnvService
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
@@ -119,6 +120,8 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
         lifespan=_MountedLifespans(list(apps.values())),
     )
     app.state.openenv_envs = {name: sub.state.openenv for name, sub in apps.items()}
+    app.state.openenv_guards = bridge.guards
+    app.add_middleware(AnyGuard, guards=bridge.guards.values(), mounted="/envs/")
     return app
 
 
@@ -137,8 +140,10 @@ class _MountedLifespans:
 
 
 async def list_envs(request: Request) -> EnvListing:
-    """The environments this server hosts, their session counts, splits and tools."""
+    """The environments this server hosts, their session counts, splits and tools:
+    those the request's key (and host) may reach."""
     services: dict[str, EnvService] = request.app.state.openenv_envs
+    guards: dict[str, AccessGuard] = request.app.state.openenv_guards
     return EnvListing(
         envs=[
             EnvInfo(
@@ -151,5 +156,6 @@ async def list_envs(request: Request) -> EnvListing:
                 tools=tool_names(service),
             )
             for name, service in services.items()
+            if guards[name].refusal(request.scope, "/envs") is None
         ]
     )

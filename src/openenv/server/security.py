@@ -35,6 +35,7 @@ __all__ = [
     "KEY_SUBPROTOCOL_PREFIX",
     "PUBLIC_PATHS",
     "AccessGuard",
+    "AnyGuard",
     "HostAllowList",
     "host_name",
     "is_public",
@@ -173,6 +174,33 @@ class AccessGuard:
         # Same origin: the page was served by this very host (an allowed one,
         # checked above, so not a rebound name).
         return urlsplit(origin).netloc == headers.get("host", "").lower()
+
+
+class AnyGuard:
+    """The root of a server of several environments (``create_multi_app``): a
+    request gets through if the guard of one of them lets it.
+
+    Its own routes (the listing, the API docs) belong to no one environment,
+    so a key of any of them will do, and a host any of them answers to; with
+    none set, none is needed. Paths under ``mounted`` go straight on, to the
+    environment's own guard, which keeps their public routes public.
+    """
+
+    def __init__(self, app: ASGIApp, guards: Iterable[AccessGuard], mounted: str) -> None:
+        self.app = app
+        self.guards = tuple(guards)
+        self.mounted = mounted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and not scope["path"].startswith(self.mounted):
+            path = _route_path(scope)
+            refusals = [guard.refusal(scope, path) for guard in self.guards]
+            if None not in refusals:
+                # A refused key over a refused host: the host is what to fix first.
+                status, message = min(r for r in refusals if r is not None)
+                await _deny(scope, receive, send, status, message)
+                return
+        await self.app(scope, receive, send)
 
 
 def _route_path(scope: Scope) -> str:
