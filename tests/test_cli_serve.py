@@ -361,3 +361,29 @@ def health(url: str) -> dict[str, Any]:
             return answer
     except OSError:  # between the old process and the new one
         return {}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "unit"),
+    [
+        ("OPENENV_HEADER_TIMEOUT", "ten", "seconds"),
+        ("OPENENV_HEADER_TIMEOUT", "0", "seconds"),
+        ("OPENENV_MAX_HEADER_BYTES", "1.5", "bytes"),
+    ],
+)
+def test_a_bad_header_limit_in_the_environment_is_refused_before_serving(
+    tmp_path: Path, variable: str, value: str, unit: str
+) -> None:
+    folder = write_env(tmp_path / "env")
+    ran = subprocess.run(
+        [OPENENV, "serve", str(folder), "--port", "0"],
+        env={**os.environ, variable: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1
+    assert ran.stderr.strip().splitlines() == [
+        f"error: {variable} must be a positive number of {unit}, not {value!r}"
+    ]
+    assert "serving" not in ran.stdout

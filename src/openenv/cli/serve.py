@@ -83,6 +83,7 @@ def serve(
         OSError: the address cannot be listened on.
         RuntimeError: the app failed to start.
     """
+    from openenv.server.protocols import default_protocols
     from openenv.server.runner import run_on_socket
 
     if workers < 1:
@@ -105,6 +106,7 @@ def serve(
                 f"make it with openenv.create_app(...)"
             )
         name, sessions = _check_applied(app, max_sessions, session_timeout)
+        default_protocols()  # a bad OPENENV_HEADER_TIMEOUT is refused before "serving ..."
         sock = _listen(host, port)
         with sock:
             url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"

@@ -30,8 +30,22 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornH
 
 __all__ = ["HEADER_TIMEOUT", "MAX_HEADER_BYTES", "HttpToolsProtocol"]
 
-HEADER_TIMEOUT = float(os.environ.get("OPENENV_HEADER_TIMEOUT", "10"))
-MAX_HEADER_BYTES = int(os.environ.get("OPENENV_MAX_HEADER_BYTES", str(1 << 20)))
+
+def _positive(name: str, default: float, kind: type[float] | type[int], unit: str) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = 0
+    if not value > 0:  # NaN too
+        raise ValueError(f"{name} must be a positive number of {unit}, not {raw!r}")
+    return value
+
+
+HEADER_TIMEOUT = _positive("OPENENV_HEADER_TIMEOUT", 10.0, float, "seconds")
+MAX_HEADER_BYTES = int(_positive("OPENENV_MAX_HEADER_BYTES", 1 << 20, int, "bytes"))
 LINGER = 5.0  # seconds a refused connection is read (and dropped) before it is closed
 
 logger = logging.getLogger("openenv.server")
