@@ -126,7 +126,12 @@ def run(
         bool | None, typer.Option(help="Show progress (default: on a terminal).")
     ] = None,
 ) -> None:
-    """Play many episodes against an environment server and summarise them."""
+    """Play many episodes against an environment server and summarise them.
+
+    Exits 0 when every episode ended well, 1 when one ended in an error or a
+    timeout, and 2 when the run could not start (a bad option, an agent that
+    does not load, a results file it cannot write).
+    """
     console = Console()
     try:
         player = _agent(agent) if agent else RandomAgent(seed=seed)
