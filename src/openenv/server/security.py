@@ -196,7 +196,7 @@ class AnyGuard:
             path = _route_path(scope)
             refusals = [guard.refusal(scope, path) for guard in self.guards]
             if None not in refusals:
-                # A refused key over a refused host: the host is what to fix first.
+                # 401 before 403: one that refused only the key would take the right one.
                 status, message = min(r for r in refusals if r is not None)
                 await _deny(scope, receive, send, status, message)
                 return
