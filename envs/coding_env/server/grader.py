@@ -1,21 +1,29 @@
 """The test runner that grades a submission, inside the sandbox (stdlib only).
 
-It reads ``tests.json`` (the tests, a per-test time limit and a report
-marker), deletes it, loads ``solution.py``, runs each test in a fresh copy of
-the solution's namespace with a CPU-time alarm as its deadline, and prints one line
-``MARKER`` + a JSON list of ``{"passed": bool, "error": str or null}``. It
-exits 1 when the solution does not load (with the error printed as Python
-would), else 0.
+It reads ``tests.json`` (the tests, a per-test time limit and a nonce),
+deletes it, loads ``solution.py``, runs each test in a fresh copy of the
+solution's namespace with a CPU-time alarm as its deadline, and sends one
+line, the nonce + a JSON list of ``{"passed": bool, "error": str or null}``,
+on the run's channel (fd 3), not on stdout: the solution may print as much as
+it likes, and its prints can neither bury nor pass for the report. It exits 1
+when the solution does not load (with the error printed as Python would),
+else 0.
 
 The solution runs in this same process, so a determined one can tamper with
 the grading; see the README's "What the sandbox does NOT protect against".
 """
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import traceback
+
+# The run's channel to the server (``launcher.CHANNEL_FD``).
+CHANNEL_FD = 3
+# Per test: a failing test's message is for people, and the report must stay small.
+MAX_ERROR_CHARS = 1000
 
 
 def _expired(signum: int, frame: object) -> None:
@@ -49,7 +57,8 @@ def grade(tests: list[str], per_test: float) -> tuple[list[dict[str, object]], i
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _print_error(exc: BaseException) -> None:
@@ -61,14 +70,26 @@ def _print_error(exc: BaseException) -> None:
         sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
 
 
+def _send(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(CHANNEL_FD, view) :]
+
+
 def main() -> None:
+    # Before any of the solution runs: programs it starts do not get the channel.
+    os.set_inheritable(CHANNEL_FD, False)
     with open("tests.json", encoding="utf-8") as file:
         config = json.load(file)
-    os.remove("tests.json")  # the solution need not see the tests or the marker
+    os.remove("tests.json")  # the solution need not see the tests or the nonce
     outcomes, exit_code = grade(config["tests"], config["per_test_seconds"])
-    sys.stdout.flush()
-    sys.stdout.write("\n" + config["marker"] + json.dumps(outcomes) + "\n")
-    sys.stdout.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # the solution may have broken it
+            stream.flush()
+    # On a line of its own, whatever the solution wrote to the channel before.
+    report = "\n" + config["nonce"] + json.dumps(outcomes) + "\n"
+    with contextlib.suppress(OSError):  # the solution closed the channel: no report
+        _send(report.encode())
     os._exit(exit_code)  # whatever threads or exit hooks the solution left behind
 
 

@@ -30,26 +30,36 @@ _GRADER = (Path(__file__).parent / "grader.py").read_text(encoding="utf-8")
 async def grade(
     sandbox: Sandbox, task: CodingTask, code: str, per_test_seconds: float = 2.0
 ) -> tuple[ExecutionResult, list[TestOutcome]]:
-    """Run ``task.tests`` against ``code``; the run's result and one outcome per test."""
+    """Run ``task.tests`` against ``code``; the run's result and one outcome per test.
+
+    The solution's output past ``max_output_bytes`` is discarded, not a reason
+    to stop it: a solution is graded on what it computes, however much it prints.
+    """
+    # The report comes on the run's channel, not stdout, so no amount of printing
+    # can bury it; the nonce is what sets it apart from anything else sent there.
     # Unknown to the solution (the grader deletes tests.json before loading it),
-    # so its own prints cannot pass for the report.
-    marker = f"@@report-{secrets.token_hex(16)}@@"
-    config = {"tests": task.tests, "per_test_seconds": per_test_seconds, "marker": marker}
+    # so it cannot pass something of its own for the report.
+    nonce = f"@@report-{secrets.token_hex(16)}@@"
+    config = {"tests": task.tests, "per_test_seconds": per_test_seconds, "nonce": nonce}
     files = {"solution.py": code, "grader.py": _GRADER, "tests.json": json.dumps(config)}
-    execution = await sandbox.run(files, "grader.py")
-    before, found, report = execution.stdout.rpartition("\n" + marker)
-    outcomes: list[TestOutcome] = []
-    if found:
-        execution = execution.model_copy(update={"stdout": before})
-        try:
-            raw = json.loads(report)
-            outcomes = [
-                TestOutcome(test=test, passed=item["passed"] is True, error=item["error"])
-                for test, item in zip(task.tests, raw, strict=True)
-            ]
-        except (ValueError, TypeError, KeyError):
-            outcomes = []
+    execution, channel = await sandbox.run_with_channel(files, "grader.py", kill_on_flood=False)
+    outcomes = _parse_report(channel, nonce, task.tests)
     if not outcomes:
         error = f"no test report: {execution.message}"
         outcomes = [TestOutcome(test=test, passed=False, error=error) for test in task.tests]
     return execution, outcomes
+
+
+def _parse_report(channel: bytes, nonce: str, tests: list[str]) -> list[TestOutcome]:
+    """The outcomes on the line that carries ``nonce``; none if there is no such line."""
+    _, found, rest = channel.partition(b"\n" + nonce.encode())
+    if not found:
+        return []
+    try:
+        raw = json.loads(rest.partition(b"\n")[0])
+        return [
+            TestOutcome(test=test, passed=item["passed"] is True, error=item["error"])
+            for test, item in zip(tests, raw, strict=True)
+        ]
+    except (ValueError, TypeError, KeyError):
+        return []

@@ -10,6 +10,10 @@ them), and once the program has exited, or the server sends SIGTERM, kills
 and reaps everything the program left behind. It writes one JSON line to the status
 pipe, ``{"returncode": ..., "stopped": ..., "error": ...}``, and exits.
 
+With ``channel_fd`` in its config, the program gets that pipe as its fd 3
+(``CHANNEL_FD``), a channel of its own to the server besides stdout and
+stderr: the grader sends its report there, where the program's prints never go.
+
 Only the standard library may be used here: the sandbox's interpreter runs
 without site-packages.
 
@@ -30,12 +34,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 # Both stay blocked and are taken with sigtimedwait, so a SIGTERM can never
 # land between two statements and leave the program running unsupervised.
 _WATCHED = {signal.SIGTERM, signal.SIGCHLD}
+# Where the program finds the channel, if it has one.
+CHANNEL_FD = 3
 
 
 def main() -> None:
     config = json.loads(sys.argv[1])
     status_fd = config["status_fd"]
     os.set_inheritable(status_fd, False)  # the program must not write our report
+    channel_fd = config.get("channel_fd")
+    if channel_fd is not None:
+        os.set_inheritable(channel_fd, False)  # the program gets it as CHANNEL_FD only
     signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
     report: dict[str, object] = {"returncode": None, "stopped": False, "error": None}
     program = None
@@ -50,7 +59,11 @@ def main() -> None:
             _become(config["uid"], config["gid"])
         _become_subreaper()
         _set_limits(config)
-        program = _spawn(config["argv"])
+        program = _spawn(config["argv"], channel_fd)
+        if channel_fd is not None:
+            # The program's copy is the only writer left: the server sees the
+            # channel end when the program and whatever inherited it are gone.
+            os.close(channel_fd)
         report["returncode"], report["stopped"] = _supervise(program)
     except OSError as exc:  # the uid, the limits or the fork were refused
         report["error"] = f"{type(exc).__name__}: {exc}"
@@ -96,12 +109,16 @@ def _set_limits(config: dict[str, object]) -> None:
         resource.setrlimit(what, (int(soft), int(hard)))
 
 
-def _spawn(argv: list[str]) -> int:
+def _spawn(argv: list[str], channel_fd: int | None) -> int:
     pid = os.fork()
     if pid == 0:
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             os.setpgid(0, 0)  # its own process group, which can be killed at once
+            if channel_fd is not None:
+                os.dup2(channel_fd, CHANNEL_FD)
+                # dup2 onto itself keeps close-on-exec: clear it either way.
+                os.set_inheritable(CHANNEL_FD, True)
             os.execv(argv[0], argv)
         finally:
             os._exit(127)

@@ -51,17 +51,39 @@ class PipeReader:
                 return os.read(self._fd, size)
             except BlockingIOError:
                 pass
-            readable = self._loop.create_future()
-            self._loop.add_reader(self._fd, _set_once, readable)
+            await self._readable()
+
+    async def discard(self, size: int = 2**20) -> int:
+        """Drop up to ``size`` bytes, as soon as there are any; how many (0 at the end).
+
+        Spliced to ``/dev/null``: the kernel frees the pipe's pages without
+        copying them here, so draining a flood costs the server little.
+        """
+        while True:
             try:
-                await readable
-            finally:
-                self._loop.remove_reader(self._fd)
+                return os.splice(self._fd, _dev_null(), size, flags=os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                pass
+            await self._readable()
+
+    async def _readable(self) -> None:
+        readable = self._loop.create_future()
+        self._loop.add_reader(self._fd, _set_once, readable)
+        try:
+            await readable
+        finally:
+            self._loop.remove_reader(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+
+@functools.cache
+def _dev_null() -> int:
+    # One for the whole process, never closed: nothing is ever read from it.
+    return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

@@ -31,7 +31,7 @@ import signal
 import stat
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coding_env.models import ExecutionResult, Status
 from coding_env.server.identities import Lease, UidPool
+from coding_env.server.launcher import CHANNEL_FD
 from coding_env.server.process import ChildProcess, PipeReader
 
-__all__ = ["Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
+__all__ = ["CHANNEL_FD", "Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
 
 _LAUNCHER = (Path(__file__).parent / "launcher.py").read_text(encoding="utf-8")
 _MIB = 2**20
 # How long the supervisor gets to kill and reap everything before it is killed itself.
 _STOP_GRACE = 5.0
+# What is kept of a run's channel (the rest is discarded): room for a report
+# of many tests, and for whatever else the program sent there before it.
+_CHANNEL_BYTES = 2**20
 
 
 class SandboxLimits(BaseModel):
@@ -162,8 +166,34 @@ class Sandbox:
         """Run ``code`` as ``solution.py``."""
         return await self.run({"solution.py": code}, "solution.py")
 
-    async def run(self, files: Mapping[str, str], script: str) -> ExecutionResult:
-        """Write ``files`` into a fresh directory and run ``python -I -S script`` there."""
+    async def run(
+        self, files: Mapping[str, str], script: str, *, kill_on_flood: bool = True
+    ) -> ExecutionResult:
+        """Write ``files`` into a fresh directory and run ``python -I -S script`` there.
+
+        Output past ``max_output_bytes`` is discarded; with ``kill_on_flood``
+        the program is also killed (status ``output_limit``), else it runs on
+        and ends as it would have, its result marked truncated.
+        """
+        execution, _ = await self._run(files, script, kill_on_flood, channel=False)
+        return execution
+
+    async def run_with_channel(
+        self, files: Mapping[str, str], script: str, *, kill_on_flood: bool = True
+    ) -> tuple[ExecutionResult, bytes]:
+        """As ``run``, the program also having a pipe to the server as fd ``CHANNEL_FD``.
+
+        Returns what the program wrote there (up to 1 MiB, the rest discarded;
+        never a reason to stop it). Its stdout and stderr cannot reach the
+        channel, but it may write to fd 3 itself: a message sent on it must
+        carry its own proof of origin.
+        """
+        execution, channel = await self._run(files, script, kill_on_flood, channel=True)
+        return execution, channel or b""
+
+    async def _run(
+        self, files: Mapping[str, str], script: str, kill_on_flood: bool, channel: bool
+    ) -> tuple[ExecutionResult, bytes | None]:
         lease = await self._lease()
         workdir: str | None = None
         try:
@@ -174,7 +204,7 @@ class Sandbox:
                     os.chown(Path(workdir) / name, lease.uid, lease.gid)
             if lease:
                 os.chown(workdir, lease.uid, lease.gid)
-            return await self._execute(workdir, script, lease)
+            return await self._execute(workdir, script, lease, kill_on_flood, channel)
         finally:
             # Shielded: a cancelled caller must not leave the directory or the uid behind.
             await asyncio.shield(asyncio.create_task(self._clean_up(workdir, lease)))
@@ -204,11 +234,16 @@ class Sandbox:
             lease.suspect = True
             await asyncio.to_thread(self.uids.release, lease)
 
-    async def _execute(self, workdir: str, script: str, lease: Lease | None) -> ExecutionResult:
+    async def _execute(
+        self, workdir: str, script: str, lease: Lease | None, kill_on_flood: bool, channel: bool
+    ) -> tuple[ExecutionResult, bytes | None]:
         limits = self.limits
         report_r, report_w = os.pipe()
+        channel_r, channel_w = os.pipe() if channel else (None, None)
+        pass_fds: Sequence[int] = (report_w,) if channel_w is None else (report_w, channel_w)
         config = {
             "status_fd": report_w,
+            "channel_fd": channel_w,
             "uid": lease.uid if lease else None,
             "gid": lease.gid if lease else None,
             "argv": [self.python, "-I", "-S", script],
@@ -218,36 +253,49 @@ class Sandbox:
         try:
             try:
                 child = await ChildProcess.start(
-                    argv, cwd=workdir, env=_environment(workdir), pass_fds=(report_w,)
+                    argv, cwd=workdir, env=_environment(workdir), pass_fds=pass_fds
                 )
             finally:
-                os.close(report_w)
-            run = _Run(child, limits, lease)
+                for fd in pass_fds:
+                    os.close(fd)
+            reader = PipeReader(channel_r) if channel_r is not None else None
+            channel_r = None
+            run = _Run(child, limits, lease, kill_on_flood, reader)
             stopped_for = await run.supervise()
             report = _read_report(report_r)
         finally:
             os.close(report_r)
-        return _result(stopped_for, report, run.stdout, run.stderr, limits, workdir)
+            if channel_r is not None:
+                os.close(channel_r)
+        execution = _result(stopped_for, report, run, limits, workdir)
+        return execution, bytes(run.channel.data) if run.channel else None
 
 
 class _Capture:
     """One output stream, kept up to the limit; what is read survives a cancel."""
 
-    def __init__(self, limit: int, flooded: asyncio.Event) -> None:
+    def __init__(self, limit: int, flooded: asyncio.Event | None) -> None:
         self.data = bytearray()
         self.truncated = False
         self._limit = limit
         self._flooded = flooded
 
     async def pump(self, stream: PipeReader) -> None:
-        """Read to the end; past the limit, discard (and say so: the run is then stopped)."""
-        while chunk := await stream.read(65536):
+        """Read to the end; past the limit, discard (and say so, if a flood stops the run)."""
+        while not self.truncated:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
             room = self._limit - len(self.data)
-            if room > 0:
-                self.data += chunk[:room]
+            self.data += chunk[: max(room, 0)]
             if len(chunk) > room:
                 self.truncated = True
-                self._flooded.set()
+                if self._flooded is not None:
+                    self._flooded.set()
+        # A run that is not stopped for its flood must still be drained, or it
+        # would block on a full pipe until its timeout.
+        while await stream.discard():
+            pass
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
@@ -256,13 +304,25 @@ class _Capture:
 class _Run:
     """The server's side of one run: the wall clock, the output, stopping it."""
 
-    def __init__(self, child: ChildProcess, limits: SandboxLimits, lease: Lease | None) -> None:
+    def __init__(
+        self,
+        child: ChildProcess,
+        limits: SandboxLimits,
+        lease: Lease | None,
+        kill_on_flood: bool,
+        channel: PipeReader | None,
+    ) -> None:
         self.child = child
         self.limits = limits
         self.lease = lease
+        self.kill_on_flood = kill_on_flood
         self.flooded = asyncio.Event()
-        self.stdout = _Capture(limits.max_output_bytes, self.flooded)
-        self.stderr = _Capture(limits.max_output_bytes, self.flooded)
+        flooded = self.flooded if kill_on_flood else None
+        self.stdout = _Capture(limits.max_output_bytes, flooded)
+        self.stderr = _Capture(limits.max_output_bytes, flooded)
+        self._channel_stream = channel
+        # Never a reason to stop the run: the program may write there what it likes.
+        self.channel = _Capture(_CHANNEL_BYTES, None) if channel else None
 
     async def supervise(self) -> Status | None:
         """Wait for the run to end; why it was stopped, if it was."""
@@ -271,6 +331,8 @@ class _Run:
             asyncio.create_task(self.stdout.pump(child.stdout)),
             asyncio.create_task(self.stderr.pump(child.stderr)),
         ]
+        if self.channel is not None and self._channel_stream is not None:
+            readers.append(asyncio.create_task(self.channel.pump(self._channel_stream)))
         flooded = asyncio.create_task(self.flooded.wait())
         stopped_for: Status | None = None
         try:
@@ -298,6 +360,8 @@ class _Run:
             self.lease.suspect = True  # its uid is checked before anyone reuses it
 
     async def _close(self) -> None:
+        if self._channel_stream is not None:
+            self._channel_stream.close()
         if not self.child.exited.done():
             await self.stop()
         await self.child.aclose()
@@ -328,11 +392,11 @@ _SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")
 def _result(
     stopped_for: Status | None,
     report: dict[str, Any] | None,
-    stdout: _Capture,
-    stderr: _Capture,
+    run: _Run,
     limits: SandboxLimits,
     workdir: str,
 ) -> ExecutionResult:
+    stdout, stderr = run.stdout, run.stderr
     exit_code = report.get("returncode") if report else None
     # Tracebacks name "solution.py", not a random directory the agent never saw.
     out = stdout.text().replace(workdir + os.sep, "")
@@ -342,7 +406,7 @@ def _result(
     if report is None or report.get("error"):
         why = report.get("error") if report else "the supervisor did not report"
         status, message = "error", f"the program could not be run: {why}"
-    elif stdout.truncated or stderr.truncated:
+    elif run.kill_on_flood and (stdout.truncated or stderr.truncated):
         stream = "stdout" if stdout.truncated else "stderr"
         status = "output_limit"
         message = (
@@ -365,6 +429,12 @@ def _result(
         status, message = "error", f"the program was killed by {_signal_name(-exit_code)}"
     else:
         status, message = "error", f"the program exited with code {exit_code}"
+    streams = (("stdout", stdout), ("stderr", stderr))
+    if status != "output_limit" and (cut := [name for name, c in streams if c.truncated]):
+        message += (
+            f"; it wrote more than {limits.max_output_bytes} bytes to {' and '.join(cut)}, "
+            f"and the rest was discarded"
+        )
     return ExecutionResult(
         status=status,
         exit_code=exit_code,
