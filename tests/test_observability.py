@@ -6,9 +6,12 @@ import functools
 import logging
 
 import httpx
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from servers import Ping, PingEnvironment, Pong, Tracker, slots_free
+from v2_wire import open_sessions, raw_v2, replies, send
+from websockets.exceptions import ConnectionClosedError
 
 from openenv import (
     CapacityError,
@@ -85,3 +88,49 @@ async def test_log_lines_carry_the_session_id(caplog: pytest.LogCaptureFixture) 
     assert len(session_id) == 12
     assert records[0].getMessage() == f"[session {session_id}] step() raised"
     assert records[0].exc_info is not None  # the traceback stays in the log
+
+
+async def test_v2_error_replies_are_counted_like_v1_ones() -> None:
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PingEnvironment, tracker),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=2),
+        max_bad_frames=2,
+    )
+    with run_server(app) as url:
+        ws = await raw_v2(url)
+        try:
+            await open_sessions(ws, 1)
+            await send(
+                ws,
+                [
+                    {"session": 0, "type": "open", "id": 1},  # already open
+                    {"session": 7, "type": "step", "data": {}, "id": 2},  # never opened
+                    {"session": 0, "type": "step", "data": {}, "id": 3},
+                ],
+            )
+            got = {reply["id"]: reply for reply in await replies(ws, 3)}
+            assert got[1]["data"]["code"] == "VALIDATION_ERROR"
+            assert got[2]["data"]["code"] == "SESSION_ERROR"
+            assert got[3]["type"] == "observation"
+            for _ in range(2):  # bad frames in a row: the second ends the connection
+                await send(ws, "not json")
+            codes = []
+            while len(codes) < 3:
+                codes += [reply["data"]["code"] for reply in orjson.loads(await ws.recv())]
+            with pytest.raises(ConnectionClosedError):
+                await ws.recv()
+            assert codes == ["INVALID_JSON", "INVALID_JSON", "SESSION_ERROR"]
+        finally:
+            await ws.close()
+        await slots_free(url)
+        counted = await samples(url)
+    assert counted[("openenv_errors_total", (("code", "VALIDATION_ERROR"),))] == 1
+    assert counted[("openenv_errors_total", (("code", "SESSION_ERROR"),))] == 2
+    assert counted[("openenv_errors_total", (("code", "INVALID_JSON"),))] == 2
+    assert counted[("openenv_steps_total", ())] == 1
+    # Ended by the bad frames: closed as an error, its slot back.
+    assert counted[("openenv_sessions_closed_total", (("reason", "error"),))] == 1
+    assert counted[("openenv_sessions_active", ())] == 0

@@ -237,6 +237,7 @@ class MuxConnection:
         if self._bad_frames < self._max_bad:
             return True
         logger.warning("closing a v2 connection after %d bad frames in a row", self._bad_frames)
+        self._service.metrics.errors[ErrorCode.SESSION_ERROR.value] += 1
         self.outbox.untagged(
             protocol.error_frame(
                 ErrorCode.SESSION_ERROR,
@@ -244,6 +245,11 @@ class MuxConnection:
             )
         )
         return False
+
+    def _error(self, code: ErrorCode, message: str, item: dict[str, Any]) -> str:
+        """An error reply to ``item``, counted in ``openenv_errors`` as v1's are."""
+        self._service.metrics.errors[code.value] += 1
+        return protocol.error_frame(code, message, request_id=_request_id(item))
 
     def _error_untagged(self, exc: FrameError) -> None:
         self._service.metrics.errors[exc.code.value] += 1
@@ -254,11 +260,11 @@ class MuxConnection:
     def _start(self, key: SessionKey, item: dict[str, Any], lane: Lane | None) -> None:
         if item.get("type") == "open":
             if lane is not None:
-                self._reply(key, _error(ErrorCode.VALIDATION_ERROR, _already_open(key), item))
+                self._reply(key, self._error(ErrorCode.VALIDATION_ERROR, _already_open(key), item))
                 return
             lane = self.lanes[key] = Lane(self, key)
         elif lane is None:
-            self._reply(key, _error(ErrorCode.SESSION_ERROR, _not_open(key), item))
+            self._reply(key, self._error(ErrorCode.SESSION_ERROR, _not_open(key), item))
             return
         self._in_flight += 1
         if lane.task is None:
@@ -296,7 +302,9 @@ class MuxConnection:
             while lane.queue:  # the session is gone: refuse what waited for it
                 left = lane.queue.popleft()
                 self._answered()
-                self._reply(lane.key, _error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left))
+                self._reply(
+                    lane.key, self._error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left)
+                )
         finally:
             lane.task = None
 
@@ -502,10 +510,6 @@ class MuxConnection:
 def _request_id(item: dict[str, Any]) -> protocol.RequestId | None:
     request_id = item.get("id")
     return request_id if type(request_id) in (int, str) else None
-
-
-def _error(code: ErrorCode, message: str, item: dict[str, Any]) -> str:
-    return protocol.error_frame(code, message, request_id=_request_id(item))
 
 
 def _already_open(key: SessionKey) -> str:
