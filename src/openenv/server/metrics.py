@@ -104,7 +104,8 @@ class Metrics:
             "step_counts": self.step_seconds.counts,
             "step_sum": self.step_seconds.sum,
             "errors": dict(self.errors),
-            "v2_paused": self.v2_paused,
+            # Gauges describe live workers: a dead one's are dropped (slots.py).
+            "gauges": {"v2_paused": self.v2_paused},
         }
 
     def collect(self) -> Iterator[Metric]:
@@ -120,6 +121,11 @@ class Metrics:
         sessions = self._sessions
         total = self.numbers()
         if sessions.board is not None:
+            # Which worker answers a scrape is the kernel's choice. Publishing
+            # what this one shows makes every later scrape, by any worker (or
+            # after this one dies), count at least as much: counters never go
+            # back, which Prometheus would take for a restart.
+            sessions.board.publish(total)
             for numbers in sessions.board.peer_numbers():
                 total = add_numbers(total, numbers)
         step_seconds = Histogram(self.step_seconds.buckets)
@@ -158,7 +164,7 @@ class Metrics:
             "openenv_v2_connections_paused",
             "Protocol v2 connections not read until their replies go out "
             "(max_requests_in_flight reached: the client reads slower than it sends).",
-            value=total["v2_paused"],
+            value=total["gauges"]["v2_paused"],
         )
 
     def render(self) -> bytes:

@@ -302,13 +302,24 @@ class SlotBoard:
         os.replace(staged, path)  # readers see the old numbers or the new, never half
 
     def peer_numbers(self) -> list[dict[str, Any]]:
-        """The counters other workers published, and those of workers gone."""
-        mine = self.folder / f"metrics-{self.row}.json"
+        """The counters other workers published, and those of workers gone.
+
+        A dead worker's gauges (under ``"gauges"``) are left out: what it had
+        going on ended with it. Read under the board lock, so a row being
+        retired (``_retire``) is never counted both in its file and in the
+        retired total.
+        """
         found = []
-        for path in self.folder.glob("metrics-*.json"):
-            if path != mine:
+        with _locked(self._lock_fd):
+            for path in self.folder.glob("metrics-*.json"):
+                row = path.stem.removeprefix("metrics-")
+                if row == str(self.row):
+                    continue
                 with contextlib.suppress(OSError, ValueError):
-                    found.append(json.loads(path.read_text()))
+                    numbers = json.loads(path.read_text())
+                    if not row.isdigit() or not self._held(int(row)):
+                        numbers.pop("gauges", None)
+                    found.append(numbers)
         return found
 
     def leave(self) -> None:
@@ -405,6 +416,7 @@ def _retire(folder: Path, row: int) -> None:
     path = folder / f"metrics-{row}.json"
     with contextlib.suppress(FileNotFoundError):
         gone = json.loads(path.read_text())
+        gone.pop("gauges", None)  # what the worker had going on is over
         retired = folder / "metrics-retired.json"
         with contextlib.suppress(FileNotFoundError):
             gone = add_numbers(gone, json.loads(retired.read_text()))
@@ -420,12 +432,16 @@ def add_numbers(a: Any, b: Any) -> Any:
     >>> add_numbers({"steps": 2, "errors": {"X": 1}, "buckets": [1, 2]},
     ...             {"steps": 3, "errors": {"Y": 1}, "buckets": [0, 5]})
     {'steps': 5, 'errors': {'X': 1, 'Y': 1}, 'buckets': [1, 7]}
+    >>> add_numbers({"gauges": {"paused": 1}}, {})  # a part one side lacks
+    {'gauges': {'paused': 1}}
     """
+    if a is None or b is None:
+        return b if a is None else a
     if isinstance(a, dict) and isinstance(b, dict):
         return {key: add_numbers(a.get(key), b.get(key)) for key in {**a, **b}}
     if isinstance(a, list) and isinstance(b, list):
         return [add_numbers(x, y) for x, y in zip(a, b, strict=True)]
-    return (a or 0) + (b or 0)
+    return a + b
 
 
 def _try_lock(fd: int) -> bool:
