@@ -3,6 +3,7 @@ gets its caller a precise error, ends at most its own session, and leaks no slot
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -14,6 +15,7 @@ from test_mcp import active_sessions, until_active
 
 from openenv import (
     ConcurrencyConfig,
+    EnvExecutionError,
     Environment,
     SessionError,
     State,
@@ -129,10 +131,69 @@ async def test_a_blocking_tool_past_its_deadline_ends_its_mcp_session() -> None:
             await until_active(url, 0)
 
 
+@pytest.mark.parametrize("name", ["object_in_metadata", "lone_surrogate"])
+async def test_a_tool_output_that_cannot_be_sent_is_an_execution_error(name: str) -> None:
+    message = rf"tool '{name}' returned a value that cannot be sent"
+    with run_server(hostile_app()) as url:
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            await env.reset()
+            with pytest.raises(EnvExecutionError, match=message):
+                await env.call_tool(name)
+            assert (await env.call_tool("echo", x=3)).data == 3
+        async with Client(f"{url}/mcp") as mcp:
+            result = await mcp.call_tool(name, {})
+            assert result.is_error
+            assert result.content[0].text.startswith(f"[EXECUTION_ERROR] tool '{name}' returned")  # type: ignore[union-attr]
+            assert (await mcp.call_tool("echo", {"x": 4})).structured_content["data"] == 4  # type: ignore[index]
+        await until_active(url, 0)
+
+
 async def test_a_tool_that_exits_ends_only_its_websocket_session() -> None:
     with run_server(hostile_app()) as url:
         async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
             await env.reset()
             with pytest.raises(SessionError, match="internal server error"):
                 await env.call_tool("exit")
+        await until_active(url, 0)
+
+
+class NumpyTools(Hostile):
+    @tool
+    def vector(self) -> Any:
+        """A NumPy array, as JSON."""
+        import numpy as np
+
+        return np.array([1.5, 2.5], dtype=np.float32)
+
+    @tool
+    def scored(self) -> ToolOutput:
+        """A ToolOutput with NumPy values in its metadata, and a NaN reward."""
+        import numpy as np
+
+        return ToolOutput(reward=math.nan, metadata={"steps": np.int64(3)})
+
+
+async def test_numpy_values_from_a_tool_reach_every_client() -> None:
+    app = create_app(NumpyTools, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2), mcp=True)
+    with run_server(app) as url:
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            await env.reset()
+            assert (await env.call_tool("vector")).data == [1.5, 2.5]
+            scored = await env.call_tool("scored")
+            assert scored.metadata == {"steps": 3}
+            assert math.isnan(scored.reward or 0.0)
+        async with Client(f"{url}/mcp") as mcp:
+            vector = await mcp.call_tool("vector", {})
+            assert not vector.is_error
+            assert vector.structured_content == {
+                "reward": None,
+                "finished": False,
+                "data": [1.5, 2.5],
+            }
+            scored_mcp = await mcp.call_tool("scored", {})
+            assert scored_mcp.structured_content == {
+                "reward": "NaN",
+                "finished": False,
+                "metadata": {"steps": 3},
+            }
         await until_active(url, 0)
