@@ -123,6 +123,26 @@ class ToolOutput(BaseModel):
         orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
         return cls(content=[JsonContent(data=value)])
 
+    def as_sent(self) -> ToolOutput:
+        """This output as a client receives it: its JSON values and metadata plain
+        JSON (NumPy values converted), its reward kept as it is, NaN included.
+
+        Raises ``TypeError`` for what no transport can send (an arbitrary
+        object, text that is no UTF-8), so the tool call fails, not its session.
+
+        >>> import numpy as np
+        >>> ToolOutput.wrap({"v": np.float32(0.5)}).as_sent().data
+        {'v': 0.5}
+        >>> ToolOutput(metadata={"f": open}).as_sent()
+        Traceback (most recent call last):
+        ...
+        TypeError: Type is not JSON serializable: builtin_function_or_method
+        """
+        option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        fields = self.model_dump(exclude={"reward"})
+        plain = orjson.loads(orjson.dumps(fields, option=option))
+        return ToolOutput.model_validate({**plain, "reward": self.reward})
+
     @property
     def text(self) -> str:
         """The text blocks, joined by newlines."""

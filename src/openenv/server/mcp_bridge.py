@@ -55,7 +55,7 @@ from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
 from openenv.server.http_bodies import BodyTooLarge, read_body, replay
 from openenv.server.service import EnvService, SessionRefused
-from openenv.server.sessions import EnvFailure, Session
+from openenv.server.sessions import EnvFailure, Session, SessionState
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
 
 __all__ = ["McpBridge", "mcp_routes"]
@@ -104,6 +104,8 @@ class McpBridge:
         )
         self.server.add_request_handler("server/discover", mcp.RequestParams, self._discover)
         self.sessions: dict[str, _McpSession] = {}
+        # Sessions a fatal error ended, closing once their call's thread returns.
+        self._closing: set[asyncio.Task[None]] = set()
         self._manager: StreamableHTTPSessionManager | None = None
 
     @contextlib.asynccontextmanager
@@ -126,6 +128,7 @@ class McpBridge:
             self._manager = None
             for sid in list(self.sessions):
                 await self._end(sid, "shutdown")
+            await self._closed_within(self.service.settings.shutdown_timeout)
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -256,8 +259,33 @@ class McpBridge:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
             self._release_client(entry.client)
-            async with entry.lock:  # let a tool call in flight finish first
-                await entry.session.aclose(reason)
+            await self._close(entry, reason)
+
+    async def _close(self, entry: _McpSession, reason: str) -> None:
+        async with entry.lock:  # let a tool call in flight finish first
+            await entry.session.aclose(reason)
+
+    def _end_soon(self, sid: str, reason: str) -> None:
+        """``_end``, its close in a task: ``close()`` may wait for a thread still
+        in a call, and the reply that says the session ended must not."""
+        entry = self.sessions.pop(sid, None)
+        if entry is None:
+            return
+        self._release_client(entry.client)
+        task = asyncio.create_task(self._close(entry, reason))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _closed_within(self, timeout: float | None) -> None:
+        """Wait for the sessions ``_end_soon`` is closing; past ``timeout``, free
+        their slots without waiting for their threads (as a shutdown does)."""
+        if not self._closing:
+            return
+        _, pending = await asyncio.wait(self._closing, timeout=timeout)
+        for task in pending:
+            task.cancel()  # aclose() frees the slot as it unwinds, without close()
+        if pending:
+            await asyncio.wait(pending)
 
     async def _reap_idle(self) -> None:
         interval = min(max(self.open_timeout / 4, 0.01), 5.0)
@@ -319,8 +347,8 @@ class McpBridge:
                 code=mcp.INVALID_REQUEST,
                 message="no environment for this request: each MCP session owns one, so "
                 "connect with the initialize handshake (a stateful streamable HTTP session); "
-                "a session that made no tool call within mcp_open_timeout, or idled out, "
-                "has lost its environment: open a new one",
+                "a session that made no tool call within mcp_open_timeout, idled out or "
+                "failed fatally has lost its environment: open a new one",
             )
         return entry
 
@@ -364,6 +392,8 @@ class McpBridge:
                 self._record(entry.session.id, started, params.name, arguments, output)
             except (FrameError, EnvFailure) as exc:
                 self._record(entry.session.id, started, params.name, arguments, exc)
+                if entry.session.state is not SessionState.OPEN:  # a fatal error ended it
+                    self._end_soon(ctx.request.headers[MCP_SESSION_ID_HEADER], "fatal_error")
                 if exc.code is ErrorCode.UNKNOWN_TOOL:
                     raise MCPError(code=mcp.INVALID_PARAMS, message=exc.message) from None
                 # Bad arguments, a finished episode, a failing tool: the model

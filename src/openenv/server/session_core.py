@@ -386,7 +386,9 @@ class SessionCore:
         if kind is CallKind.PROMPT:
             return self._checked(call, value, str)
         try:
-            output = ToolOutput.wrap(value)
+            # A ToolOutput or block the tool built is checked too, and NumPy
+            # values made plain: the reply's encoder (or MCP's) would fail on them.
+            output = ToolOutput.wrap(value).as_sent()
         except (TypeError, ValueError) as exc:  # a return value that is not JSON
             raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR,

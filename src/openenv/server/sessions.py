@@ -20,7 +20,7 @@ from typing import Any
 
 from openenv import protocol
 from openenv.environment import Environment
-from openenv.protocol import FrameError
+from openenv.protocol import ErrorCode, FrameError
 from openenv.server import calls
 from openenv.server.direct_steps import Batched, DirectStep, DirectStepping
 from openenv.server.handoff import LaneTicket
@@ -151,13 +151,27 @@ class Session(SessionCore, DirectStepping):
         """Validate and run one tool call (for MCP, which wants the output, not a frame).
 
         Refusals raise ``FrameError``; failures of the tool itself raise
-        ``EnvFailure`` (fatal only for a blocking call that overran its deadline).
+        ``EnvFailure``. A fatal one (a blocking call past its deadline, a
+        ``SystemExit`` out of the tool) has ended the session: ``state`` is no
+        longer ``OPEN``, and the caller must close it, as ``handle``'s would.
         """
         call = self.tool_call(name, arguments, request_id)
         try:
             value = await self._perform(call)
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
-            raise self.failure(call, exc) from None
+            failure = self.failure(call, exc)
+            if failure.fatal:
+                self.refusal(failure)  # ends the session
+            raise failure from None
+        except BaseException as exc:
+            # Out of the transport's task, a SystemExit would stop the whole
+            # server (MCP's task group): it ends this session, as in ``handle``.
+            self.internal_error(exc, request_id)
+            raise EnvFailure(
+                ErrorCode.SESSION_ERROR, "internal server error", request_id, fatal=True
+            ) from None
         output: ToolOutput = self.outcome(call, value)
         return output
 
