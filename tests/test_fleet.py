@@ -382,3 +382,40 @@ def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+FAILS_ON_RESTART_APP = """
+import os
+
+from echo_env.server.app import app
+
+marker = os.environ["OPENENV_TEST_BROKEN_MARKER"]
+if os.path.exists(marker):
+    open(marker + ".failed", "w").close()
+    raise RuntimeError("a dependency is gone for now")
+"""
+
+
+def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    # A replica killed while its app cannot load (a dependency away for a
+    # moment) fails its restart: Ray gives up on that actor for good. The fleet
+    # replaces it once the app loads again, rather than keep a dead replica
+    # that it counts as one on its way (which would block scaling up for ever).
+    folder = tmp_path / "flaky_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    (folder / "server" / "app.py").write_text(FAILS_ON_RESTART_APP)
+    marker = tmp_path / "broken"
+    environ = {"OPENENV_TEST_BROKEN_MARKER": str(marker)}
+    fleet = Fleet(folder, replicas=1, num_cpus=0.25, max_sessions=2, interval=0.2, environ=environ)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+        victim = healthy(url)[0]["pid"]
+        marker.touch()
+        os.kill(victim, signal.SIGKILL)
+        until(Path(f"{marker}.failed").exists, "the replica's restart failing")
+        marker.unlink()
+        until(lambda: len(healthy(url)) == 1, "a replica serving again")
+        assert victim not in {r["pid"] for r in healthy(url)}
+        assert len(fleet.where()) == 1  # replaced, not one more beside a dead one
