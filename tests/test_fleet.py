@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,7 +51,12 @@ def two_nodes() -> Iterator[list[str]]:
     memory = 100 * 2**20
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": memory},
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": False,
+            "object_store_memory": memory,
+            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
+        },
     )
     cluster.add_node(num_cpus=2, object_store_memory=memory)
     ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
@@ -419,3 +425,20 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
         until(lambda: len(healthy(url)) == 1, "a replica serving again")
         assert victim not in {r["pid"] for r in healthy(url)}
         assert len(fleet.where()) == 1  # replaced, not one more beside a dead one
+
+
+def test_a_fleet_that_fails_to_start_leaves_no_replica_behind(two_nodes: list[str]) -> None:
+    import ray
+
+    def free_slots() -> float:
+        return float(ray.available_resources().get("head_slot", 0))  # type: ignore[no-untyped-call]
+
+    with socket.socket() as taken:  # the directory's port is in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fleet = Fleet(ECHO, replicas=2, num_cpus=0.25, resources={"head_slot": 1}, port=port)
+        with pytest.raises(OSError, match="in use"):
+            fleet.start()
+    # Its replicas had started: they are gone with the failed start, not left holding their room.
+    until(lambda: free_slots() == 100, "the replicas' resources released", 30)

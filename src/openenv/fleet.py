@@ -210,11 +210,15 @@ class Fleet:
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
         self._check_loads()
         self._replica_class = ray.remote(max_restarts=-1, max_task_retries=-1)(Replica)
-        for _ in range(self.replicas):
-            self._add()
-        self._refresh()
-        self._directory = Directory(self)
-        self.url = self._directory.start(self.host, self.port)
+        try:
+            for _ in range(self.replicas):
+                self._add()
+            self._refresh()
+            self._directory = Directory(self)
+            self.url = self._directory.start(self.host, self.port)
+        except BaseException:  # the directory's port taken, Ctrl+C...: no replica left behind
+            self.stop()
+            raise
         control = threading.Thread(target=self._control, name="openenv-fleet", daemon=True)
         control.start()
         self._threads.append(control)
