@@ -22,6 +22,7 @@ import pytest
 
 from echo_env.models import EchoAction
 from openenv import (
+    ConnectionFailedError,
     RemoteEnv,
     RequestFailedError,
     RunConfig,
@@ -421,6 +422,8 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
         marker.touch()
         os.kill(victim, signal.SIGKILL)
         until(Path(f"{marker}.failed").exists, "the replica's restart failing")
+        with pytest.raises(ConnectionFailedError, match="HTTP 503: no replica of this fleet is up"):
+            asyncio.run(WebSocketEnvClient(url).reset())  # said at once, not waited out
         marker.unlink()
         until(lambda: len(healthy(url)) == 1, "a replica serving again")
         assert victim not in {r["pid"] for r in healthy(url)}

@@ -59,9 +59,14 @@ class Directory:
             DENIED.set(True)  # either way a refusal, which uvicorn would log as an error
             target = fleet.place()
             if target is None:
-                await websocket.send_denial_response(
-                    JSONResponse({"detail": "no replica of this fleet has room"}, 503)
+                # Full and down are told apart: one is worth waiting for, the other may not be.
+                up = fleet.serving()
+                detail = (
+                    f"every replica of this fleet is full ({len(up)} up)"
+                    if up
+                    else "no replica of this fleet is up"
                 )
+                await websocket.send_denial_response(JSONResponse({"detail": detail}, 503))
                 return
             await websocket.send_denial_response(
                 RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
