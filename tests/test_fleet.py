@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 
 from echo_env.models import EchoAction
 from openenv import (
+    ConnectionFailedError,
     RemoteEnv,
     RequestFailedError,
     RunConfig,
@@ -50,7 +52,12 @@ def two_nodes() -> Iterator[list[str]]:
     memory = 100 * 2**20
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": memory},
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": False,
+            "object_store_memory": memory,
+            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
+        },
     )
     cluster.add_node(num_cpus=2, object_store_memory=memory)
     ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
@@ -382,3 +389,59 @@ def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+FAILS_ON_RESTART_APP = """
+import os
+
+from echo_env.server.app import app
+
+marker = os.environ["OPENENV_TEST_BROKEN_MARKER"]
+if os.path.exists(marker):
+    open(marker + ".failed", "w").close()
+    raise RuntimeError("a dependency is gone for now")
+"""
+
+
+def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    # A replica killed while its app cannot load (a dependency away for a
+    # moment) fails its restart: Ray gives up on that actor for good. The fleet
+    # replaces it once the app loads again, rather than keep a dead replica
+    # that it counts as one on its way (which would block scaling up for ever).
+    folder = tmp_path / "flaky_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    (folder / "server" / "app.py").write_text(FAILS_ON_RESTART_APP)
+    marker = tmp_path / "broken"
+    environ = {"OPENENV_TEST_BROKEN_MARKER": str(marker)}
+    fleet = Fleet(folder, replicas=1, num_cpus=0.25, max_sessions=2, interval=0.2, environ=environ)
+    with fleet as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+        victim = healthy(url)[0]["pid"]
+        marker.touch()
+        os.kill(victim, signal.SIGKILL)
+        until(Path(f"{marker}.failed").exists, "the replica's restart failing")
+        with pytest.raises(ConnectionFailedError, match="HTTP 503: no replica of this fleet is up"):
+            asyncio.run(WebSocketEnvClient(url).reset())  # said at once, not waited out
+        marker.unlink()
+        until(lambda: len(healthy(url)) == 1, "a replica serving again")
+        assert victim not in {r["pid"] for r in healthy(url)}
+        assert len(fleet.where()) == 1  # replaced, not one more beside a dead one
+
+
+def test_a_fleet_that_fails_to_start_leaves_no_replica_behind(two_nodes: list[str]) -> None:
+    import ray
+
+    def free_slots() -> float:
+        return float(ray.available_resources().get("head_slot", 0))  # type: ignore[no-untyped-call]
+
+    with socket.socket() as taken:  # the directory's port is in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fleet = Fleet(ECHO, replicas=2, num_cpus=0.25, resources={"head_slot": 1}, port=port)
+        with pytest.raises(OSError, match="in use"):
+            fleet.start()
+    # Its replicas had started: they are gone with the failed start, not left holding their room.
+    until(lambda: free_slots() == 100, "the replicas' resources released", 30)

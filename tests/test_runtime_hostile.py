@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -223,3 +226,46 @@ async def test_a_failing_sub_agent_stops_its_siblings_before_its_task_ends(mode:
     assert result.error is not None
     assert (result.error.type, result.error.message) == ("ValueError", "this sub-agent gave up")
     assert events == ["started", "cancelled"]
+
+
+class MeetsTheOthers:
+    """Holds its slot until ``count`` episodes are in, each in its own process; its pid."""
+
+    def __init__(self, folder: str, count: int) -> None:
+        self.folder, self.count = folder, count
+
+    async def __call__(self, session: EpisodeSession) -> int:
+        await session.reset()
+        return await asyncio.to_thread(self._meet)
+
+    def _meet(self) -> int:
+        Path(self.folder, str(os.getpid())).touch()
+        deadline = time.monotonic() + SLACK
+        while len(os.listdir(self.folder)) < self.count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return os.getpid()
+
+
+def test_ray_actors_that_died_between_runs_cost_the_next_run_nothing(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    # Three actors kept for the next run die in between (their node lost, the
+    # OOM killer): the next run replaces them, however few workers it wants.
+    config = RunConfig(
+        engine_name="ray",
+        worker_num=3,
+        max_concurrency=1,
+        engine_options={"num_cpus": 0.1},
+        progress=False,
+    )
+    tasks = [echo_task(f"t{i}", MeetsTheOthers(str(tmp_path), 3)) for i in range(3)]
+    first = Runners.sync_run_task(tasks, config)
+    pids = {r.value for r in first}
+    assert len(pids) == 3, [r.error for r in first]  # one episode in each of three actors
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    later = RunConfig(
+        engine_name="ray", worker_num=1, engine_options={"num_cpus": 0.1}, progress=False
+    )
+    results = Runners.sync_run_task([echo_task("after", echo_agent)], later)
+    assert [r.status.value for r in results] == ["ok"], [r.error for r in results]

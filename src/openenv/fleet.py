@@ -210,11 +210,15 @@ class Fleet:
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
         self._check_loads()
         self._replica_class = ray.remote(max_restarts=-1, max_task_retries=-1)(Replica)
-        for _ in range(self.replicas):
-            self._add()
-        self._refresh()
-        self._directory = Directory(self)
-        self.url = self._directory.start(self.host, self.port)
+        try:
+            for _ in range(self.replicas):
+                self._add()
+            self._refresh()
+            self._directory = Directory(self)
+            self.url = self._directory.start(self.host, self.port)
+        except BaseException:  # the directory's port taken, Ctrl+C...: no replica left behind
+            self.stop()
+            raise
         control = threading.Thread(target=self._control, name="openenv-fleet", daemon=True)
         control.start()
         self._threads.append(control)
@@ -361,6 +365,7 @@ class Fleet:
     def _refresh(self) -> None:
         """Ask every replica where it is (once, or again after a restart) and how full it is."""
         import ray
+        from ray.exceptions import RayActorError
 
         with self._lock:
             actors = list(self._actors)
@@ -369,6 +374,7 @@ class Fleet:
                 if (view is None or view.status == "down") and id(actor) not in self._pending:
                     self._pending[id(actor)] = actor.where.remote()
             asked = {id(a): self._pending[id(a)] for a in actors if id(a) in self._pending}
+        dead: list[tuple[Any, Exception]] = []
         # One bounded wait for all of them, so a slow start never holds up the others.
         answered: set[str] = set()
         if asked:
@@ -388,7 +394,10 @@ class Fleet:
                         self._pending.pop(id(actor), None)
                     try:
                         found = ray.get(ref)
-                    except Exception:  # gone for good (killed, or its node left)
+                    except RayActorError as gone:  # dead for good: Ray will not restart it
+                        dead.append((actor, gone))
+                        continue
+                    except Exception:
                         if view is not None:
                             view.status = "down"
                         continue
@@ -408,3 +417,27 @@ class Fleet:
                 with self._lock:
                     if actor in self._actors:
                         self._views[id(actor)] = view
+        for actor, reason in dead:
+            self._replace(actor, reason)
+
+    def _replace(self, actor: Any, exc: Exception) -> None:
+        """A replica Ray gave up on (killed with ``ray.kill``, or its restart failed:
+        an error in its constructor): a new one takes its place. Kept, it would be
+        counted as a replica on its way for ever, and the fleet would never grow."""
+        import ray
+
+        reason = str(exc).strip().splitlines()
+        logger.warning(
+            "a replica of %s is dead for good (%s); starting another",
+            self.folder,
+            reason[0] if reason else type(exc).__name__,
+        )
+        with self._lock:
+            if actor not in self._actors or self._stopping.is_set():
+                return
+            self._actors.remove(actor)
+            self._views.pop(id(actor), None)
+            self._pending.pop(id(actor), None)
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        self._add()

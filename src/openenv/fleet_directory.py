@@ -59,9 +59,14 @@ class Directory:
             DENIED.set(True)  # either way a refusal, which uvicorn would log as an error
             target = fleet.place()
             if target is None:
-                await websocket.send_denial_response(
-                    JSONResponse({"detail": "no replica of this fleet has room"}, 503)
+                # Full and down are told apart: one is worth waiting for, the other may not be.
+                up = fleet.serving()
+                detail = (
+                    f"every replica of this fleet is full ({len(up)} up)"
+                    if up
+                    else "no replica of this fleet is up"
                 )
+                await websocket.send_denial_response(JSONResponse({"detail": detail}, 503))
                 return
             await websocket.send_denial_response(
                 RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
@@ -129,8 +134,12 @@ def _serve_in_thread(app: Any, host: str, port: int) -> Iterator[str]:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="openenv-directory", daemon=True

@@ -64,7 +64,18 @@ class RayRuntime(RuntimeEngine):
 
             async def start() -> _ActorWorker:
                 idle = _idle.setdefault(key, [])
-                actor = idle.pop() if idle else _actor_class().options(**options).remote()
+                while idle:
+                    actor = idle.pop()
+                    try:
+                        return await begin(actor, idle)
+                    except RuntimeError:
+                        # Kept from an earlier run, and died since (its node lost, its
+                        # process killed): not a failure to start one, try the next.
+                        with contextlib.suppress(Exception):
+                            ray.kill(actor, no_restart=True)
+                return await begin(_actor_class().options(**options).remote(), idle)
+
+            async def begin(actor: Any, idle: list[Any]) -> _ActorWorker:
                 number = next(numbers)
                 accepted = board.expect(number)
                 outcome = asyncio.ensure_future(
