@@ -11,7 +11,7 @@ QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
 	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-v2-path bench-callgrind clean chromium sandbox-python \
-	openreward-sdk
+	openreward-sdk openenv-peer
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -58,7 +58,21 @@ $(OR_STAMP): tests/apps/openreward_requirements.txt
 
 openreward-sdk: $(OR_STAMP)
 
-test-min: $(MIN_STAMP) chromium sandbox-python $(OR_STAMP)
+# Hugging Face's OpenEnv, whose real client tests/test_openenv_peer_client.py drives:
+# it imports as `openenv` too, so it lives apart. Built once, not on every run.
+VENV_PEER := .venv-openenv-peer
+PEER_STAMP := $(VENV_PEER)/.installed
+
+$(PEER_STAMP): tests/apps/openenv_peer_requirements.txt
+	rm -rf $(VENV_PEER)
+	$(PYTHON) -m venv $(VENV_PEER)
+	$(VENV_PEER)/bin/pip install --quiet --upgrade pip
+	$(VENV_PEER)/bin/pip install --quiet -r tests/apps/openenv_peer_requirements.txt
+	@touch $@
+
+openenv-peer: $(PEER_STAMP)
+
+test-min: $(MIN_STAMP) chromium sandbox-python $(OR_STAMP) $(PEER_STAMP)
 	$(VENV_MIN)/bin/pytest -q -p no:cacheprovider --doctest-modules src tests envs
 
 demo: $(STAMP)
@@ -74,7 +88,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) chromium sandbox-python $(OR_STAMP)
+pytest: $(STAMP) chromium sandbox-python $(OR_STAMP) $(PEER_STAMP)
 	$(BIN)/pytest --doctest-modules src tests envs
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.

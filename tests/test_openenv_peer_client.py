@@ -1,9 +1,9 @@
 """OpenEnv 0.10's real client, in a virtual environment of its own, against our server.
 
 PyPI's ``openenv`` (Hugging Face's OpenEnv) imports as ``openenv`` too, so it
-is installed from PyPI into a fresh virtual environment made by this test, and
-``tests/apps/openenv_peer_client.py`` runs there. If the install fails, the
-test fails and says why.
+lives in a venv of its own (``tests/peer_venvs.py``: make's
+``.venv-openenv-peer``, else one made by this test), and
+``tests/apps/openenv_peer_client.py`` runs there.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from peer_venvs import APPS
+from peer_venvs import peer_python as peer_venv
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import ConcurrencyConfig, create_app
 from openenv.testing import run_server
 
-PEER = "openenv==0.10.0"
-SCRIPT = Path(__file__).parent / "apps" / "openenv_peer_client.py"
+SCRIPT = APPS / "openenv_peer_client.py"
 EPISODES = 100
 # A fresh venv with OpenEnv 0.10 (gradio, huggingface_hub, fastmcp, ...) takes 0.5-2 min.
 pytestmark = pytest.mark.timeout(300)
@@ -30,19 +30,8 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("openenv-peer")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    installed = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", PEER],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    if installed.returncode != 0:
-        pytest.fail(f"could not install {PEER} from PyPI:\n{installed.stderr[-3000:]}")
-    return python
+    """OpenEnv's client: make's ``.venv-openenv-peer``, else a fresh venv."""
+    return peer_venv(tmp_path_factory, APPS / "openenv_peer_requirements.txt", ".venv-openenv-peer")
 
 
 def test_openenv_010_client_plays_100_concurrent_episodes(peer_python: Path) -> None:

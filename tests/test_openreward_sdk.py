@@ -16,7 +16,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
+from peer_venvs import peer_python
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
@@ -57,35 +57,10 @@ class Trap(CounterEnvironment):
         return "slept"
 
 
-def _pinned() -> str:
-    lines = [ln.strip() for ln in REQUIREMENTS.read_text().splitlines()]
-    return next(ln for ln in lines if ln and not ln.startswith("#"))
-
-
 @pytest.fixture(scope="module")
 def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Python with the pinned SDK: make's ``.venv-openreward``, else a fresh venv."""
-    version = _pinned().partition("==")[2]
-    made = ROOT / ".venv-openreward" / "bin" / "python"
-    check = "import importlib.metadata as m; print(m.version('openreward'))"
-    if made.exists():
-        found = subprocess.run([made, "-c", check], capture_output=True, text=True, check=False)
-        if found.stdout.strip() == version:
-            return made
-    venv = tmp_path_factory.mktemp("openreward-sdk")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    installed = subprocess.run(
-        [*pip, "-r", str(REQUIREMENTS)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    if installed.returncode != 0:
-        pytest.fail(f"could not install {_pinned()} from PyPI:\n{installed.stderr[-3000:]}")
-    return python
+    return peer_python(tmp_path_factory, REQUIREMENTS, ".venv-openreward")
 
 
 def run_sdk(python: Path, mode: str, url: str, name: str, key: str, *extra: str) -> Any:
