@@ -76,6 +76,8 @@ class _Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_active: float = field(default_factory=time.monotonic)
     calls: OrderedDict[str, asyncio.Task[tuple[str, bytes]]] = field(default_factory=OrderedDict)
+    running: set[asyncio.Task[tuple[str, bytes]]] = field(default_factory=set)  # not yet done
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
 class _SessionOnly(Route):
@@ -117,6 +119,7 @@ class OpenRewardBridge:
         self._secret = os.urandom(32)
         for name, service in self.services.items():
             service.lifespan_hooks.append(functools.partial(self._running, name))
+            service.drain_hooks.append(functools.partial(self._drain, name))
 
     # -- routes ------------------------------------------------------------------
 
@@ -355,6 +358,8 @@ class OpenRewardBridge:
             task_id = os.urandom(16).hex()
             running = asyncio.create_task(self._call(entry, body.name, body.input))
             entry.calls[task_id] = running
+            entry.running.add(running)
+            running.add_done_callback(entry.running.discard)
             while len(entry.calls) > _CALLS_KEPT:
                 entry.calls.popitem(last=False)
         events = wire.call_events(task_id, running)
@@ -403,6 +408,11 @@ class OpenRewardBridge:
             await asyncio.wait_for(entry.lock.acquire(), wait)
         except TimeoutError:
             entry.session.abandon()  # a shutdown's deadline: free the slot anyway
+            # and end the calls' streams, which the server waits for before it stops.
+            for task in entry.running:
+                task.cancel()
+            if entry.running:
+                await asyncio.wait(entry.running)
         else:
             entry.lock.release()
         await entry.session.aclose(f"openreward_{reason}")
@@ -420,9 +430,14 @@ class OpenRewardBridge:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
-            mine = [sid for sid, e in self.sessions.items() if e.env == env]
-            wait = service.settings.shutdown_timeout
-            await asyncio.gather(*(self._end(sid, "shutdown", wait) for sid in mine))
+            await self._drain(env)
+
+    async def _drain(self, env: str) -> None:
+        """End ``env``'s sessions here as a shutdown begins: their calls' streams hold it."""
+        loop = asyncio.get_running_loop()
+        mine = [sid for sid, e in self.sessions.items() if e.env == env and e.loop is loop]
+        wait = self.services[env].settings.shutdown_timeout
+        await asyncio.gather(*(self._end(sid, "shutdown", wait) for sid in mine))
 
     async def _reap(self, env: str, service: EnvService) -> None:
         limit = service.concurrency.session_timeout or DEFAULT_IDLE_TIMEOUT
