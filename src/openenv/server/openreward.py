@@ -58,6 +58,8 @@ logger = logging.getLogger("openenv.server")
 # (OpenReward's own server reaps after 900 s without a ping).
 DEFAULT_IDLE_TIMEOUT = 900.0
 _CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken stream
+# Calls of one session running or waiting their turn: they outlive their requests.
+MAX_QUEUED_CALLS = 32
 _ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -355,6 +357,12 @@ class OpenRewardBridge:
         if body.task_id is not None:  # the SDK resumes a call whose stream broke
             task_id, running = body.task_id, entry.calls.get(body.task_id)
         else:
+            if len(entry.running) >= MAX_QUEUED_CALLS:
+                req.fail(
+                    429,
+                    f"this session has {MAX_QUEUED_CALLS} tool calls running or waiting, "
+                    "the most one may; wait for their results",
+                )
             task_id = os.urandom(16).hex()
             running = asyncio.create_task(self._call(entry, body.name, body.input))
             entry.calls[task_id] = running
