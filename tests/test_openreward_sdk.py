@@ -369,3 +369,58 @@ def test_a_body_over_max_message_size_gets_413_and_the_session_goes_on() -> None
         assert http.post("/create", json=task, headers=headers).json() == {
             "sid": headers["X-Session-ID"]
         }
+
+
+class Gated(CounterEnvironment):
+    """The counter, plus a tool that waits (on a thread) until the test opens the gate."""
+
+    gate: ClassVar[threading.Event] = threading.Event()
+
+    @tool
+    def wait(self) -> str:
+        """Wait for the gate."""
+        assert Gated.gate.wait(60)
+        return "through"
+
+
+async def test_calls_piling_up_on_one_session_are_bounded() -> None:
+    """Calls of one session run one at a time and outlive their requests: without a
+    bound, one client could queue work and memory (each call's arguments) at will."""
+    from openenv.server.openreward import MAX_QUEUED_CALLS
+
+    Gated.gate.clear()
+    with run_server(counter_app(factory=Gated)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            opened = (await http.post("/create_session")).text
+            headers = {"X-Session-ID": opened.split("data: ", 1)[1].split()[0]}
+            task = {"split": "train", "index": 0}
+            assert (await http.post("/create", json=task, headers=headers)).status_code == 200
+
+            async def call(tool_name: str, started: asyncio.Event) -> str:
+                body = {"name": tool_name, "input": {}}
+                async with http.stream("POST", "/call", json=body, headers=headers) as stream:
+                    assert stream.status_code == 200
+                    lines = stream.aiter_lines()
+                    assert await anext(lines) == "event: task_id"
+                    started.set()
+                    return "\n".join([line async for line in lines])
+
+            events = [asyncio.Event() for _ in range(MAX_QUEUED_CALLS)]
+            calls = [asyncio.create_task(call("wait", e)) for e in events]
+            try:
+                for event in events:
+                    await asyncio.wait_for(event.wait(), 30)
+                body = {"name": "wait", "input": {}}
+                async with http.stream("POST", "/call", json=body, headers=headers) as refused:
+                    assert refused.status_code == 429
+                    detail = json.loads(await refused.aread())["detail"]
+                assert f"{MAX_QUEUED_CALLS} tool calls running or waiting" in detail
+            finally:
+                Gated.gate.set()
+            results = await asyncio.gather(*calls)
+            assert all('"text":"through"' in r for r in results)
+            # Room again, and the session goes on.
+            done = await call("get_value", asyncio.Event())
+            assert '"text":"0"' in done, done
+            assert (await http.post("/delete", headers=headers)).status_code == 200
+        assert active(url) == 0

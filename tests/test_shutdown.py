@@ -23,10 +23,10 @@ from openenv.protocol_v2 import SUBPROTOCOL
 APPS = Path(__file__).parent / "apps"
 
 
-def start(port: int, close_log: Path) -> subprocess.Popen[bytes]:
+def start(port: int, close_log: Path, app: str = "shutdown_app:app") -> subprocess.Popen[bytes]:
     code = (
         "from openenv import serve; "
-        f"serve('shutdown_app:app', app_dir={str(APPS)!r}, port={port}, log_level='warning')"
+        f"serve({app!r}, app_dir={str(APPS)!r}, port={port}, log_level='warning')"
     )
     env = {**os.environ, "OPENENV_TEST_CLOSE_LOG": str(close_log)}
     return subprocess.Popen([sys.executable, "-c", code], env=env)
@@ -47,9 +47,11 @@ async def wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(port: int, close_log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+async def serving(
+    port: int, close_log: Path, app: str = "shutdown_app:app"
+) -> AsyncIterator[subprocess.Popen[bytes]]:
     """The shutdown app served on ``port``, once healthy; killed at the end if still up."""
-    proc = start(port, close_log)
+    proc = start(port, close_log, app)
     try:
         await wait_healthy(port, proc)
         yield proc
@@ -152,3 +154,35 @@ async def test_sigterm_closes_every_session_of_every_v2_connection(tmp_path: Pat
     assert [code for _, code in heard] == [1001] * 4
     closed = close_log.read_text().split()
     assert sorted(closed) == sorted(f"s{i}" for i in range(100))
+
+
+async def test_sigterm_ends_openreward_sessions_and_their_calls_in_flight(tmp_path: Path) -> None:
+    """A tool call's open stream must not hold the shutdown past ``shutdown_timeout``
+    (it did: the process was killed, exit 1, with no environment closed)."""
+    import httpx
+
+    port, close_log = free_port(), tmp_path / "closed.txt"
+    async with (
+        serving(port, close_log, "openreward_shutdown_app:app") as proc,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):
+        sessions = []
+        for _ in range(2):
+            opened = (await http.post("/create_session")).text
+            headers = {"X-Session-ID": opened.split("data: ", 1)[1].split()[0]}
+            created = await http.post(
+                "/create", json={"split": "train", "index": 0}, headers=headers
+            )
+            assert created.status_code == 200
+            sessions.append(headers)
+        call = {"name": "slow", "input": {"seconds": 120}}
+        async with http.stream("POST", "/call", json=call, headers=sessions[0]) as stream:
+            lines = stream.aiter_lines()
+            assert await anext(lines) == "event: task_id"
+            proc.send_signal(signal.SIGTERM)  # the call runs; the other session is idle
+            rest = [line async for line in lines]
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    assert "event: error" in rest
+    assert "data: [SESSION_ERROR] the session has ended (shutdown)" in rest
+    # The idle session's environment was closed; the one in a call was given up.
+    assert close_log.read_text().split() == ["closed"]

@@ -14,8 +14,7 @@ registry as ``/ws`` sessions (one cap), its tool calls go through
 ``Session.handle`` as a WebSocket ``call_tool`` frame would, and it ends on
 ``/delete``, on idling past ``session_timeout`` (HTTP has no connection to
 watch; the SDK's pings keep a live one fresh), on a fatal error and on
-shutdown. Which environment a bare path means: the only one, else the one
-``X-Deployment`` names (``ns/counter`` or ``counter``); an unknown name is 404.
+shutdown. A bare path means the only environment, else the one ``X-Deployment`` names.
 """
 
 from __future__ import annotations
@@ -29,39 +28,38 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Receive, Scope, Send
 
 import openenv
 from openenv import protocol
 from openenv.protocol import ErrorCode
+from openenv.server import openreward_requests as req
 from openenv.server import openreward_wire as wire
-from openenv.server.http_bodies import BodyTooLarge, read_body
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import SessionState
 from openenv.server.sessions import Session
-from openenv.tasks import unknown_split_message
 from openenv.tools import tools_of
 
 __all__ = ["OpenRewardBridge"]
 
 logger = logging.getLogger("openenv.server")
 
-_B = TypeVar("_B", bound=BaseModel)
 
 # Idle seconds before a session is closed when the app sets no session_timeout
 # (OpenReward's own server reaps after 900 s without a ping).
 DEFAULT_IDLE_TIMEOUT = 900.0
 _CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken stream
+# Calls of one session running or waiting their turn: they outlive their requests.
+MAX_QUEUED_CALLS = 32
 _ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -76,6 +74,8 @@ class _Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_active: float = field(default_factory=time.monotonic)
     calls: OrderedDict[str, asyncio.Task[tuple[str, bytes]]] = field(default_factory=OrderedDict)
+    running: set[asyncio.Task[tuple[str, bytes]]] = field(default_factory=set)  # not yet done
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
 class _SessionOnly(Route):
@@ -117,6 +117,7 @@ class OpenRewardBridge:
         self._secret = os.urandom(32)
         for name, service in self.services.items():
             service.lifespan_hooks.append(functools.partial(self._running, name))
+            service.drain_hooks.append(functools.partial(self._drain, name))
 
     # -- routes ------------------------------------------------------------------
 
@@ -156,7 +157,7 @@ class OpenRewardBridge:
     def _resolve(self, name: str) -> str:
         found = name if name in self.services else self._by_lower.get(name.lower())
         if found is None:
-            _fail(404, f"unknown environment {name!r}; this server has: {self._names()}")
+            req.fail(404, f"unknown environment {name!r}; this server has: {self._names()}")
         return found
 
     def _names(self) -> str:
@@ -170,7 +171,7 @@ class OpenRewardBridge:
             return next(iter(self.services))
         deployment = request.headers.get(wire.DEPLOYMENT_HEADER, "").strip()
         if not deployment:
-            _fail(
+            req.fail(
                 404,
                 f"which environment? name it in the path (/{{env}}/...) or in X-Deployment; "
                 f"this server has: {self._names()}",
@@ -202,42 +203,44 @@ class OpenRewardBridge:
     async def tools(self, request: Request) -> Response:
         _, service = self._service(request, "/tools")
         specs = tools_of(service.env_cls) if service.env_cls is not None else {}
-        return _json(wire.tool_list([spec.info for spec in specs.values()]))
+        return req.json_response(wire.tool_list([spec.info for spec in specs.values()]))
 
     async def splits(self, request: Request) -> Response:
         _, service = self._service(request, "/splits")
-        return _json([wire.split_entry(name) for name in _split_names(service)])
+        return req.json_response([wire.split_entry(name) for name in req.split_names(service)])
 
     async def tasks(self, request: Request) -> Response:
         env, service = self._service(request, "/tasks")
-        body = await _body(request, wire.SplitRequest, service)
-        tasks = _split(service, body.split)
-        return _json({"tasks": [wire.task_json(t) for t in tasks], "env_name": env})
+        body = await req.body(request, wire.SplitRequest, service)
+        tasks = req.split_tasks(service, body.split)
+        return req.json_response({"tasks": [wire.task_json(t) for t in tasks], "env_name": env})
 
     async def num_tasks(self, request: Request) -> Response:
         _, service = self._service(request, "/num_tasks")
-        body = await _body(request, wire.SplitRequest, service)
-        return _json({"num_tasks": len(_split(service, body.split))})
+        body = await req.body(request, wire.SplitRequest, service)
+        return req.json_response({"num_tasks": len(req.split_tasks(service, body.split))})
 
     async def task(self, request: Request) -> Response:
         env, service = self._service(request, "/task")
-        body = await _body(request, wire.TaskRequest, service)
-        return _json({"task": _task_at(service, body.split, body.index), "env_name": env})
+        body = await req.body(request, wire.TaskRequest, service)
+        return req.json_response(
+            {"task": req.task_at(service, body.split, body.index), "env_name": env}
+        )
 
     async def task_range(self, request: Request) -> Response:
         env, service = self._service(request, "/task_range")
-        body = await _body(request, wire.TaskRangeRequest, service)
-        tasks = _split(service, body.split)
+        body = await req.body(request, wire.TaskRangeRequest, service)
+        tasks = req.split_tasks(service, body.split)
         chosen = [wire.task_json(tasks[i]) for i in range(len(tasks))[body.start : body.stop]]
-        return _json({"tasks": chosen, "env_name": env})
+        return req.json_response({"tasks": chosen, "env_name": env})
 
     async def version(self, request: Request) -> Response:
         self._check(request, None, "/version")
-        return _json({"version": openenv.__version__, "build_sha": None})
+        return req.json_response({"version": openenv.__version__, "build_sha": None})
 
     async def list_environments(self, request: Request) -> Response:
         self._check(request, None, "/list_environments")
-        return _json(list(self.services))
+        return req.json_response(list(self.services))
 
     # -- sessions ----------------------------------------------------------------
 
@@ -260,22 +263,22 @@ class OpenRewardBridge:
 
     async def create(self, request: Request) -> Response:
         """Open the session's environment (a slot, the factory, ``reset(task=...)``)."""
-        sid = _sid(request)
+        sid = req.session_id(request)
         if not self._issued(sid):
-            _fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
+            req.fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
         if sid in self.sessions:
-            _fail(400, "Session already exists")
+            req.fail(400, "Session already exists")
         self._check(request, None, "/create")  # before reading the body
-        body = await _body(request, wire.CreateRequest, next(iter(self.services.values())))
+        body = await req.body(request, wire.CreateRequest, next(iter(self.services.values())))
         env = self._env_of(request, body.env_name)
         self._check(request, env, "/create")
         service = self.services[env]
         if body.toolset_name is not None:
-            _fail(400, f"unknown toolset {body.toolset_name!r}: openenv serves no toolsets")
+            req.fail(400, f"unknown toolset {body.toolset_name!r}: openenv serves no toolsets")
         if body.task_spec is not None:
             task: Any = body.task_spec
         else:
-            task = _task_at(service, body.split or "", body.index or 0)  # both set
+            task = req.task_at(service, body.split or "", body.index or 0)  # both set
         try:
             session = await service.open_session()
         except SessionRefused as refused:
@@ -287,9 +290,9 @@ class OpenRewardBridge:
             reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))
             if isinstance(reply, protocol.ErrorReply):
                 status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
-                _fail(status, f"could not reset the environment: {reply.data.message}")
+                req.fail(status, f"could not reset the environment: {reply.data.message}")
             if sid in self.sessions:  # the same id created twice at once
-                _fail(400, "Session already exists")
+                req.fail(400, "Session already exists")
         except BaseException:
             await session.aclose("openreward_create_failed")
             raise
@@ -297,64 +300,74 @@ class OpenRewardBridge:
         self.ended.pop(sid, None)
         if await request.is_disconnected():  # nobody will use or delete it
             await self._end(sid, "client_gone")
-        return _json({"sid": sid})
+        return req.json_response({"sid": sid})
 
     async def delete(self, request: Request) -> Response:
         """End the session and free its slot; an id with no session is a no-op."""
-        sid = _sid(request)
+        sid = req.session_id(request)
         entry = self.sessions.get(sid)
         self._check(request, entry.env if entry is not None else None, "/delete")
         if entry is not None:
             await self._end(sid, "client_close")
-        return _json({"sid": sid})
+        return req.json_response({"sid": sid})
 
     async def ping(self, request: Request) -> Response:
         self._entry(request, "/ping")
-        return _json({"status": "ok"})
+        return req.json_response({"status": "ok"})
 
     def _entry(self, request: Request, path: str) -> _Entry:
         """The live session the request names (404 unknown, 410 ended), kept fresh."""
-        sid = _sid(request)
+        sid = req.session_id(request)
         entry = self.sessions.get(sid)
         if entry is None:
             if (why := self.ended.get(sid)) is not None:
                 self._check(request, None, path)
-                _fail(410, f"session {sid[:64]} has ended ({why}); open a new one")
+                req.fail(410, f"session {sid[:64]} has ended ({why}); open a new one")
             self._check(request, None, path)
-            _fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create")
+            req.fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create")
         self._check(request, entry.env, path)
         if "env" in request.path_params and self._env_of(request) != entry.env:
-            _fail(404, f"session {sid[:64]} is a session of environment {entry.env!r}")
+            req.fail(404, f"session {sid[:64]} is a session of environment {entry.env!r}")
         entry.last_active = time.monotonic()
         return entry
 
     async def task_tools(self, request: Request) -> Response:
         entry = self._entry(request, "/task_tools")
-        return _json(wire.tool_list([spec.info for spec in entry.session.tools.values()]))
+        return req.json_response(
+            wire.tool_list([spec.info for spec in entry.session.tools.values()])
+        )
 
     async def prompt(self, request: Request) -> Response:
         entry = self._entry(request, "/prompt")
         async with entry.lock:
             if entry.ended is not None:
-                _fail(410, f"session {entry.sid[:64]} has ended ({entry.ended}); open a new one")
+                req.fail(410, f"session {entry.sid[:64]} has ended ({entry.ended}); open a new one")
             reply = await self._handle(entry, protocol.request_frame("get_prompt"))
         await self._after_call(entry)
         if isinstance(reply, protocol.ErrorReply):
             status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
-            _fail(status, f"[{reply.data.code.value}] {reply.data.message}")
+            req.fail(status, f"[{reply.data.code.value}] {reply.data.message}")
         assert isinstance(reply, protocol.PromptReply)
-        return _json(wire.prompt_blocks(reply.data.prompt))
+        return req.json_response(wire.prompt_blocks(reply.data.prompt))
 
     async def call(self, request: Request) -> Response:
         """Run a tool; stream ``task_id``, keepalives, then the result (or an ``error``)."""
         entry = self._entry(request, "/call")
-        body = await _body(request, wire.ToolCallRequest, entry.service)
+        body = await req.body(request, wire.ToolCallRequest, entry.service)
         if body.task_id is not None:  # the SDK resumes a call whose stream broke
             task_id, running = body.task_id, entry.calls.get(body.task_id)
         else:
+            if len(entry.running) >= MAX_QUEUED_CALLS:
+                req.fail(
+                    429,
+                    f"this session has {MAX_QUEUED_CALLS} tool calls running or waiting, "
+                    "the most one may; wait for their results",
+                )
             task_id = os.urandom(16).hex()
             running = asyncio.create_task(self._call(entry, body.name, body.input))
             entry.calls[task_id] = running
+            entry.running.add(running)
+            running.add_done_callback(entry.running.discard)
             while len(entry.calls) > _CALLS_KEPT:
                 entry.calls.popitem(last=False)
         events = wire.call_events(task_id, running)
@@ -403,6 +416,11 @@ class OpenRewardBridge:
             await asyncio.wait_for(entry.lock.acquire(), wait)
         except TimeoutError:
             entry.session.abandon()  # a shutdown's deadline: free the slot anyway
+            # and end the calls' streams, which the server waits for before it stops.
+            for task in entry.running:
+                task.cancel()
+            if entry.running:
+                await asyncio.wait(entry.running)
         else:
             entry.lock.release()
         await entry.session.aclose(f"openreward_{reason}")
@@ -420,9 +438,14 @@ class OpenRewardBridge:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
-            mine = [sid for sid, e in self.sessions.items() if e.env == env]
-            wait = service.settings.shutdown_timeout
-            await asyncio.gather(*(self._end(sid, "shutdown", wait) for sid in mine))
+            await self._drain(env)
+
+    async def _drain(self, env: str) -> None:
+        """End ``env``'s sessions here as a shutdown begins: their calls' streams hold it."""
+        loop = asyncio.get_running_loop()
+        mine = [sid for sid, e in self.sessions.items() if e.env == env and e.loop is loop]
+        wait = self.services[env].settings.shutdown_timeout
+        await asyncio.gather(*(self._end(sid, "shutdown", wait) for sid in mine))
 
     async def _reap(self, env: str, service: EnvService) -> None:
         limit = service.concurrency.session_timeout or DEFAULT_IDLE_TIMEOUT
@@ -434,52 +457,3 @@ class OpenRewardBridge:
                 if entry.env == env and not entry.lock.locked() and entry.last_active < cutoff:
                     logger.info("OpenReward session %s idle over %gs; closing", sid[:12], limit)
                     await self._end(sid, "idle_timeout")
-
-
-def _fail(status: int, message: str) -> NoReturn:
-    raise HTTPException(status, message)
-
-
-def _json(value: Any) -> Response:
-    return JSONResponse(value)
-
-
-def _sid(request: Request) -> str:
-    sid = request.headers.get(wire.SESSION_HEADER, "").strip()
-    if not sid:
-        _fail(400, "X-Session-ID header is required")
-    return sid
-
-
-async def _body(request: Request, model: type[_B], service: EnvService) -> _B:
-    """The JSON body as ``model``: 413 past ``max_message_size``, 422 when it does not fit."""
-    try:
-        raw = await read_body(request.scope, request.receive, service.settings.max_message_size)
-    except BodyTooLarge as exc:
-        _fail(413, str(exc))
-    try:
-        return model.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        _fail(422, f"invalid {model.__name__} body: {problems}")
-
-
-def _split_names(service: EnvService) -> list[str]:
-    return [] if service.env_cls is None else list(service.env_cls.list_splits())
-
-
-def _split(service: EnvService, split: str) -> Sequence[Any]:
-    known = _split_names(service)
-    if split not in known or service.env_cls is None:
-        _fail(400, f"Invalid split: {unknown_split_message(split, known)}")
-    tasks: Sequence[Any] = service.env_cls.list_tasks(split)
-    return tasks
-
-
-def _task_at(service: EnvService, split: str, index: int) -> Any:
-    tasks = _split(service, split)
-    if not -len(tasks) <= index < len(tasks):
-        _fail(400, f"Invalid index: split {split!r} has {len(tasks)} tasks, no index {index}")
-    return wire.task_json(tasks[index])

@@ -230,6 +230,8 @@ async def call_events(
             yield b": keepalive\r\n\r\n"
     try:
         event, data = running.result()
+    except asyncio.CancelledError:  # a shutdown past its deadline gave up on the call
+        event, data = "error", b"[SESSION_ERROR] the session has ended (shutdown)"
     except Exception as exc:  # a bug of ours, not the environment's: say so, briefly
         logger.exception("OpenReward tool call failed")
         event, data = "error", f"internal error: {type(exc).__name__}".encode()

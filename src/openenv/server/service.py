@@ -144,6 +144,9 @@ class EnvService:
         self.watchdog = LoopWatchdog(LOOP_BLOCK_WARNING, describe=self._describe_task)
         # Extra services (e.g. the MCP adapter) that live as long as the app runs.
         self.lifespan_hooks: list[Callable[[], AbstractAsyncContextManager[None]]] = []
+        # Their sessions to end when a shutdown begins, beside /ws's (``drain``):
+        # before the server waits for open responses, which their calls hold.
+        self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
 
     async def open_session(self, gone: Callable[[], bool] | None = None) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
@@ -372,6 +375,9 @@ class EnvService:
         loop = asyncio.get_running_loop()
         if loop in self._serving:
             self._serving[loop] = True
+        await asyncio.gather(self._drain_connections(loop), *(h() for h in self.drain_hooks))
+
+    async def _drain_connections(self, loop: asyncio.AbstractEventLoop) -> None:
         connections = self._served_here(loop)
         if not connections:
             return
