@@ -8,8 +8,11 @@ import logging
 import httpx
 import orjson
 import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 from servers import Ping, PingEnvironment, Pong, Tracker, slots_free
+from tool_envs import ToolBox
 from v2_wire import open_sessions, raw_v2, replies, send
 from websockets.exceptions import ConnectionClosedError
 
@@ -134,3 +137,17 @@ async def test_v2_error_replies_are_counted_like_v1_ones() -> None:
     # Ended by the bad frames: closed as an error, its slot back.
     assert counted[("openenv_sessions_closed_total", (("reason", "error"),))] == 1
     assert counted[("openenv_sessions_active", ())] == 0
+
+
+async def test_mcp_tool_errors_are_counted_like_ws_ones() -> None:
+    app = create_app(ToolBox, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2), mcp=True)
+    with run_server(app) as url:
+        async with Client(f"{url}/mcp") as mcp:
+            assert (await mcp.call_tool("fail", {})).is_error  # EXECUTION_ERROR
+            assert (await mcp.call_tool("add", {"a": "x"})).is_error  # VALIDATION_ERROR
+            with pytest.raises(MCPError):
+                await mcp.call_tool("jump", {})  # UNKNOWN_TOOL
+            assert (await mcp.call_tool("add", {"a": 1})).is_error is False
+        seen = await samples(url)
+    errors = {dict(k[1])["code"]: v for k, v in seen.items() if k[0] == "openenv_errors_total"}
+    assert errors == {"EXECUTION_ERROR": 1, "VALIDATION_ERROR": 1, "UNKNOWN_TOOL": 1}

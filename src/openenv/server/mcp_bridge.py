@@ -394,6 +394,8 @@ class McpBridge:
                 self._record(entry.session.id, started, params.name, arguments, exc)
                 if entry.session.state is not SessionState.OPEN:  # a fatal error ended it
                     self._end_soon(ctx.request.headers[MCP_SESSION_ID_HEADER], "fatal_error")
+                else:  # counted as on /ws (a fatal one was, as it ended the session)
+                    self.service.metrics.errors[exc.code.value] += 1
                 if exc.code is ErrorCode.UNKNOWN_TOOL:
                     raise MCPError(code=mcp.INVALID_PARAMS, message=exc.message) from None
                 # Bad arguments, a finished episode, a failing tool: the model
