@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Shouter, echo_agent
+from runtime_agents import BlockingActor, Shouter, blocking_async_agent, echo_agent
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
@@ -223,3 +223,15 @@ async def test_a_failing_sub_agent_stops_its_siblings_before_its_task_ends(mode:
     assert result.error is not None
     assert (result.error.type, result.error.message) == ("ValueError", "this sub-agent gave up")
     assert events == ["started", "cancelled"]
+
+
+def test_one_task_on_worker_processes_times_out_though_its_agent_blocks_the_loop() -> None:
+    # With one task, worker_num=2 ran it on the caller's loop, where nothing
+    # can interrupt an `async def` agent that calls time.sleep: it came back
+    # `ok` a minute later instead of `timeout` at its 1 s.
+    tasks = [Task(id="blocker", env=EchoEnvironment, agent=blocking_async_agent, timeout=1)]
+    config = RunConfig(worker_num=2, max_concurrency=1, progress=False)
+    (result,) = Runners.sync_run_task(tasks, config)
+    assert result.status.value == "timeout", result
+    assert result.error is not None
+    assert "did not finish within its 1 s timeout" in result.error.message
