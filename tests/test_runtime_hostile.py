@@ -235,3 +235,31 @@ def test_one_task_on_worker_processes_times_out_though_its_agent_blocks_the_loop
     assert result.status.value == "timeout", result
     assert result.error is not None
     assert "did not finish within its 1 s timeout" in result.error.message
+
+
+async def cancelled_agent(session: EpisodeSession) -> None:
+    """Awaits a task it cancelled itself: asyncio.CancelledError reaches its caller."""
+    await session.reset()
+    sleeper = asyncio.ensure_future(asyncio.sleep(3600))
+    await asyncio.sleep(0)
+    sleeper.cancel()
+    await sleeper
+
+
+@pytest.mark.parametrize("name", ["local", "processes", "spark"])
+def test_an_agent_that_raises_cancelled_error_fails_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    # On worker engines its task never got a result (the run waited for ever;
+    # here the task's timeout ends it); in process it ended the whole run.
+    tasks = [
+        echo_task("cancelled", cancelled_agent, timeout=SLACK),
+        *(echo_task(f"t{i}", echo_agent) for i in range(3)),
+    ]
+    config = RunConfig(**engine(request, name), max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"], results[0]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "CancelledError"
+    assert results[0].attempts == 1
