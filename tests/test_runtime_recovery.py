@@ -14,6 +14,8 @@ import contextlib
 import functools
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -148,6 +150,65 @@ async def test_leaving_the_stream_early_cancels_what_is_still_running(tmp_path: 
     words = [w[:2] for w in journal_lines(journal)]
     assert ["start", "t0"] in words
     assert ["done", "t0"] not in words  # cancelled, not waited for
+
+
+# A program that calls sync_run_task from inside a running loop, as a notebook
+# does, and is interrupted (Ctrl-C) while its episodes wait for ever; then it
+# reports its child processes (the workers) still alive once they are gone
+# (or after 30 s).
+INTERRUPTED_IN_A_LOOP = """
+import asyncio, os, sys, time
+from pathlib import Path
+from openenv.runtime import RunConfig, Runners, Task
+
+held = Path(sys.argv[1])
+
+async def hang(session):
+    held.write_text(str(os.getpid()))
+    await asyncio.Event().wait()
+
+def children():
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if entry.isdigit() and int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+            found.append(int(entry))
+    return found
+
+async def main():
+    tasks = [Task(id=f"t{i}", agent=hang) for i in range(4)]
+    try:
+        Runners.sync_run_task(tasks, RunConfig(worker_num=2, progress=False))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+
+asyncio.new_event_loop().run_until_complete(main())
+deadline = time.monotonic() + 30
+while children() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("left", children(), flush=True)
+"""
+
+
+def test_ctrl_c_in_sync_run_task_inside_a_loop_stops_the_run_and_its_workers(
+    tmp_path: Path,
+) -> None:
+    # The interrupt waited for the whole run to end (here: for ever), which
+    # went on in the background meanwhile.
+    held = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    script = [sys.executable, "-c", INTERRUPTED_IN_A_LOOP, str(held)]
+    with subprocess.Popen(script, stdout=subprocess.PIPE, text=True, env=env) as program:
+        try:
+            until(held.exists, "episode in a worker")
+            program.send_signal(signal.SIGINT)
+            out, _ = program.communicate(timeout=60)
+        finally:
+            program.kill()
+    assert out.splitlines() == ["interrupted", "left []"]
 
 
 class HeldActor:
