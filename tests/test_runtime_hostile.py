@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import subprocess
 import sys
 import threading
 from typing import Any
@@ -263,3 +264,32 @@ def test_an_agent_that_raises_cancelled_error_fails_alone(
     assert error is not None
     assert error.type == "CancelledError"
     assert results[0].attempts == 1
+
+
+READS_STDIN = "import sys; data = sys.stdin.buffer.read(); print(len(data))"
+
+
+async def stdin_reading_agent(session: EpisodeSession) -> str:
+    """Starts a program that reads its stdin to the end, as many tools do."""
+    await session.reset()
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", READS_STDIN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=SLACK,
+    )
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_programs_an_agent_starts_in_a_worker_process_read_no_driver_messages() -> None:
+    # They inherited the worker's stdin: the driver's (non-blocking) pipe of
+    # messages. A reader failed on it (EAGAIN), or took frames meant for the
+    # worker; they now read an empty stdin, as under a terminal-less program.
+    tasks = [echo_task(f"r{i}", stdin_reading_agent) for i in range(2)]
+    tasks += [echo_task(f"t{i}", echo_agent) for i in range(2)]
+    config = RunConfig(worker_num=2, max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [(r.status.value, r.value) for r in results[:2]] == [("ok", "0")] * 2, results
+    assert all(r.ok for r in results[2:])
