@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Journal, blocking_async_agent, echo_agent, journal_lines
+from runtime_agents import (
+    BlockingActor,
+    Journal,
+    blocking_async_agent,
+    echo_agent,
+    exiting_agent,
+    journal_lines,
+)
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
@@ -103,6 +110,26 @@ def test_a_worker_killed_mid_run_loses_no_result_and_replays_no_finished_episode
     assert starts["t5"] == 2
     assert results[5].attempts == 2  # the lost attempt is counted and shown
     assert all(r.attempts >= starts[r.task_id] for r in results)
+
+
+@pytest.mark.parametrize("name", ["processes", "spark"])
+def test_a_task_that_kills_every_worker_it_plays_on_fails_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    # The tasks lost with it went back to the front of the queue together, were
+    # handed out together again, and died with it again: 5 to 8 of these 39
+    # failed with "lost its worker 3 times", though nothing was wrong with them.
+    tasks = [
+        Task(id="killer", env=EchoEnvironment, agent=exiting_agent),
+        *echo_tasks(39, echo_agent),
+    ]
+    results = Runners.sync_run_task(tasks, engine_config(request, name, max_concurrency=8))
+    killer = results[0]
+    assert (killer.status.value, killer.attempts) == ("error", 3)
+    assert killer.error is not None
+    assert "lost its worker 3 times (retries=2)" in killer.error.message
+    assert [r.task_id for r in results if not r.ok] == ["killer"], [r.error for r in results]
+    assert all(1 <= r.attempts <= 3 for r in results)
 
 
 @pytest.mark.parametrize("name", list(REMOTE))
