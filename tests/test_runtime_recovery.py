@@ -28,15 +28,17 @@ import pytest
 from runtime_agents import (
     BlockingActor,
     Journal,
+    append_line,
     blocking_async_agent,
     echo_agent,
     exiting_agent,
     journal_lines,
+    wait_for_file,
 )
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
-from openenv.runtime import RunConfig, Runners, Task, TaskResult
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskResult
 
 REMOTE = {
     "processes": {"engine_name": "local", "worker_num": 2},
@@ -278,3 +280,38 @@ def test_an_agent_that_blocks_for_a_minute_times_out_and_stalls_no_other_task(
     assert [r.status.value for r in results] == ["timeout"] + ["ok"] * 6, [r.error for r in results]
     assert results[0].error is not None
     assert "did not finish within its 1 s timeout" in results[0].error.message
+
+
+class BlocksItsLoopBesideOthers:
+    """The task "blocker" blocks its worker's loop (``time.sleep``) for a minute;
+    every other task waits until it does before it plays, so that those beside
+    it on its worker are surely in flight when the driver stops that worker."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    async def __call__(self, session: EpisodeSession) -> Any:
+        if session.task.id == "blocker":
+            await session.reset()
+            append_line(self.flag, "blocking")
+            time.sleep(60)  # noqa: ASYNC251 - the point: an agent that blocks its loop
+            return None
+        await wait_for_file(self.flag)
+        return await echo_agent(session)
+
+
+@pytest.mark.parametrize("name", ["processes", "spark"])
+def test_episodes_beside_a_loop_blocking_agent_go_on_with_no_retries(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    # The driver stops the blocker's worker and hands the episodes beside it
+    # on; with retries=0 they failed instead ("lost its worker 1 times").
+    agent = BlocksItsLoopBesideOthers(str(tmp_path / "blocking"))
+    tasks = [Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=1)]
+    tasks += echo_tasks(5, agent)
+    config = engine_config(request, name, max_concurrency=2, retries=0)
+    results = Runners.sync_run_task(tasks, config)
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] + ["ok"] * 5, [r.error for r in results]
+    # One was beside it, surely (its worker has two slots): played twice, and shown.
+    assert sorted(r.attempts for r in results[1:])[-1] == 2

@@ -192,15 +192,20 @@ class Dispatcher:
         self._ready.appendleft(parcel.index)
         self._wake.set()
 
-    def lost(self, parcel: Parcel, reason: str) -> None:
-        """The worker playing ``parcel`` is gone: hand it out again, or give up on it."""
+    def lost(self, parcel: Parcel, reason: str, *, charged: bool = True) -> None:
+        """The worker playing ``parcel`` is gone: hand it out again, or give up on it.
+
+        ``charged``: the loss counts against the task's retries. It does not when
+        the driver stopped the worker for another task's sake (a stalled loop):
+        the attempt still shows in ``attempts``.
+        """
         index = parcel.index
         self._cancel_timer(index)
         self._last_chances.pop(index, None)
         if self.results[index] is not None:
             return
         self._lost[index] = parcel.attempts_before + 1
-        if self._lost[index] > self.settings.retries:
+        if charged and self._lost[index] > self.settings.retries:
             message = (
                 f"{reason}; the task lost its worker {self._lost[index]} times "
                 f"(retries={self.settings.retries})"
@@ -268,13 +273,16 @@ async def serve(
     """Run ``workers`` workers of ``slots`` slots each until every task has its result."""
     reasons: list[str] = []
     holders: dict[int, RemoteWorker] = {}
+    stopped: set[int] = set()  # id() of workers stopped for another task's stalled loop
 
     def overdue(index: int) -> None:
         # The worker did not report its own timeout: something blocks its loop
         # (an agent calling time.sleep in `async def`), and every other episode
-        # on it waits too. Stop it; those episodes go to healthy workers.
+        # on it waits too. Stop it; those episodes go to healthy workers, at no
+        # cost to their retries.
         worker = holders.get(index)
         if worker is not None:
+            stopped.add(id(worker))
             worker.abort()
 
     dispatcher.on_overdue = overdue
@@ -292,13 +300,14 @@ async def serve(
                 watch = asyncio.create_task(_poke_on_death(worker, dispatcher))
                 try:
                     await asyncio.gather(
-                        *(_slot(worker, dispatcher, holders) for _ in range(slots))
+                        *(_slot(worker, dispatcher, holders, stopped) for _ in range(slots))
                     )
                 except asyncio.CancelledError:
                     worker.abort()  # the run was cancelled: stop its episodes too
                     raise
                 finally:
                     watch.cancel()
+                    stopped.discard(id(worker))
                 if not worker.died.is_set():
                     await worker.finish()
                     return
@@ -318,7 +327,10 @@ async def _poke_on_death(worker: RemoteWorker, dispatcher: Dispatcher) -> None:
 
 
 async def _slot(
-    worker: RemoteWorker, dispatcher: Dispatcher, holders: dict[int, RemoteWorker]
+    worker: RemoteWorker,
+    dispatcher: Dispatcher,
+    holders: dict[int, RemoteWorker],
+    stopped: set[int],
 ) -> None:
     while (parcel := await dispatcher.take(until=worker.died, worker=worker)) is not None:
         holders[parcel.index] = worker
@@ -327,7 +339,7 @@ async def _slot(
         except WorkerLost as exc:
             worker.died.set()
             if exc.sent:
-                dispatcher.lost(parcel, str(exc))
+                dispatcher.lost(parcel, str(exc), charged=id(worker) not in stopped)
             else:
                 dispatcher.put_back(parcel)
             return
