@@ -386,6 +386,21 @@ def test_an_agent_that_cannot_be_pickled_fails_before_the_run(tmp_path: Path) ->
     assert all(r.ok for r in Runners.sync_run_task(tasks, QUICK))
 
 
+def test_a_task_whose_input_cannot_be_pickled_is_named_with_its_input() -> None:
+    # The error blamed "its agent echo_agent, or its env": neither holds the socket.
+    with socket.socket() as connection:
+        tasks = [
+            factory_task("t0", echo_agent),
+            Task(id="t1", env=EchoEnvironment, agent=echo_agent, input={"conn": connection}),
+        ]
+        with pytest.raises(TypeError) as raised:
+            Runners.sync_run_task(tasks, PROCESSES)
+    message = str(raised.value)
+    assert message.startswith("task 't1' cannot be pickled to send it to a worker (its input ")
+    assert "cannot pickle 'socket' object" in message
+    assert "echo_agent" not in message
+
+
 def test_a_result_that_cannot_be_pickled_fails_alone() -> None:
     async def returns_a_lock(session: EpisodeSession) -> threading.Lock:
         return threading.Lock()

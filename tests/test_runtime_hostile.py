@@ -13,6 +13,7 @@ import asyncio
 import functools
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Shouter, echo_agent
+from runtime_agents import BlockingActor, Shouter, blocking_async_agent, echo_agent
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
@@ -269,3 +270,72 @@ def test_ray_actors_that_died_between_runs_cost_the_next_run_nothing(
     )
     results = Runners.sync_run_task([echo_task("after", echo_agent)], later)
     assert [r.status.value for r in results] == ["ok"], [r.error for r in results]
+
+
+def test_one_task_on_worker_processes_times_out_though_its_agent_blocks_the_loop() -> None:
+    # With one task, worker_num=2 ran it on the caller's loop, where nothing
+    # can interrupt an `async def` agent that calls time.sleep: it came back
+    # `ok` a minute later instead of `timeout` at its 1 s.
+    tasks = [Task(id="blocker", env=EchoEnvironment, agent=blocking_async_agent, timeout=1)]
+    config = RunConfig(worker_num=2, max_concurrency=1, progress=False)
+    (result,) = Runners.sync_run_task(tasks, config)
+    assert result.status.value == "timeout", result
+    assert result.error is not None
+    assert "did not finish within its 1 s timeout" in result.error.message
+
+
+async def cancelled_agent(session: EpisodeSession) -> None:
+    """Awaits a task it cancelled itself: asyncio.CancelledError reaches its caller."""
+    await session.reset()
+    sleeper = asyncio.ensure_future(asyncio.sleep(3600))
+    await asyncio.sleep(0)
+    sleeper.cancel()
+    await sleeper
+
+
+@pytest.mark.parametrize("name", ["local", "processes", "spark"])
+def test_an_agent_that_raises_cancelled_error_fails_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    # On worker engines its task never got a result (the run waited for ever;
+    # here the task's timeout ends it); in process it ended the whole run.
+    tasks = [
+        echo_task("cancelled", cancelled_agent, timeout=SLACK),
+        *(echo_task(f"t{i}", echo_agent) for i in range(3)),
+    ]
+    config = RunConfig(**engine(request, name), max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"], results[0]
+    error = results[0].error
+    assert error is not None
+    assert error.type == "CancelledError"
+    assert results[0].attempts == 1
+
+
+READS_STDIN = "import sys; data = sys.stdin.buffer.read(); print(len(data))"
+
+
+async def stdin_reading_agent(session: EpisodeSession) -> str:
+    """Starts a program that reads its stdin to the end, as many tools do."""
+    await session.reset()
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", READS_STDIN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=SLACK,
+    )
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_programs_an_agent_starts_in_a_worker_process_read_no_driver_messages() -> None:
+    # They inherited the worker's stdin: the driver's (non-blocking) pipe of
+    # messages. A reader failed on it (EAGAIN), or took frames meant for the
+    # worker; they now read an empty stdin, as under a terminal-less program.
+    tasks = [echo_task(f"r{i}", stdin_reading_agent) for i in range(2)]
+    tasks += [echo_task(f"t{i}", echo_agent) for i in range(2)]
+    config = RunConfig(worker_num=2, max_concurrency=2, progress=False)
+    results = Runners.sync_run_task(tasks, config)
+    assert [(r.status.value, r.value) for r in results[:2]] == [("ok", "0")] * 2, results
+    assert all(r.ok for r in results[2:])

@@ -14,6 +14,8 @@ import contextlib
 import functools
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -23,11 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Journal, blocking_async_agent, echo_agent, journal_lines
+from runtime_agents import (
+    BlockingActor,
+    Journal,
+    append_line,
+    blocking_async_agent,
+    echo_agent,
+    exiting_agent,
+    journal_lines,
+    wait_for_file,
+)
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
-from openenv.runtime import RunConfig, Runners, Task, TaskResult
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskResult
 
 REMOTE = {
     "processes": {"engine_name": "local", "worker_num": 2},
@@ -103,6 +114,26 @@ def test_a_worker_killed_mid_run_loses_no_result_and_replays_no_finished_episode
     assert all(r.attempts >= starts[r.task_id] for r in results)
 
 
+@pytest.mark.parametrize("name", ["processes", "spark"])
+def test_a_task_that_kills_every_worker_it_plays_on_fails_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    # The tasks lost with it went back to the front of the queue together, were
+    # handed out together again, and died with it again: 5 to 8 of these 39
+    # failed with "lost its worker 3 times", though nothing was wrong with them.
+    tasks = [
+        Task(id="killer", env=EchoEnvironment, agent=exiting_agent),
+        *echo_tasks(39, echo_agent),
+    ]
+    results = Runners.sync_run_task(tasks, engine_config(request, name, max_concurrency=8))
+    killer = results[0]
+    assert (killer.status.value, killer.attempts) == ("error", 3)
+    assert killer.error is not None
+    assert "lost its worker 3 times (retries=2)" in killer.error.message
+    assert [r.task_id for r in results if not r.ok] == ["killer"], [r.error for r in results]
+    assert all(1 <= r.attempts <= 3 for r in results)
+
+
 @pytest.mark.parametrize("name", list(REMOTE))
 def test_workers_pull_work_as_they_free_up(
     request: pytest.FixtureRequest, name: str, tmp_path: Path
@@ -150,6 +181,65 @@ async def test_leaving_the_stream_early_cancels_what_is_still_running(tmp_path: 
     assert ["done", "t0"] not in words  # cancelled, not waited for
 
 
+# A program that calls sync_run_task from inside a running loop, as a notebook
+# does, and is interrupted (Ctrl-C) while its episodes wait for ever; then it
+# reports its child processes (the workers) still alive once they are gone
+# (or after 30 s).
+INTERRUPTED_IN_A_LOOP = """
+import asyncio, os, sys, time
+from pathlib import Path
+from openenv.runtime import RunConfig, Runners, Task
+
+held = Path(sys.argv[1])
+
+async def hang(session):
+    held.write_text(str(os.getpid()))
+    await asyncio.Event().wait()
+
+def children():
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if entry.isdigit() and int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+            found.append(int(entry))
+    return found
+
+async def main():
+    tasks = [Task(id=f"t{i}", agent=hang) for i in range(4)]
+    try:
+        Runners.sync_run_task(tasks, RunConfig(worker_num=2, progress=False))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+
+asyncio.new_event_loop().run_until_complete(main())
+deadline = time.monotonic() + 30
+while children() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("left", children(), flush=True)
+"""
+
+
+def test_ctrl_c_in_sync_run_task_inside_a_loop_stops_the_run_and_its_workers(
+    tmp_path: Path,
+) -> None:
+    # The interrupt waited for the whole run to end (here: for ever), which
+    # went on in the background meanwhile.
+    held = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    script = [sys.executable, "-c", INTERRUPTED_IN_A_LOOP, str(held)]
+    with subprocess.Popen(script, stdout=subprocess.PIPE, text=True, env=env) as program:
+        try:
+            until(held.exists, "episode in a worker")
+            program.send_signal(signal.SIGINT)
+            out, _ = program.communicate(timeout=60)
+        finally:
+            program.kill()
+    assert out.splitlines() == ["interrupted", "left []"]
+
+
 class HeldActor:
     """A sync ``act()`` that blocks its thread until released."""
 
@@ -190,3 +280,38 @@ def test_an_agent_that_blocks_for_a_minute_times_out_and_stalls_no_other_task(
     assert [r.status.value for r in results] == ["timeout"] + ["ok"] * 6, [r.error for r in results]
     assert results[0].error is not None
     assert "did not finish within its 1 s timeout" in results[0].error.message
+
+
+class BlocksItsLoopBesideOthers:
+    """The task "blocker" blocks its worker's loop (``time.sleep``) for a minute;
+    every other task waits until it does before it plays, so that those beside
+    it on its worker are surely in flight when the driver stops that worker."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    async def __call__(self, session: EpisodeSession) -> Any:
+        if session.task.id == "blocker":
+            await session.reset()
+            append_line(self.flag, "blocking")
+            time.sleep(60)  # noqa: ASYNC251 - the point: an agent that blocks its loop
+            return None
+        await wait_for_file(self.flag)
+        return await echo_agent(session)
+
+
+@pytest.mark.parametrize("name", ["processes", "spark"])
+def test_episodes_beside_a_loop_blocking_agent_go_on_with_no_retries(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    # The driver stops the blocker's worker and hands the episodes beside it
+    # on; with retries=0 they failed instead ("lost its worker 1 times").
+    agent = BlocksItsLoopBesideOthers(str(tmp_path / "blocking"))
+    tasks = [Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=1)]
+    tasks += echo_tasks(5, agent)
+    config = engine_config(request, name, max_concurrency=2, retries=0)
+    results = Runners.sync_run_task(tasks, config)
+    statuses = [r.status.value for r in results]
+    assert statuses == ["timeout"] + ["ok"] * 5, [r.error for r in results]
+    # One was beside it, surely (its worker has two slots): played twice, and shown.
+    assert sorted(r.attempts for r in results[1:])[-1] == 2

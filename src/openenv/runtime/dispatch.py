@@ -94,6 +94,7 @@ class Dispatcher:
         self._lost = [0] * len(tasks)  # attempts spent on workers that were lost
         self._first: list[tuple[float, float] | None] = [None] * len(tasks)  # monotonic, wall
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._last_chances: dict[int, object] = {}  # task on its last chance -> its worker
         sequence = settings.sequence_dependent
         self._ready: deque[int] = deque([0] if sequence else range(len(tasks)))
         self._wake = asyncio.Event()
@@ -111,19 +112,44 @@ class Dispatcher:
         """Wake every slot waiting in ``take`` to look again."""
         self._wake.set()
 
-    async def take(self, until: asyncio.Event | None = None) -> Parcel | None:
-        """The next task to play; ``None`` when all are done, or ``until`` is set."""
+    async def take(
+        self, until: asyncio.Event | None = None, worker: object = None
+    ) -> Parcel | None:
+        """The next task to play; ``None`` when all are done, or ``until`` is set.
+
+        A task on its last chance (one more lost worker fails it) is not
+        handed to a ``worker`` that plays another one: the tasks lost together
+        with one that kills its worker would otherwise be handed out together
+        again, and die with it again, until their retries ran out too.
+        """
         while True:
             if until is not None and until.is_set():
                 return None
-            while self._ready:
-                parcel = self._parcel(self._ready.popleft())
+            crowded = worker is not None and worker in self._last_chances.values()
+            while (index := self._next(crowded)) is not None:
+                parcel = self._parcel(index)
                 if parcel is not None:
+                    if worker is not None and self._last_chance(index):
+                        self._last_chances[index] = worker
                     return parcel
             if self.complete:
                 return None
             self._wake.clear()
             await self._wake.wait()
+
+    def _next(self, crowded: bool) -> int | None:
+        """The first ready task that may go to a worker (``crowded``: it plays a last chance)."""
+        if not crowded:
+            return self._ready.popleft() if self._ready else None
+        for position, index in enumerate(self._ready):
+            if not self._last_chance(index) or self.results[index] is not None:
+                del self._ready[position]
+                return index
+        return None
+
+    def _last_chance(self, index: int) -> bool:
+        lost = self._lost[index]
+        return lost > 0 and lost >= self.settings.retries
 
     def _parcel(self, index: int) -> Parcel | None:
         if self.results[index] is not None:
@@ -162,17 +188,24 @@ class Dispatcher:
     def put_back(self, parcel: Parcel) -> None:
         """A parcel that never reached its worker: hand it out again, at no cost."""
         self._cancel_timer(parcel.index)
+        self._last_chances.pop(parcel.index, None)
         self._ready.appendleft(parcel.index)
         self._wake.set()
 
-    def lost(self, parcel: Parcel, reason: str) -> None:
-        """The worker playing ``parcel`` is gone: hand it out again, or give up on it."""
+    def lost(self, parcel: Parcel, reason: str, *, charged: bool = True) -> None:
+        """The worker playing ``parcel`` is gone: hand it out again, or give up on it.
+
+        ``charged``: the loss counts against the task's retries. It does not when
+        the driver stopped the worker for another task's sake (a stalled loop):
+        the attempt still shows in ``attempts``.
+        """
         index = parcel.index
         self._cancel_timer(index)
+        self._last_chances.pop(index, None)
         if self.results[index] is not None:
             return
         self._lost[index] = parcel.attempts_before + 1
-        if self._lost[index] > self.settings.retries:
+        if charged and self._lost[index] > self.settings.retries:
             message = (
                 f"{reason}; the task lost its worker {self._lost[index]} times "
                 f"(retries={self.settings.retries})"
@@ -190,6 +223,7 @@ class Dispatcher:
 
     def _record(self, index: int, result: TaskResult) -> None:
         self._cancel_timer(index)
+        self._last_chances.pop(index, None)
         if self.results[index] is not None:
             return  # exactly one result per task: the first
         self.results[index] = result
@@ -239,13 +273,16 @@ async def serve(
     """Run ``workers`` workers of ``slots`` slots each until every task has its result."""
     reasons: list[str] = []
     holders: dict[int, RemoteWorker] = {}
+    stopped: set[int] = set()  # id() of workers stopped for another task's stalled loop
 
     def overdue(index: int) -> None:
         # The worker did not report its own timeout: something blocks its loop
         # (an agent calling time.sleep in `async def`), and every other episode
-        # on it waits too. Stop it; those episodes go to healthy workers.
+        # on it waits too. Stop it; those episodes go to healthy workers, at no
+        # cost to their retries.
         worker = holders.get(index)
         if worker is not None:
+            stopped.add(id(worker))
             worker.abort()
 
     dispatcher.on_overdue = overdue
@@ -263,13 +300,14 @@ async def serve(
                 watch = asyncio.create_task(_poke_on_death(worker, dispatcher))
                 try:
                     await asyncio.gather(
-                        *(_slot(worker, dispatcher, holders) for _ in range(slots))
+                        *(_slot(worker, dispatcher, holders, stopped) for _ in range(slots))
                     )
                 except asyncio.CancelledError:
                     worker.abort()  # the run was cancelled: stop its episodes too
                     raise
                 finally:
                     watch.cancel()
+                    stopped.discard(id(worker))
                 if not worker.died.is_set():
                     await worker.finish()
                     return
@@ -289,16 +327,19 @@ async def _poke_on_death(worker: RemoteWorker, dispatcher: Dispatcher) -> None:
 
 
 async def _slot(
-    worker: RemoteWorker, dispatcher: Dispatcher, holders: dict[int, RemoteWorker]
+    worker: RemoteWorker,
+    dispatcher: Dispatcher,
+    holders: dict[int, RemoteWorker],
+    stopped: set[int],
 ) -> None:
-    while (parcel := await dispatcher.take(until=worker.died)) is not None:
+    while (parcel := await dispatcher.take(until=worker.died, worker=worker)) is not None:
         holders[parcel.index] = worker
         try:
             data = await worker.play(parcel)
         except WorkerLost as exc:
             worker.died.set()
             if exc.sent:
-                dispatcher.lost(parcel, str(exc))
+                dispatcher.lost(parcel, str(exc), charged=id(worker) not in stopped)
             else:
                 dispatcher.put_back(parcel)
             return

@@ -120,6 +120,14 @@ async def run_one(
         if not deadline.expired():  # the agent's own TimeoutError, not the deadline
             return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
         return attempts.result(task, TaskStatus.TIMEOUT, error=timeout_error(task, limit))
+    except asyncio.CancelledError as exc:
+        current = asyncio.current_task()
+        if current is None or current.cancelling():
+            raise  # the run itself is being cancelled
+        # The agent's own (it awaited a task that it or a library cancelled):
+        # its task's failure. Raised on, it left the task without a result on
+        # a worker (the run waited for ever) and ended an in-process run.
+        return attempts.result(task, TaskStatus.ERROR, error=TaskError.from_exception(exc))
     except (Exception, SystemExit) as exc:
         # SystemExit too (an agent's or its library's sys.exit()): it is the
         # task's failure; raised on, it would end the run, or kill the worker.

@@ -40,7 +40,9 @@ class LocalRuntime(RuntimeEngine):
     async def run(self, tasks: Sequence[Task], on_result: ResultCallback) -> list[TaskResult]:
         settings = BatchSettings.from_config(self.config)
         results, record = collect(tasks, on_result)
-        if self.config.worker_num == 1 or len(tasks) == 1:
+        # One task still goes to a worker process when worker_num > 1: only
+        # there does its timeout bind over an agent that blocks the event loop.
+        if self.config.worker_num == 1:
             await run_batch(list(enumerate(tasks)), settings, record)
             return finish(results, tasks)
         blobs = pack_tasks(tasks)  # an agent that cannot travel fails here, before any runs

@@ -118,8 +118,28 @@ def _blocking(coro: Coroutine[Any, Any, _T]) -> _T:
         asyncio.get_running_loop()
     except RuntimeError:
         return run_coroutine(coro)
+    # A loop is running here (a notebook, an async caller): the run gets a loop
+    # of its own on a helper thread. Interrupted while waiting for it (Ctrl-C),
+    # cancel the run there and wait for it to stop its workers before raising;
+    # otherwise the interrupt waited for the whole run to finish.
+    started: Future[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = Future()
+
+    async def main() -> _T:
+        current = asyncio.current_task()
+        assert current is not None
+        started.set_result((asyncio.get_running_loop(), current))
+        return await coro
+
     with ThreadPoolExecutor(1, thread_name_prefix="openenv-runner") as pool:
-        return pool.submit(run_coroutine, coro).result()
+        future = pool.submit(run_coroutine, main())
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                loop, task = started.result()
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(task.cancel)
+            raise
 
 
 def _check(cls: type, tasks: list[Task], results: object) -> None:

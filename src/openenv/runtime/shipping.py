@@ -60,11 +60,22 @@ def pack_tasks(tasks: Sequence[Task]) -> list[bytes]:
         except Exception as exc:
             raise TypeError(
                 f"task {task.id!r} cannot be pickled to send it to a worker "
-                f"(its agent {_name(task.agent)}, or its env, holds something that "
-                f"cannot travel to another process): {type(exc).__name__}: {exc}; run "
-                f"it in process (engine_name='local', worker_num=1) or make it picklable"
+                f"({_culprit(task)} holds something that cannot travel to another "
+                f"process): {type(exc).__name__}: {exc}; run it in process "
+                f"(engine_name='local', worker_num=1) or make it picklable"
             ) from exc
     return blobs
+
+
+def _culprit(task: Task) -> str:
+    """Which of the task's fields cannot be pickled, for the error."""
+    for field in ("agent", "env", "input", "reset_kwargs", "client_cls"):
+        value = getattr(task, field)
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            return f"its agent {_name(value)}" if field == "agent" else f"its {field}"
+    return f"its agent {_name(task.agent)}, or its env,"
 
 
 def _name(obj: object) -> str:

@@ -2,9 +2,11 @@
 
 It talks to the driver over its stdin and stdout, one frame per message (see
 ``openenv.runtime.channel``), and plays every task it is handed as it
-arrives, on one event loop. Whatever the agents print goes to stderr, so it
-cannot corrupt that stream. It exits when stdin closes (the driver is gone),
-without waiting for agents' threads.
+arrives, on one event loop. Whatever the agents (or programs they start)
+print goes to stderr, and what they read from stdin is /dev/null, so they
+can neither corrupt that stream nor take the driver's messages. It exits
+when the driver's end of stdin closes (the driver is gone), without waiting
+for agents' threads.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ __all__ = ["main"]
 
 
 def main() -> None:
+    # The channel gets fds of its own (not inherited by agents' child
+    # processes); fd 1 becomes stderr and fd 0 /dev/null, so neither the
+    # agents nor the programs they start can write into the channel or read
+    # (steal) the driver's messages from it.
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    commands = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, sys.stdin.fileno())
+    os.close(null)
     try:
-        run_coroutine(_serve(channel))
+        run_coroutine(_serve(commands, channel))
     finally:
         channel.flush()
         sys.stderr.flush()
@@ -32,10 +42,10 @@ def main() -> None:
         os._exit(0)
 
 
-async def _serve(channel: BinaryIO) -> None:
+async def _serve(commands: BinaryIO, channel: BinaryIO) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), commands)
 
     def emit(data: bytes) -> None:
         channel.write(data)
