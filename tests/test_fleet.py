@@ -22,6 +22,7 @@ import pytest
 
 from echo_env.models import EchoAction
 from openenv import (
+    CapacityError,
     ConnectionFailedError,
     RemoteEnv,
     RequestFailedError,
@@ -428,6 +429,23 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
         until(lambda: len(healthy(url)) == 1, "a replica serving again")
         assert victim not in {r["pid"] for r in healthy(url)}
         assert len(fleet.where()) == 1  # replaced, not one more beside a dead one
+
+        async def one_too_many() -> None:
+            # Full (its two slots taken) is not down: a plain client is told as a
+            # full server tells it, CapacityError, which callers retry later.
+            held = [WebSocketEnvClient(url) for _ in range(2)]
+            try:
+                await asyncio.gather(*(c.reset() for c in held))
+                await asyncio.to_thread(
+                    until, lambda: healthy(url)[0]["active_sessions"] == 2, "both slots seen"
+                )
+                with pytest.raises(CapacityError, match="every replica of this fleet is full") as e:
+                    await WebSocketEnvClient(url).reset()
+                assert (e.value.active_sessions, e.value.max_sessions) == (2, 2)
+            finally:
+                await asyncio.gather(*(c.close() for c in held))
+
+        asyncio.run(one_too_many())
 
 
 def test_a_fleet_that_fails_to_start_leaves_no_replica_behind(two_nodes: list[str]) -> None:

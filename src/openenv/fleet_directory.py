@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from openenv.protocol import ErrorCode
 from openenv.server.redact import DENIED, redact_api_keys
 
 if TYPE_CHECKING:
@@ -61,12 +62,17 @@ class Directory:
             if target is None:
                 # Full and down are told apart: one is worth waiting for, the other may not be.
                 up = fleet.serving()
-                detail = (
-                    f"every replica of this fleet is full ({len(up)} up)"
-                    if up
-                    else "no replica of this fleet is up"
-                )
-                await websocket.send_denial_response(JSONResponse({"detail": detail}, 503))
+                if up:
+                    # As a full server says it: clients raise CapacityError (retry later).
+                    refusal = {
+                        "detail": f"every replica of this fleet is full ({len(up)} up)",
+                        "code": ErrorCode.CAPACITY_REACHED.value,
+                        "active_sessions": sum(v.active_sessions for v in up),
+                        "max_sessions": sum(v.max_sessions for v in up),
+                    }
+                else:
+                    refusal = {"detail": "no replica of this fleet is up"}
+                await websocket.send_denial_response(JSONResponse(refusal, 503))
                 return
             await websocket.send_denial_response(
                 RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)

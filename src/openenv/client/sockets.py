@@ -9,7 +9,13 @@ import orjson
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from openenv import protocol
-from openenv.errors import AuthenticationError, ConnectionFailedError, SessionClosedError
+from openenv.errors import (
+    AuthenticationError,
+    CapacityError,
+    ConnectionFailedError,
+    SessionClosedError,
+)
+from openenv.protocol import ErrorCode
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
@@ -17,13 +23,13 @@ if TYPE_CHECKING:
 __all__ = ["closed_error", "open_socket"]
 
 
-def _detail(exc: InvalidStatus) -> str:
-    """The server's ``detail`` from a refused handshake (openenv always gives one), or ``""``."""
+def _body(exc: InvalidStatus) -> dict[str, Any]:
+    """The JSON object of a refused handshake's body (openenv's has a ``detail``), or ``{}``."""
     try:
-        detail = orjson.loads(exc.response.body or b"{}").get("detail")
-    except (orjson.JSONDecodeError, AttributeError):
-        detail = None
-    return str(detail) if detail else ""
+        body = orjson.loads(exc.response.body or b"{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 _CLOSE_NAMES = {code.value: code.name.lower().replace("_", " ") for code in protocol.CloseCode}
@@ -49,7 +55,12 @@ async def open_socket(
     except InvalidURI as exc:
         raise ConnectionFailedError(url, str(exc)) from None
     except InvalidStatus as exc:
-        status, said = exc.response.status_code, _detail(exc)
+        status, body = exc.response.status_code, _body(exc)
+        said = str(body.get("detail") or "")
+        if status == 503 and body.get("code") == ErrorCode.CAPACITY_REACHED.value:
+            # A fleet's directory with every replica full: a full server, to retry later.
+            details = {k: v for k, v in body.items() if k not in ("detail", "code")}
+            raise CapacityError(ErrorCode.CAPACITY_REACHED, said, details) from None
         if status == 401 or (status == 403 and said):
             raise AuthenticationError(url, said or f"HTTP {status}") from None
         if status in (403, 404):
