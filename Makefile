@@ -49,12 +49,17 @@ $(MIN_STAMP): pyproject.toml envs/*/pyproject.toml .ci/min_constraints.py
 VENV_OR := .venv-openreward
 OR_STAMP := $(VENV_OR)/.installed
 
+# A peer's venv: $(1) the folder, $(2) its requirements file.
+define peer_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade pip
+	$(1)/bin/pip install --quiet -r $(2)
+	@touch $(1)/.installed
+endef
+
 $(OR_STAMP): tests/apps/openreward_requirements.txt
-	rm -rf $(VENV_OR)
-	$(PYTHON) -m venv $(VENV_OR)
-	$(VENV_OR)/bin/pip install --quiet --upgrade pip
-	$(VENV_OR)/bin/pip install --quiet -r tests/apps/openreward_requirements.txt
-	@touch $@
+	$(call peer_venv,$(VENV_OR),$<)
 
 openreward-sdk: $(OR_STAMP)
 
@@ -64,11 +69,7 @@ VENV_PEER := .venv-openenv-peer
 PEER_STAMP := $(VENV_PEER)/.installed
 
 $(PEER_STAMP): tests/apps/openenv_peer_requirements.txt
-	rm -rf $(VENV_PEER)
-	$(PYTHON) -m venv $(VENV_PEER)
-	$(VENV_PEER)/bin/pip install --quiet --upgrade pip
-	$(VENV_PEER)/bin/pip install --quiet -r tests/apps/openenv_peer_requirements.txt
-	@touch $@
+	$(call peer_venv,$(VENV_PEER),$<)
 
 openenv-peer: $(PEER_STAMP)
 

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
-from servers import Ping, PingEnvironment, Pong, Tracker, slots_free
+from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 from tool_envs import ToolBox
 from v2_wire import open_sessions, raw_v2, replies, send
 from websockets.exceptions import ConnectionClosedError
@@ -94,15 +94,7 @@ async def test_log_lines_carry_the_session_id(caplog: pytest.LogCaptureFixture) 
 
 
 async def test_v2_error_replies_are_counted_like_v1_ones() -> None:
-    tracker = Tracker()
-    app = create_app(
-        functools.partial(PingEnvironment, tracker),
-        Ping,
-        Pong,
-        ConcurrencyConfig(max_concurrent_envs=2),
-        max_bad_frames=2,
-    )
-    with run_server(app) as url:
+    with run_server(ping_app(Tracker(), max_envs=2, max_bad_frames=2)) as url:
         ws = await raw_v2(url)
         try:
             await open_sessions(ws, 1)
