@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -190,3 +191,30 @@ def test_generated_and_shipped_environments_depend_on_our_distribution(tmp_path:
         assert "openenv" not in names, pyproject_path
     readme = (folder / "README.md").read_text()
     assert f"installs {ours} too" in readme
+
+
+def test_forced_writes_stay_inside_the_folder_whatever_links_it_holds(tmp_path: Path) -> None:
+    folder = init_env("my_env", tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    precious = outside / "precious.py"
+    precious.write_text("# not the template's\n")
+    (folder / "models.py").unlink()
+    (folder / "models.py").symlink_to(precious)  # a file that links out: replaced, not followed
+    forced = CliRunner().invoke(app, ["init", "my_env", "-o", str(tmp_path), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert precious.read_text() == "# not the template's\n"
+    assert not (folder / "models.py").is_symlink()
+    assert "class MyAction(Action)" in (folder / "models.py").read_text()
+
+    shutil.rmtree(folder / "server")
+    (folder / "server").symlink_to(outside, target_is_directory=True)  # a folder that links out
+    (folder / "models.py").write_text("# mine\n")
+    refused = CliRunner().invoke(app, ["init", "my_env", "-o", str(tmp_path), "--force"])
+    assert refused.exit_code == 1
+    assert (
+        refused.stderr.strip()
+        == f"error: {folder}: server links out of the folder; remove the link"
+    )
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.py"]  # nothing written there
+    assert (folder / "models.py").read_text() == "# mine\n"  # nor anywhere: refused first

@@ -107,7 +107,8 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         name: The package name, a lowercase identifier such as ``my_env``.
         output_dir: The folder to create it in (created if missing).
         force: Write into an existing folder, replacing the template's files
-            and leaving any others alone.
+            (a link among them is replaced, not followed) and leaving any
+            others alone.
 
     Returns:
         The new environment's folder.
@@ -115,7 +116,8 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
     Raises:
         ValueError: ``name`` is not a usable package name, or a module of
             that name is installed already.
-        FileExistsError: the folder exists and ``force`` is false.
+        FileExistsError: the folder exists and ``force`` is false, or one of
+            its folders the template writes into links out of it.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -158,12 +160,24 @@ def render_template(name: str, target: Path) -> None:
     """Write the template into ``target`` with ``name`` and its class prefix filled in."""
     replacements = {NAME_PLACEHOLDER: name, PREFIX_PLACEHOLDER: class_prefix(name)}
     source = template_dir()
+    files = {}
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
         if not path.is_file() or _SKIPPED.intersection(relative.parts) or path.suffix == ".pyc":
             continue
-        destination = target / _render(str(relative), replacements)
+        files[target / _render(str(relative), replacements)] = path
+    # With --force, into a folder that may hold links: nothing is written
+    # outside it. A folder that links out is refused before any file is written,
+    # and a file that is a link is replaced, not the file it points to.
+    root = target.resolve()
+    for destination in files:
+        if not destination.parent.resolve().is_relative_to(root):
+            where = destination.parent.relative_to(target)
+            raise FileExistsError(f"{target}: {where} links out of the folder; remove the link")
+    for destination, path in files.items():
         destination.parent.mkdir(parents=True, exist_ok=True)
+        if destination.is_symlink():
+            destination.unlink()
         destination.write_text(_render(path.read_text(encoding="utf-8"), replacements))
 
 
