@@ -18,45 +18,20 @@ from v2_wire import raw_v2, replies, send
 
 # A step asked to "block" holds its worker's thread for good; with one request
 # in flight allowed, a second request pauses the v2 connection that sent it.
-APP = """\
-import os
+BLOCKING = """\
 import time
-from typing import Any
-
-from openenv import Action, ConcurrencyConfig, Environment, Observation, State, create_app
 
 
-class Ping(Action):
-    note: str = ""
-
-
-class Where(Observation):
-    pid: int
-
-
-class Blocking(Environment[Ping, Where, State]):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        self._state = State()
-
-    def reset(self, seed: Any = None, episode_id: Any = None, **kwargs: Any) -> Where:
-        return Where(pid=os.getpid())
-
+class Blocking(PidEnvironment):
     def step(self, action: Ping, **kwargs: Any) -> Where:
         if action.note == "block":
             time.sleep(600)
-        return Where(pid=os.getpid(), reward=1.0)
-
-    @property
-    def state(self) -> State:
-        return self._state
+        return super().step(action)
 
 
-app = create_app(
-    Blocking, Ping, Where, ConcurrencyConfig(max_concurrent_envs=8), max_requests_in_flight=1
-)
+make = Blocking
 """
+CONFIG = "ConcurrencyConfig(max_concurrent_envs=8), max_requests_in_flight=1"
 
 Scrape = dict[str, float]
 
@@ -93,7 +68,7 @@ class Scrapes:
 
 @pytest.mark.timeout(120)
 def test_counters_never_go_back_and_a_killed_workers_gauges_go_with_it(tmp_path: Path) -> None:
-    folder = write_env(tmp_path / "env", app=APP)
+    folder = write_env(tmp_path / "env", factory=BLOCKING, config=CONFIG)
     log = folder / "serve.log"
 
     async def scenario(url: str) -> None:

@@ -15,7 +15,6 @@ from openenv.errors import (
     ConnectionFailedError,
     SessionClosedError,
 )
-from openenv.protocol import ErrorCode
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
@@ -57,10 +56,10 @@ async def open_socket(
     except InvalidStatus as exc:
         status, body = exc.response.status_code, _body(exc)
         said = str(body.get("detail") or "")
-        if status == 503 and body.get("code") == ErrorCode.CAPACITY_REACHED.value:
+        if status == 503 and body.get("code") == protocol.ErrorCode.CAPACITY_REACHED.value:
             # A fleet's directory with every replica full: a full server, to retry later.
             details = {k: v for k, v in body.items() if k not in ("detail", "code")}
-            raise CapacityError(ErrorCode.CAPACITY_REACHED, said, details) from None
+            raise CapacityError(protocol.ErrorCode.CAPACITY_REACHED, said, details) from None
         if status == 401 or (status == 403 and said):
             raise AuthenticationError(url, said or f"HTTP {status}") from None
         if status in (403, 404):
