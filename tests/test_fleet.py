@@ -1,4 +1,6 @@
-"""A fleet on a real two-node Ray cluster: placement, one address, restarts, scaling, Runners."""
+"""A fleet on a real two-node Ray cluster: placement, one address, restarts, Runners.
+
+Scaling is in ``test_fleet_scaling.py``."""
 
 from __future__ import annotations
 
@@ -11,14 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from fleet_kit import COUNTER, ECHO, healthy, until
 
 from echo_env.models import EchoAction
 from openenv import (
@@ -36,49 +37,7 @@ from openenv.cli.app_loader import AppLoadError
 from openenv.fleet import Fleet
 from openenv.runtime import EpisodeSession
 
-ECHO = Path(__file__).parents[1] / "envs" / "echo_env"
-COUNTER = ECHO.parent / "counter_env"
 OPENENV = str(Path(sys.executable).with_name("openenv"))
-
-
-@pytest.fixture(scope="module")
-def two_nodes() -> Iterator[list[str]]:
-    """A head and a worker node (Ray's own test utility), 2 CPUs each; their node ids."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    memory = 100 * 2**20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2,
-            "include_dashboard": False,
-            "object_store_memory": memory,
-            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
-        },
-    )
-    cluster.add_node(num_cpus=2, object_store_memory=memory)
-    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-    try:
-        yield [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {seconds}s"
-        time.sleep(0.1)
-
-
-def healthy(url: str) -> list[dict[str, Any]]:
-    replicas: list[dict[str, Any]] = httpx.get(f"{url}/replicas").json()["replicas"]
-    return [r for r in replicas if r["status"] == "healthy"]
 
 
 def test_replicas_spread_over_both_nodes_behind_one_address(two_nodes: list[str]) -> None:
@@ -184,55 +143,6 @@ def test_runners_on_ray_lose_nothing_when_a_replica_dies_mid_run(
             lambda: len(healthy(url)) == 4 and killed not in {r["pid"] for r in healthy(url)},
             "the replica back, in a new process",
         )
-
-
-def test_the_fleet_grows_under_load_and_shrinks_when_idle(two_nodes: list[str]) -> None:
-    fleet = Fleet(
-        ECHO,
-        replicas=1,
-        max_replicas=2,
-        num_cpus=0.5,
-        max_sessions=4,
-        interval=0.3,
-        idle_seconds=1.0,
-    )
-    with fleet as url:
-        until(lambda: len(healthy(url)) == 1, "1 healthy replica")
-
-        async def load() -> None:
-            clients = [WebSocketEnvClient(ServerPool(url)) for _ in range(4)]
-            await asyncio.gather(*(c.reset() for c in clients))  # full: 4 of 4
-            try:
-                await asyncio.to_thread(until, lambda: len(healthy(url)) == 2, "a 2nd replica")
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(load())
-        until(lambda: len(healthy(url)) == 1, "back to 1 replica when idle")
-        assert len(fleet.where()) == 1  # the bound holds: never below min_replicas
-
-
-def test_the_fleet_adds_one_replica_and_waits_for_it_before_adding_another(
-    two_nodes: list[str],
-) -> None:
-    # One replica full (4 of 4) needs one more, not all four: a replica that is
-    # still starting counts as room on the way, so the loop does not add another
-    # every interval until the first has come up.
-    fleet = Fleet(ECHO, replicas=1, max_replicas=4, num_cpus=0.25, max_sessions=4, interval=0.1)
-    with fleet as url:
-        until(lambda: len(healthy(url)) == 1, "1 healthy replica")
-
-        async def load() -> None:
-            clients = [WebSocketEnvClient(ServerPool(url)) for _ in range(4)]
-            await asyncio.gather(*(c.reset() for c in clients))
-            try:
-                await asyncio.to_thread(until, lambda: len(healthy(url)) == 2, "a 2nd replica")
-                # 4 of 8 slots taken is under scale_up_at: two replicas are enough.
-                assert len(await asyncio.to_thread(fleet.where)) == 2
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(load())
 
 
 def test_a_plain_client_given_the_fleet_address_is_sent_to_a_replica(

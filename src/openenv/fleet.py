@@ -15,7 +15,8 @@ answered by a replica that is up.
 The fleet scales itself between ``min_replicas`` and ``max_replicas``: one
 more replica when sessions queue anywhere or the fleet's slots are more than
 ``scale_up_at`` full (once no replica is still starting); one fewer when it has held no session for
-``idle_seconds``. From the command line: ``openenv serve PATH --ray
+``idle_seconds``, after listing it as draining long enough for the pools to
+see it go (a session that reached it meanwhile keeps it). From the command line: ``openenv serve PATH --ray
 --replicas N`` (``RAY_ADDRESS`` joins an existing cluster; otherwise a local
 one starts).
 
@@ -48,6 +49,13 @@ logger = logging.getLogger("openenv.fleet")
 
 # Seconds to wait for the app's import check: a worker to start, the app to import.
 _CHECK_TIMEOUT = 120.0
+# Seconds a replica's own drain may take (its sessions closed, its server stopped).
+_REPLICA_STOP_TIMEOUT = 60.0
+# The least time a replica is listed as draining before it is removed: a
+# ServerPool reads /replicas every second by default, so by then every pool
+# in use has seen it leave, and a session one of them placed there meanwhile
+# has shown up in the replica's health and kept it.
+_RETIRE_SECONDS = 2.0
 
 
 @dataclass
@@ -195,6 +203,11 @@ class Fleet:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
+        # The replica on its way out (listed as draining, given no session), and
+        # since when; the status its health reported meanwhile, to restore if kept.
+        self._retiring: Any = None
+        self._retiring_since = 0.0
+        self._retiring_reported = "healthy"
         self._directory: Any = None
         self._threads: list[threading.Thread] = []
         self._replica_class: Any = None
@@ -256,11 +269,12 @@ class Fleet:
 
         self._stopping.set()
         for thread in self._threads:
-            thread.join(30)
+            # It may be removing a replica: that replica's drain has this long.
+            thread.join(_REPLICA_STOP_TIMEOUT + self.interval + 5)
         with self._lock:
             actors, self._actors = self._actors, []
         with contextlib.suppress(Exception):
-            ray.get([actor.stop.remote() for actor in actors], timeout=60)
+            ray.get([actor.stop.remote() for actor in actors], timeout=_REPLICA_STOP_TIMEOUT)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if self._directory is not None:
@@ -318,17 +332,39 @@ class Fleet:
         with self._lock:
             self._actors.append(actor)
 
-    def _remove(self) -> None:
-        import ray
-
+    def _retire(self) -> None:
+        """Begin removing a replica: listed as draining, it gets no new session
+        from the directory or a pool; ``_scale`` removes it once it has stayed
+        empty that way for a while, or keeps it if a session showed up there."""
         with self._lock:
             if len(self._actors) <= self.min_replicas:
                 return
-            actor = self._actors.pop()
+            actor = self._actors[-1]
+            view = self._views.get(id(actor))
+            self._retiring, self._retiring_since = actor, time.monotonic()
+            if view is not None and view.status in _SERVING:
+                self._retiring_reported, view.status = view.status, "draining"
+
+    def _keep(self) -> None:
+        """Call off a retirement: the replica takes sessions again."""
+        with self._lock:
+            actor, self._retiring = self._retiring, None
+            view = self._views.get(id(actor))
+            if view is not None and view.status == "draining":
+                view.status = self._retiring_reported
+
+    def _remove(self, actor: Any) -> None:
+        import ray
+
+        with self._lock:
+            self._retiring = None
+            if actor not in self._actors or len(self._actors) <= self.min_replicas:
+                return
+            self._actors.remove(actor)
             self._views.pop(id(actor), None)
             self._pending.pop(id(actor), None)
         with contextlib.suppress(Exception):
-            ray.get(actor.stop.remote(), timeout=60)
+            ray.get(actor.stop.remote(), timeout=_REPLICA_STOP_TIMEOUT)
         ray.kill(actor, no_restart=True)
 
     def _control(self) -> None:
@@ -340,12 +376,29 @@ class Fleet:
         # A degraded replica serves: its sessions count (it is not removed as idle
         # under them), and it is not a replica still on its way.
         views = self.serving()
+        retiring = self._retiring
         with self._lock:
-            count, coming = len(self._actors), len(self._actors) - len(views)
+            count = len(self._actors)
+            leaving = self._views.get(id(retiring)) if retiring is not None else None
+        coming = count - len(views) - (retiring is not None)
         slots = sum(v.max_sessions for v in views)
         active = sum(v.active_sessions for v in views)
         queued = sum(v.queued_sessions for v in views)
         crowded = queued or (slots and active >= self.scale_up_at * slots)
+        now = time.monotonic()
+        if retiring is not None:
+            # A session placed there before it was listed as draining (by a pool
+            # that had not looked again yet) keeps it, as does a fleet that needs
+            # its room again: removing it would close sessions with 1001.
+            if crowded or (
+                leaving is not None and (leaving.active_sessions or leaving.queued_sessions)
+            ):
+                self._idle_since = None
+                self._keep()
+            elif now - self._retiring_since >= max(2 * self.interval, _RETIRE_SECONDS):
+                self._idle_since = now
+                self._remove(retiring)
+            return
         # Not while a replica is on its way (starting, restarting, unreachable):
         # its room is not counted yet, and adding one per interval until it shows
         # up would overshoot to max_replicas on every burst.
@@ -353,14 +406,12 @@ class Fleet:
             self._idle_since = None
             self._add()
             return
-        now = time.monotonic()
         if active or queued:
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = now
         elif now - self._idle_since >= self.idle_seconds and count > self.min_replicas:
-            self._idle_since = now
-            self._remove()
+            self._retire()
 
     def _refresh(self) -> None:
         """Ask every replica where it is (once, or again after a restart) and how full it is."""
@@ -411,6 +462,8 @@ class Fleet:
                     view.status = "down"
                 else:
                     view.status = health.status
+                    if actor is self._retiring and health.status in _SERVING:
+                        self._retiring_reported, view.status = health.status, "draining"
                     view.active_sessions = health.active_sessions
                     view.max_sessions = health.max_sessions
                     view.queued_sessions = health.queued_sessions
@@ -438,6 +491,11 @@ class Fleet:
             self._actors.remove(actor)
             self._views.pop(id(actor), None)
             self._pending.pop(id(actor), None)
+            # One that was on its way out is not replaced, above the floor.
+            retired = actor is self._retiring and len(self._actors) >= self.min_replicas
+            if actor is self._retiring:
+                self._retiring = None
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
-        self._add()
+        if not retired:
+            self._add()
