@@ -1,0 +1,101 @@
+"""Runners on a real two-node Ray cluster that loses a node mid-run.
+
+The node goes as a machine does (its raylet and every process on it killed),
+with episodes in flight there: each is played again on the node that is left,
+and the run ends with one result per task, none lost and none twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_kit import until
+
+from echo_env.models import EchoAction
+from echo_env.server.environment import EchoEnvironment
+from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskResult
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and a worker node, 2 CPUs each (Ray's own test utility)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    memory = 100 * 2**20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": memory},
+    )
+    cluster.add_node(num_cpus=2, object_store_memory=memory)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+class StallsOnTheDoomedNode:
+    """Plays an echo episode; on the node that is to be lost it leaves a mark and
+    waits there for good, so the loss is sure to find episodes in flight."""
+
+    def __init__(self, doomed: str, marks: Path) -> None:
+        self.doomed, self.marks = doomed, marks
+
+    async def __call__(self, session: EpisodeSession) -> str:
+        import ray
+
+        node: str = ray.get_runtime_context().get_node_id()
+        await session.reset()
+        reply = await session.step(EchoAction(message=session.task.id))
+        if node == self.doomed:
+            (self.marks / session.task.id).touch()
+            await asyncio.Event().wait()
+        return reply.observation.echoed_message
+
+
+def test_runners_on_ray_lose_no_task_when_a_node_is_lost_mid_run(
+    cluster: Any, tmp_path: Path
+) -> None:
+    doomed = cluster.list_all_nodes()[1]  # the worker node; the head holds the driver
+    agent = StallsOnTheDoomedNode(doomed.node_id, tmp_path)
+    env = functools.partial(EchoEnvironment, max_steps=5)
+    tasks = [Task(id=f"t{i:03}", env=env, agent=agent) for i in range(64)]
+    config = RunConfig(
+        engine_name="ray",
+        worker_num=2,
+        max_concurrency=4,
+        retries=2,  # the default: each loss of its worker is an attempt
+        engine_options={"num_cpus": 1, "scheduling_strategy": "SPREAD"},  # one per node
+        progress=False,
+    )
+    results: list[TaskResult] = []
+    run = threading.Thread(target=lambda: results.extend(Runners.sync_run_task(tasks, config)))
+    run.start()
+    try:
+        until(lambda: any(tmp_path.iterdir()), "an episode in flight on the worker node")
+        cluster.remove_node(doomed, allow_graceful=False)
+    finally:
+        run.join(120)
+    assert not run.is_alive(), "the run ended"
+    stalled = {mark.name for mark in tmp_path.iterdir()}
+    assert [r.task_id for r in results] == [t.id for t in tasks]  # one result each
+    assert [r.status.value for r in results] == ["ok"] * 64, {
+        r.error.describe() for r in results if r.error
+    }
+    assert [r.value for r in results] == [t.id for t in tasks]
+    replayed = {r.task_id for r in results if r.attempts > 1}
+    assert stalled
+    assert stalled <= replayed  # each stalled one was played again, on the head
