@@ -8,9 +8,11 @@ max_concurrent_envs=1)``, a client with ``_step_payload``/``_parse_result``.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -76,6 +78,30 @@ async def test_the_template_client_awaited_inside_an_event_loop(oe_echo_url: str
         await client.reset()
         result = await client.step(OeEchoAction(message="async"))
         assert result.observation.echoed_message == "async"
+
+
+class _SendsNoMessage(OeEchoEnv):
+    def _step_payload(self, action: OeEchoAction) -> dict[str, Any]:
+        return {"message": None}
+
+
+def test_errors_are_the_builtin_exceptions_openenv_clients_catch(oe_echo_url: str) -> None:
+    # OpenEnv 0.10's client raises RuntimeError for a server's error frame and
+    # ConnectionError when it cannot connect; code written against it catches those.
+    client = _SendsNoMessage(base_url=oe_echo_url)
+    try:
+        client.reset()
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+            client.step(OeEchoAction(message="hi"))
+        # The session goes on after the error, as on OpenEnv.
+        assert client.state().step_count == 0
+    finally:
+        client.close()
+    with socket.socket() as unused:  # bound, never listening: connections are refused
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+        with pytest.raises(ConnectionError):
+            OeEchoEnv(base_url=f"http://127.0.0.1:{port}").reset()
 
 
 async def test_max_concurrent_envs_is_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
