@@ -273,3 +273,18 @@ def test_an_openenv_environment_is_run_as_openenvs_server_runs_it() -> None:
         reset = env.reset(seed=1, difficulty="hard").observation
         assert (reset.via, reset.loop_running) == ("reset_async ['difficulty']", True)
         assert env.step(_Act()).observation.via == "step_async"
+
+
+class _GenericStyle(OeEchoEnv):
+    # As OpenEnv's GenericEnvClient: the observation stays a dict, and its
+    # StepResult (a dataclass there) is built positionally.
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[Any]:
+        return StepResult(payload.get("observation", {}), payload.get("reward"), payload["done"])
+
+
+def test_a_step_result_is_built_as_openenvs_dataclass_is(oe_echo_url: str) -> None:
+    with _GenericStyle(base_url=oe_echo_url) as env:
+        env.reset()
+        result = env.step(OeEchoAction(message="hey"))
+    assert result.observation == {"echoed_message": "hey", "message_length": 3}
+    assert (result.reward, result.done) == (pytest.approx(0.3), False)
