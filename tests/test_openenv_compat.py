@@ -8,15 +8,22 @@ max_concurrent_envs=1)``, a client with ``_step_payload``/``_parse_result``.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from echo_env.models import EchoAction
 from openenv import CapacityError, WebSocketEnvClient
+from openenv.core import EnvClient
+from openenv.core.client_types import StepResult
+from openenv.core.env_server.http_server import create_app as core_create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
 from openenv.testing import run_server
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
@@ -78,6 +85,30 @@ async def test_the_template_client_awaited_inside_an_event_loop(oe_echo_url: str
         assert result.observation.echoed_message == "async"
 
 
+class _SendsNoMessage(OeEchoEnv):
+    def _step_payload(self, action: OeEchoAction) -> dict[str, Any]:
+        return {"message": None}
+
+
+def test_errors_are_the_builtin_exceptions_openenv_clients_catch(oe_echo_url: str) -> None:
+    # OpenEnv 0.10's client raises RuntimeError for a server's error frame and
+    # ConnectionError when it cannot connect; code written against it catches those.
+    client = _SendsNoMessage(base_url=oe_echo_url)
+    try:
+        client.reset()
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+            client.step(OeEchoAction(message="hi"))
+        # The session goes on after the error, as on OpenEnv.
+        assert client.state().step_count == 0
+    finally:
+        client.close()
+    with socket.socket() as unused:  # bound, never listening: connections are refused
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+        with pytest.raises(ConnectionError):
+            OeEchoEnv(base_url=f"http://127.0.0.1:{port}").reset()
+
+
 async def test_max_concurrent_envs_is_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     from openenv.core.env_server.http_server import create_app
 
@@ -124,6 +155,7 @@ def test_openenv_clients_send_action_metadata(echo_url: str) -> None:
 def test_openenv_core_import_paths() -> None:
     from openenv import Action, Environment, Observation, State, StepResult
     from openenv.core import EnvClient
+    from openenv.core import Environment as TopEnvironment
     from openenv.core.client_types import StepResult as CoreStepResult
     from openenv.core.env_client import EnvClient as CoreEnvClient
     from openenv.core.env_server import Action as ServerAction
@@ -134,7 +166,9 @@ def test_openenv_core_import_paths() -> None:
     from openenv.core.env_server.types import State as CoreState
 
     assert (ServerAction, CoreObservation, CoreState) == (Action, Observation, State)
-    assert CoreEnvironment is Environment
+    # OpenEnv's Environment is openenv's, plus what OpenEnv's server does with it.
+    assert issubclass(CoreEnvironment, Environment)
+    assert TopEnvironment is CoreEnvironment
     assert EnvClient is CoreEnvClient
     assert issubclass(CoreStepResult, StepResult)
     assert create_app is http_create_app
@@ -158,3 +192,99 @@ async def test_openenvs_tool_client_awaited(counter_url: str) -> None:
     async with MCPToolClient(base_url=counter_url) as env:
         await env.reset()
         assert await env.call_tool("increment", amount=3) == {"value": 3}
+
+
+class _Act(Action):
+    n: int = 1
+
+
+class _Seen(Observation):
+    via: str = ""
+    loop_running: bool = False
+
+
+class _AsyncStepping(Environment[_Act, _Seen, State]):
+    """Written as for OpenEnv: a sync ``step`` and the ``step_async`` its server awaits."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None) -> _Seen:
+        self._state = State(episode_id=episode_id)
+        return _Seen(via=f"reset seed={seed}")
+
+    def step(self, action: _Act, timeout_s: float | None = None, **kwargs: Any) -> _Seen:
+        return _Seen(via="step")
+
+    async def step_async(
+        self, action: _Act, timeout_s: float | None = None, **kwargs: Any
+    ) -> _Seen:
+        self._state.step_count += 1
+        return _Seen(via="step_async", loop_running=_loop_running(), reward=float(action.n))
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class _AsyncResetting(_AsyncStepping):
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> _Seen:
+        return _Seen(via=f"reset_async {sorted(kwargs)}", loop_running=_loop_running())
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Client(EnvClient[_Act, _Seen, State]):
+    def _step_payload(self, action: _Act) -> dict[str, Any]:
+        return action.model_dump()
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[_Seen]:
+        observation = _Seen(**payload["observation"], reward=payload.get("reward"))
+        return StepResult(observation=observation, reward=payload.get("reward"), done=False)
+
+    def _parse_state(self, payload: dict[str, Any]) -> State:
+        return State(**payload)
+
+
+def test_an_openenv_environment_is_run_as_openenvs_server_runs_it() -> None:
+    # OpenEnv's server awaits reset_async/step_async where a class overrides them,
+    # and drops reset arguments the method does not take.
+    app = core_create_app(_AsyncStepping, _Act, _Seen, env_name="steps", max_concurrent_envs=2)
+    with run_server(app) as url, _Client(base_url=url) as env:
+        first = env.reset(seed=3, difficulty="hard")
+        assert first.observation.via == "reset seed=3"
+        result = env.step(_Act(n=2))
+        assert (result.observation.via, result.observation.loop_running) == ("step_async", True)
+        assert result.reward == 2.0
+        assert env.state().step_count == 1
+    app = core_create_app(_AsyncResetting, _Act, _Seen, env_name="resets", max_concurrent_envs=2)
+    with run_server(app) as url, _Client(base_url=url) as env:
+        reset = env.reset(seed=1, difficulty="hard").observation
+        assert (reset.via, reset.loop_running) == ("reset_async ['difficulty']", True)
+        assert env.step(_Act()).observation.via == "step_async"
+
+
+class _GenericStyle(OeEchoEnv):
+    # As OpenEnv's GenericEnvClient: the observation stays a dict, and its
+    # StepResult (a dataclass there) is built positionally.
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[Any]:
+        return StepResult(payload.get("observation", {}), payload.get("reward"), payload["done"])
+
+
+def test_a_step_result_is_built_as_openenvs_dataclass_is(oe_echo_url: str) -> None:
+    with _GenericStyle(base_url=oe_echo_url) as env:
+        env.reset()
+        result = env.step(OeEchoAction(message="hey"))
+    assert result.observation == {"echoed_message": "hey", "message_length": 3}
+    assert (result.reward, result.done) == (pytest.approx(0.3), False)

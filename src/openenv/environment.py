@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from openenv.tasks import TaskSpec
 from openenv.types import Action, Observation, State
@@ -53,6 +53,12 @@ class Environment(Generic[ActT, ObsT, StateT]):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS: ClassVar[bool] = False
+    # What a server calls for reset and step, and whether reset arguments the
+    # method does not take are dropped (else refused). OpenEnv's Environment
+    # (openenv.core.env_server.interfaces) sets them as OpenEnv's server behaves.
+    _server_reset: ClassVar[str] = "reset"
+    _server_step: ClassVar[str] = "step"
+    _drops_unknown_reset_kwargs: ClassVar[bool] = False
 
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
@@ -99,3 +105,12 @@ class Environment(Generic[ActT, ObsT, StateT]):
         raise NotImplementedError(
             f"{cls.__name__} defines no get_prompt() and task {task.id!r} has no 'prompt' field"
         )
+
+
+def server_method(env: Any, name: Literal["reset", "step"]) -> Callable[..., Any]:
+    """The bound method a server calls for ``name`` on ``env``: ``env.reset`` or
+    ``env.step``, or the one its class names instead (OpenEnv's ``reset_async`` /
+    ``step_async`` where an OpenEnv environment overrides them)."""
+    attribute = getattr(type(env), f"_server_{name}", name)
+    method: Callable[..., Any] = getattr(env, attribute if isinstance(attribute, str) else name)
+    return method

@@ -31,6 +31,11 @@
         └── EnvProcessDied              an isolated environment's process ended (server.isolation)
 
 A ``ServerError`` carries the server's ``code``, ``message`` and ``details``.
+
+Two classes also have the built-in base OpenEnv 0.10's client raises in their
+place, so code written against it (``except RuntimeError``, ``except
+ConnectionError``) catches them unchanged: ``ServerError`` is a
+``RuntimeError`` and ``ConnectionFailedError`` a ``ConnectionError``.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ class ConcurrencyConfigurationError(OpenEnvError):
     """``max_concurrent_envs > 1`` for an environment not declared safe for it."""
 
 
-class ConnectionFailedError(OpenEnvError):
+class ConnectionFailedError(OpenEnvError, ConnectionError):
     """A session could not be opened: nothing listening, a timeout, or a bad URL."""
 
     def __init__(self, url: str, reason: str) -> None:
@@ -142,7 +147,7 @@ class EngineError(OpenEnvError):
     """A runtime engine is unknown, its extra is not installed, or it broke its contract."""
 
 
-class ServerError(OpenEnvError):
+class ServerError(OpenEnvError, RuntimeError):
     """The server answered a request with an ``error`` frame."""
 
     def __init__(self, code: ErrorCode, message: str, details: dict[str, Any] | None = None):

@@ -55,6 +55,7 @@ class DirectStepping:
     """The part of ``Session`` that starts steps from a callback; ``Session`` provides the rest."""
 
     env: Environment[Any, Any, Any]
+    env_step: Callable[..., Any]  # what a step calls (server_method)
     state: SessionState
     busy: bool
     last_active: float
@@ -173,7 +174,7 @@ class DirectStepping:
     ) -> None:
         """Run an ``async def`` step in an eager task of its own (Python 3.12+)."""
         try:
-            coro = self.env.step(action)
+            coro = self.env_step(action)
         except BaseException as exc:  # raised before returning its coroutine
             self._stepped(step, False, exc)
             return
@@ -209,7 +210,7 @@ class DirectStepping:
         except RuntimeError:  # another task is running: not a protocol callback
             return False
         try:
-            coro = self.env.step(action)
+            coro = self.env_step(action)
             if not isinstance(coro, types.CoroutineType):
                 ok, value = True, coro  # an awaitable that is no coroutine: _stepped awaits it
             else:

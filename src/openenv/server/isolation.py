@@ -24,7 +24,7 @@ import pickle
 import signal
 from typing import Any
 
-from openenv.environment import Environment
+from openenv.environment import Environment, server_method
 from openenv.errors import ServerSideError
 
 __all__ = ["EnvProcessDied", "ProcessEnvironment", "isolated_factory"]
@@ -210,7 +210,10 @@ def _serve(factory: Any, conn: multiprocessing.connection.Connection) -> None:
         except (EOFError, OSError):
             return  # the server is gone
         try:
-            value = settle(getattr(env, method)(*args, **kwargs))
+            call = (
+                server_method(env, method) if method in ("reset", "step") else getattr(env, method)
+            )
+            value = settle(call(*args, **kwargs))
             conn.send(("ok", value, _portable_state(env)))
         except BaseException as exc:
             conn.send(("error", _portable(exc), None))

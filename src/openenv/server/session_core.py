@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from openenv import protocol
-from openenv.environment import Environment
+from openenv.environment import Environment, server_method
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server.calls import DeadlineExceeded
 from openenv.server.handoff import NotStarted
@@ -165,7 +165,10 @@ class SessionCore:
         # model_validate without its Python wrapper (a third of a small action's
         # validation); the validator is the model's documented one.
         self._validate_action = action_cls.__pydantic_validator__.validate_python
-        self._reset_accepts, self._task_cls = reset_facts(env.reset)
+        self.env_reset = server_method(env, "reset")
+        self.env_step = server_method(env, "step")
+        self._reset_accepts, self._task_cls = reset_facts(self.env_reset)
+        self._drop_unknown = bool(getattr(type(env), "_drops_unknown_reset_kwargs", False))
         self._bad_frames = 0
         # What a plain def that overran its deadline still runs as (DeadlineExceeded.stuck):
         # close() must wait for it.
@@ -216,7 +219,7 @@ class SessionCore:
             raise protocol.validation_frame_error(exc, "action", request_id) from None
         if again is None:
             call = Call(
-                _STEP, "step()", self.env.step, (action,), request_id, self._settings.step_timeout
+                _STEP, "step()", self.env_step, (action,), request_id, self._settings.step_timeout
             )
         else:
             call = again
@@ -254,7 +257,9 @@ class SessionCore:
         kwargs = args.model_dump(exclude_unset=True)
         if self._reset_accepts is not None:
             unknown = sorted(set(kwargs) - self._reset_accepts)
-            if unknown:
+            if unknown and self._drop_unknown:
+                kwargs = {k: v for k, v in kwargs.items() if k in self._reset_accepts}
+            elif unknown:
                 raise FrameError(
                     ErrorCode.VALIDATION_ERROR,
                     f"reset() of {type(self.env).__name__} does not accept "
@@ -273,7 +278,7 @@ class SessionCore:
         return Call(
             CallKind.RESET,
             "reset()",
-            self.env.reset,
+            self.env_reset,
             (),
             message.id,
             self._settings.reset_timeout,

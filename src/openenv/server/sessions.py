@@ -63,8 +63,10 @@ class Session(SessionCore, DirectStepping):
         self._recorder = getattr(service, "recorder", None)
         # A recorded session takes the one path where request and reply meet.
         self.direct_steps = self._settings.step_timeout is None and self._recorder is None
-        self._async_step = calls.is_async(env.step)
-        self._dispatch_step = functools.partial(service.handoff.dispatch, self.ticket, env.step)
+        self._async_step = calls.is_async(self.env_step)
+        self._dispatch_step = functools.partial(
+            service.handoff.dispatch, self.ticket, self.env_step
+        )
         self._direct_step: DirectStep | Batched | None = None  # the one in flight
         self.batched_call: Call | None = None  # see server/step_batches.py
         # An ``async def`` step that suspended as a part of the session's task
