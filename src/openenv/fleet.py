@@ -14,11 +14,11 @@ answered by a replica that is up.
 
 The fleet scales itself between ``min_replicas`` and ``max_replicas``: one
 more replica when sessions queue anywhere or the fleet's slots are more than
-``scale_up_at`` full (once no replica is still starting); one fewer when it has held no session for
-``idle_seconds``, after listing it as draining long enough for the pools to
-see it go (a session that reached it meanwhile keeps it). From the command line: ``openenv serve PATH --ray
---replicas N`` (``RAY_ADDRESS`` joins an existing cluster; otherwise a local
-one starts).
+``scale_up_at`` full (once no replica is still starting); one fewer when it
+has held no session for ``idle_seconds``, after listing it as draining long
+enough for the pools to see it go (a session that reached it meanwhile keeps
+it). From the command line: ``openenv serve PATH --ray --replicas N``
+(``RAY_ADDRESS`` joins an existing cluster; otherwise a local one starts).
 
 Why plain actors and not Ray Serve, measured (``benchmarks/fleet_vs_serve.py``):
 behind Serve's proxy one replica made 1,931 steps/s at a 32 ms median, against
