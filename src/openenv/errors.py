@@ -40,6 +40,7 @@ ConnectionError``) catches them unchanged: ``ServerError`` is a
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -108,6 +109,12 @@ class ConnectionFailedError(OpenEnvError, ConnectionError):
         self.url = url
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle their args (the message), not this constructor's:
+        # without this they could not cross to another process (a Ray or Spark
+        # worker's result, a process pool's) at all.
+        return (type(self), (self.url, self.reason), self.__dict__)
+
 
 class AuthenticationError(ConnectionFailedError):
     """The server refused the handshake: a missing or wrong API key, or a foreign Origin."""
@@ -124,6 +131,10 @@ class SessionClosedError(OpenEnvError):
         self.reason = reason
         self.close_code = close_code
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        rebuild = functools.partial(type(self), close_code=self.close_code)
+        return (rebuild, (self.reason,), self.__dict__)
+
 
 class EnvTimeoutError(OpenEnvError, TimeoutError):
     """The server did not reply within the client's ``message_timeout``."""
@@ -137,6 +148,9 @@ class RequestFailedError(OpenEnvError):
         self.url = url
         self.status_code = status_code
         self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.url, self.status_code, self.detail), self.__dict__)
 
 
 class NotFoundError(RequestFailedError, LookupError):
@@ -155,6 +169,9 @@ class ServerError(OpenEnvError, RuntimeError):
         self.code = code
         self.message = message
         self.details = details or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.code, self.message, self.details), self.__dict__)
 
 
 class ProtocolError(ServerError):
