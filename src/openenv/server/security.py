@@ -53,7 +53,16 @@ _SEEN_HOSTS = 64
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or (path.startswith("/web/") and path != "/web/ws")
+    """``/health``, ``/web`` and the page's files: ``/web/NAME``, one segment deep.
+
+    >>> [is_public(p) for p in ("/web", "/web/app.js", "/web/ws", "/web/x/tools")]
+    [True, True, False, False]
+    """
+    if path in PUBLIC_PATHS:
+        return True
+    # Deeper paths are not the page's: OpenReward's /{env}/tools would match them.
+    name = path[len("/web/") :]
+    return path.startswith("/web/") and name != "ws" and "/" not in name
 
 
 def host_name(host: str) -> str:
