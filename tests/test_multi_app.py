@@ -163,6 +163,12 @@ def test_the_root_asks_for_a_key_of_one_of_its_environments_and_lists_only_their
         assert HTTP.get(f"{url}/openapi.json", headers={"X-API-Key": "key-a"}).status_code == 200
         rebound = HTTP.get(f"{url}/envs", headers={"X-API-Key": "key-a", "Host": "evil.example"})
         assert rebound.status_code == 403, rebound.text
+        # A path under /envs/ that no environment is mounted at is the root's:
+        # without a key it says nothing, not even which environments there are.
+        for path in ("/envs/x/tools", "/envs/x/splits"):
+            refused = HTTP.get(f"{url}{path}", headers={"X-Session-ID": "s"})
+            assert refused.status_code == 401, (path, refused.text)
+            assert refused.json() == {"detail": "missing API key"}
         # Each environment's own routes keep their own key, and /health stays public.
         assert HTTP.get(f"{url}/envs/a/health").status_code == 200
         assert HTTP.get(f"{url}/envs/a/schema", headers={"X-API-Key": "key-b"}).status_code == 401

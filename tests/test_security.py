@@ -55,6 +55,22 @@ def test_http_routes_need_the_key_except_health(keyed_url: tuple[str, Tracker]) 
         assert http.get("/schema", params={"api_key": KEY}).status_code == 200
 
 
+def test_only_the_web_pages_own_files_are_public(keyed_url: tuple[str, Tracker]) -> None:
+    url, _ = keyed_url
+    with httpx.Client(base_url=url) as http:
+        assert http.get("/web").status_code == 200
+        assert http.get("/web/app.js").status_code == 200
+        # Deeper paths under /web/ reach OpenReward's /{env}/... routes: they are
+        # not the page's files, and without the key say nothing of the server.
+        for path in ("/web/x/tools", "/web/x/splits"):
+            refused = http.get(path, headers={"X-Session-ID": "s"})
+            assert refused.status_code == 401, path
+            assert "PingEnvironment" not in refused.text
+        refused = http.post("/web/x/tasks", json={"split": "train"})
+        assert refused.status_code == 401
+        assert "PingEnvironment" not in refused.text
+
+
 async def test_websocket_without_or_with_wrong_key_creates_nothing(
     keyed_url: tuple[str, Tracker],
 ) -> None:

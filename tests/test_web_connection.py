@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import quote
 
 import pytest
 from playwright.async_api import Page, expect
@@ -173,6 +174,21 @@ async def test_page_plays_on_a_server_with_an_api_key(
         await expect(refused.locator("#error")).to_contain_text("needs an API key")
         page = await new_page(url, query="?api_key=page-key")
         await expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
+        await reset(page)
+        await step_echo(page, "secret")
+        assert await observation(page) == {"echoed_message": "secret", "message_length": 6}
+
+
+async def test_page_plays_with_a_key_that_cannot_be_a_subprotocol(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    # `openssl rand -base64` keys hold '/', '+' and '=', which a WebSocket
+    # subprotocol may not: the browser refuses to open a socket that offers one.
+    key = "k3y/with+base64=="
+    factory = functools.partial(EchoEnvironment, max_steps=3)
+    app = create_app(factory, EchoAction, EchoObservation, api_key=key)
+    with run_server(app) as url:
+        page = await new_page(url, query=f"?api_key={quote(key, safe='')}")
         await reset(page)
         await step_echo(page, "secret")
         assert await observation(page) == {"echoed_message": "secret", "message_length": 6}

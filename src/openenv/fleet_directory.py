@@ -11,10 +11,11 @@ the fleet.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ class Directory:
         from starlette.responses import JSONResponse, RedirectResponse, Response
         from starlette.routing import Route, WebSocketRoute
         from starlette.websockets import WebSocket
+
+        from openenv.server.security import AccessGuard
 
         fleet = self.fleet
 
@@ -125,7 +128,16 @@ class Directory:
             WebSocketRoute("/ws", session),
             Route("/{path:path}", elsewhere, methods=["GET", "HEAD"]),
         ]
-        app = Starlette(routes=routes)
+        # The Host (and a browser's Origin) checked as a replica checks them
+        # (security.md): the directory asks replicas by address, so a request
+        # under a rebound name would otherwise reach them as an allowed one.
+        # No key here: each replica checks the one passed on.
+        app = AccessGuard(
+            Starlette(routes=routes),
+            api_key=None,
+            allowed_origins=_setting(fleet.environ, "OPENENV_ALLOWED_ORIGINS"),
+            allowed_hosts=_setting(fleet.environ, "OPENENV_ALLOWED_HOSTS"),
+        )
         redact_api_keys()  # keys in query strings (a /web link) stay out of the logs
         self._context = contextlib.ExitStack()
         return self._context.enter_context(_serve_in_thread(app, host, port))
@@ -133,6 +145,13 @@ class Directory:
     def stop(self) -> None:
         if self._context is not None:
             self._context.close()
+
+
+def _setting(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated setting as the replicas get it: the fleet's ``environ``,
+    else this process's environment."""
+    value = environ.get(name, os.environ.get(name, ""))
+    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 @contextlib.contextmanager

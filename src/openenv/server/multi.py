@@ -121,7 +121,10 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
     )
     app.state.openenv_envs = {name: sub.state.openenv for name, sub in apps.items()}
     app.state.openenv_guards = bridge.guards
-    app.add_middleware(AnyGuard, guards=bridge.guards.values(), mounted="/envs/")
+    # Only the mounts' own paths skip the root's check: another /envs/x/... path
+    # reaches the root's routes (OpenReward's /{env}/tools), which need a key.
+    mounts = [f"/envs/{name}/" for name in apps]
+    app.add_middleware(AnyGuard, guards=bridge.guards.values(), mounted=mounts)
     return app
 
 

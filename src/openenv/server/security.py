@@ -53,7 +53,16 @@ _SEEN_HOSTS = 64
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or (path.startswith("/web/") and path != "/web/ws")
+    """``/health``, ``/web`` and the page's files: ``/web/NAME``, one segment deep.
+
+    >>> [is_public(p) for p in ("/web", "/web/app.js", "/web/ws", "/web/x/tools")]
+    [True, True, False, False]
+    """
+    if path in PUBLIC_PATHS:
+        return True
+    # Deeper paths are not the page's: OpenReward's /{env}/tools would match them.
+    name = path[len("/web/") :]
+    return path.startswith("/web/") and name != "ws" and "/" not in name
 
 
 def host_name(host: str) -> str:
@@ -182,14 +191,15 @@ class AnyGuard:
 
     Its own routes (the listing, the API docs) belong to no one environment,
     so a key of any of them will do, and a host any of them answers to; with
-    none set, none is needed. Paths under ``mounted`` go straight on, to the
-    environment's own guard, which keeps their public routes public.
+    none set, none is needed. Paths under one of ``mounted`` (``/envs/NAME/``)
+    go straight on, to that environment's own guard, which keeps their public
+    routes public; other paths under ``/envs/`` are the root's.
     """
 
-    def __init__(self, app: ASGIApp, guards: Iterable[AccessGuard], mounted: str) -> None:
+    def __init__(self, app: ASGIApp, guards: Iterable[AccessGuard], mounted: Iterable[str]) -> None:
         self.app = app
         self.guards = tuple(guards)
-        self.mounted = mounted
+        self.mounted = tuple(mounted)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and not scope["path"].startswith(self.mounted):

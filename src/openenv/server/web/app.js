@@ -58,6 +58,9 @@ const page = {
 // A server started with an API key is opened as /web?api_key=KEY: fetches send
 // it as a Bearer token, the WebSocket as a subprotocol (browsers cannot set headers).
 const apiKey = new URLSearchParams(window.location.search).get("api_key");
+// A subprotocol must be an HTTP token: a key with '/' or '=' (base64) in it
+// would make the browser refuse to open the socket, so it goes in the URL.
+const keyIsToken = Boolean(apiKey) && /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(apiKey);
 
 // Relative to the page (/web), so a path prefix added by a proxy is kept.
 function endpoint(path, websocket = false) {
@@ -288,8 +291,10 @@ function showBanner(message, button) {
 function connect() {
   ui.banner.hidden = true;
   setStatus("Connecting…");
-  const session = new Session(endpoint("web/ws", true), {
-    protocols: apiKey ? ["openenv", `openenv.key.${apiKey}`] : ["openenv"],
+  const url = new URL(endpoint("web/ws", true));
+  if (apiKey && !keyIsToken) url.searchParams.set("api_key", apiKey);
+  const session = new Session(url.href, {
+    protocols: keyIsToken ? ["openenv", `openenv.key.${apiKey}`] : ["openenv"],
     onopen: () => {
       if (page.session !== session) return;
       clearEpisode("Press Reset to start an episode.");
