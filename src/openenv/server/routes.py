@@ -1,4 +1,4 @@
-"""The HTTP introspection routes. Episodes run over WebSocket only."""
+"""The HTTP routes: introspection, and OpenEnv's stateless calls. Episodes run over WebSocket."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.metrics import CONTENT_TYPE
 from openenv.server.service import EnvService
+from openenv.server.simulation import simulation_routes
 from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
@@ -81,6 +82,7 @@ def routes() -> list[BaseRoute]:
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
         WebSocketRoute("/ws", SessionEndpoint()),
+        *simulation_routes(),
         *catalog_routes(),
     ]
 

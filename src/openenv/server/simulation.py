@@ -1,0 +1,128 @@
+"""OpenEnv's stateless HTTP routes: ``POST /reset``, ``POST /step``, ``GET /state``.
+
+OpenEnv 0.10 serves these (its "simulation" mode) for a look with ``curl`` or
+a browser: each request gets a fresh environment, makes its one call and
+closes it, so nothing carries from one request to the next. Episodes are
+played over ``/ws``. Here such a request is a session like any other: it
+takes a slot (a full server answers 503 with ``Retry-After``), makes its
+environment with the factory and runs the call with the session's deadlines
+and errors, then closes it. Replies have OpenEnv's shape:
+``{"observation": {...}, "reward": r, "done": d, "metadata": m}`` for reset
+and step (the observation's ``metadata`` in it too), the
+state's fields for ``/state``; an action that does not fit the schema is 422
+with pydantic's errors as ``detail``, as OpenEnv answers it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute
+
+from openenv import protocol
+from openenv.protocol import ErrorCode
+from openenv.server.http_bodies import BodyTooLarge, read_body
+from openenv.server.service import EnvService, SessionRefused
+
+__all__ = ["simulation_routes"]
+
+# What an error reply becomes: the action's fields are the caller's to fix (422),
+# a full or stopping server is for later (503), the rest is the server's (500).
+_STATUS = {
+    ErrorCode.VALIDATION_ERROR: 422,
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.CAPACITY_REACHED: 503,
+}
+
+
+def _service(request: Request) -> EnvService:
+    service: EnvService = request.app.state.openenv
+    return service
+
+
+async def _body(request: Request, service: EnvService) -> dict[str, Any]:
+    try:
+        raw = await read_body(request.scope, request.receive, service.settings.max_message_size)
+    except BodyTooLarge as exc:
+        raise HTTPException(413, str(exc)) from None
+    try:
+        value = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        raise HTTPException(400, "the request body is not JSON") from None
+    if not isinstance(value, dict):
+        raise HTTPException(422, "the request body must be a JSON object")
+    return value
+
+
+async def _once(
+    service: EnvService, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
+) -> protocol.ServerMessage:
+    """One call on a fresh environment of its own, closed after it, its slot freed."""
+    try:
+        session = await service.open_session()
+    except SessionRefused as refused:
+        status = 503 if refused.code is not ErrorCode.FACTORY_ERROR else 500
+        headers = {"Retry-After": "1"} if status == 503 else None
+        raise HTTPException(status, refused.message, headers=headers) from None
+    try:
+        reply = await session.handle(protocol.request_frame(kind, data))
+    finally:
+        await session.aclose("http_call_done")
+    assert reply is not None, "only a close request has no reply"
+    message = protocol.parse_server_message(reply)
+    if isinstance(message, protocol.ErrorReply):
+        error = message.data
+        details = error.model_extra or {}
+        status = _STATUS.get(error.code, 500)
+        detail: Any = details.get("errors", error.message) if status == 422 else error.message
+        raise HTTPException(status, detail)
+    return message
+
+
+def _observation(message: protocol.ServerMessage) -> Response:
+    assert isinstance(message, protocol.ObservationReply)
+    data = message.data
+    # OpenEnv's shape: the metadata inside the observation, and beside it when any.
+    body = {
+        "observation": {"metadata": data.metadata, **data.observation},
+        "reward": data.reward,
+        "done": data.done,
+        "metadata": data.metadata or None,
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def reset(request: Request) -> Response:
+    """Reset a fresh environment (``seed``, ``episode_id``, reset arguments) and
+    return its first observation; the environment is closed after."""
+    service = _service(request)
+    return _observation(await _once(service, "reset", await _body(request, service)))
+
+
+async def step(request: Request) -> Response:
+    """Step a fresh environment (never reset) with ``{"action": {...}}``, as OpenEnv does."""
+    service = _service(request)
+    body = await _body(request, service)
+    action = body.get("action")
+    if not isinstance(action, dict):
+        raise HTTPException(422, "the request body needs an 'action' object")
+    return _observation(await _once(service, "step", action))
+
+
+async def state(request: Request) -> Response:
+    """The state of a fresh environment."""
+    message = await _once(_service(request), "state", None)
+    assert isinstance(message, protocol.StateReply)
+    return Response(orjson.dumps(message.data), media_type="application/json")
+
+
+def simulation_routes() -> list[BaseRoute]:
+    return [
+        APIRoute("/reset", reset, methods=["POST"], response_class=Response),
+        APIRoute("/step", step, methods=["POST"], response_class=Response),
+        APIRoute("/state", state, methods=["GET"], response_class=Response),
+    ]
