@@ -177,3 +177,22 @@ def test_the_root_asks_for_a_key_of_one_of_its_environments_and_lists_only_their
     with run_server(create_multi_app({"a": spec(None), "b": spec(None)})) as url:
         assert [env["name"] for env in HTTP.get(f"{url}/envs").json()["envs"]] == ["a", "b"]
         assert HTTP.get(f"{url}/docs").status_code == 200
+
+
+def test_openrewards_listing_and_unknown_names_show_a_key_only_its_environments() -> None:
+    # As GET /envs: a client holding one environment's key is not told the
+    # names of the environments other keys open.
+    def spec(key: str) -> EnvSpec:
+        return EnvSpec(EchoEnvironment, EchoAction, EchoObservation, api_key=key)
+
+    app = create_multi_app({"a": spec("key-a"), "b": spec("key-b"), "c": spec("key-b")})
+    with run_server(app) as url:
+        key_b = {"X-API-Key": "key-b", "X-Session-ID": "s"}
+        listed = HTTP.get(f"{url}/list_environments", headers=key_b)
+        assert listed.json() == ["b", "c"]
+        unknown = HTTP.get(f"{url}/nope/tools", headers=key_b)
+        assert unknown.status_code == 404
+        assert unknown.json()["detail"] == "unknown environment 'nope'; this server has: b, c"
+        stranger = HTTP.get(f"{url}/nope/tools", headers={"X-Session-ID": "s"})
+        assert stranger.status_code == 401  # no key of any: told nothing
+        assert stranger.json() == {"detail": "missing API key"}

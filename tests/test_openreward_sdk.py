@@ -225,6 +225,7 @@ def test_multi_environment_server(sdk_python: Path) -> None:
         wait_for_no_sessions(url, path="/envs/counter")
         wait_for_no_sessions(url, path="/envs/ns/trap")
         listed = httpx.get(f"{url}/list_environments").json()
+        listed_with_key = httpx.get(f"{url}/list_environments", headers={"X-API-Key": KEY}).json()
     assert (sync["reward"], sync["task_env"]) == (1.0, "counter")
     assert done["reward"] == 0.0
     assert trap["unknown_env"]["status"] == 404
@@ -235,7 +236,8 @@ def test_multi_environment_server(sdk_python: Path) -> None:
     assert "wrong API key" in trap["wrong_key"]["message"]
     assert trap["unknown_tool"]["reason"] == "not_found"
     assert trap["after_raise"]["type"] == "SessionTerminatedError"
-    assert listed == ["counter", "ns/trap"]
+    # Without its key, the keyed environment is not even named.
+    assert (listed, listed_with_key) == (["counter"], ["counter", "ns/trap"])
 
 
 # -- the protocol over plain HTTP ------------------------------------------------------

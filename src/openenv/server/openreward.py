@@ -154,19 +154,25 @@ class OpenRewardBridge:
 
     # -- which environment, and may this client use it ---------------------------
 
-    def _resolve(self, name: str) -> str:
+    def _resolve(self, request: Request, name: str) -> str:
         found = name if name in self.services else self._by_lower.get(name.lower())
         if found is None:
-            req.fail(404, f"unknown environment {name!r}; this server has: {self._names()}")
+            known = ", ".join(self._opened_by(request)) or "no environment this request may use"
+            req.fail(404, f"unknown environment {name!r}; this server has: {known}")
         return found
 
-    def _names(self) -> str:
-        return ", ".join(self.services)
+    def _opened_by(self, request: Request) -> list[str]:
+        """The environments whose key (and hosts, origins) the request meets, as
+        ``GET /envs`` lists them: another key's environments are not named to it."""
+        path = request.url.path
+        return [
+            env for env, guard in self.guards.items() if guard.refusal(request.scope, path) is None
+        ]
 
     def _env_of(self, request: Request, name: str | None = None) -> str:
         name = name if name is not None else request.path_params.get("env")
         if name is not None:
-            return self._resolve(name)
+            return self._resolve(request, name)
         if len(self.services) == 1:
             return next(iter(self.services))
         deployment = request.headers.get(wire.DEPLOYMENT_HEADER, "").strip()
@@ -174,11 +180,11 @@ class OpenRewardBridge:
             req.fail(
                 404,
                 f"which environment? name it in the path (/{{env}}/...) or in X-Deployment; "
-                f"this server has: {self._names()}",
+                f"this server has: {', '.join(self._opened_by(request))}",
             )
         if deployment in self.services or deployment.lower() in self._by_lower:
-            return self._resolve(deployment)
-        return self._resolve(deployment.rpartition("/")[2])  # "ns/counter" for counter
+            return self._resolve(request, deployment)
+        return self._resolve(request, deployment.rpartition("/")[2])  # "ns/counter" for counter
 
     def _check(self, request: Request, env: str | None, path: str) -> None:
         """The environment's API key, allowed hosts and (for ``path``) origins.
@@ -240,7 +246,7 @@ class OpenRewardBridge:
 
     async def list_environments(self, request: Request) -> Response:
         self._check(request, None, "/list_environments")
-        return req.json_response(list(self.services))
+        return req.json_response(self._opened_by(request))
 
     # -- sessions ----------------------------------------------------------------
 
