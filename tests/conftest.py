@@ -104,28 +104,10 @@ async def new_page(browser: Browser) -> AsyncIterator[Callable[..., Awaitable[Pa
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[list[str]]:
-    """A head and a worker node (Ray's own test utility), 2 CPUs each, for the fleet
-    tests of one module; their node ids."""
+    """A two-node Ray cluster (``fleet_kit.two_node_cluster``) for the fleet tests
+    of one module; its node ids."""
     import ray
-    from ray.cluster_utils import Cluster
+    from fleet_kit import two_node_cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    memory = 100 * 2**20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2,
-            "include_dashboard": False,
-            "object_store_memory": memory,
-            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
-        },
-    )
-    cluster.add_node(num_cpus=2, object_store_memory=memory)
-    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-    try:
+    with two_node_cluster():
         yield [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()

@@ -1,9 +1,13 @@
-"""What the fleet tests share: the environment folders and polling the directory."""
+"""What the multi-node tests share: a two-node Ray cluster, the environment
+folders, and polling a fleet's directory."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,35 @@ import httpx
 
 ECHO = Path(__file__).parents[1] / "envs" / "echo_env"
 COUNTER = ECHO.parent / "counter_env"
+
+
+@contextlib.contextmanager
+def two_node_cluster() -> Iterator[Any]:
+    """A head and a worker node (Ray's own test utility), 2 CPUs each, this
+    process connected to it; the ``Cluster``, whose nodes a test may remove."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    memory = 100 * 2**20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": False,
+            "object_store_memory": memory,
+            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
+        },
+    )
+    cluster.add_node(num_cpus=2, object_store_memory=memory)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_kit import until
+from fleet_kit import two_node_cluster, until
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
@@ -26,25 +24,8 @@ from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskResult
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """A head node and a worker node, 2 CPUs each (Ray's own test utility)."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    memory = 100 * 2**20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": memory},
-    )
-    cluster.add_node(num_cpus=2, object_store_memory=memory)
-    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-    try:
+    with two_node_cluster() as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 class StallsOnTheDoomedNode:
