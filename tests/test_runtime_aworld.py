@@ -18,6 +18,7 @@ from openenv.runtime import (
     Runners,
     Task,
     TaskResult,
+    TaskStatus,
     exec_tasks,
     sync_exec_tasks,
 )
@@ -132,3 +133,51 @@ def test_session_agents_as_sub_agents_each_play_their_own_episode() -> None:
     (result,) = Runners.sync_run_task(task=Task(id="t0", env=ENV, agent=parallel), run_conf=CONF)
     assert (result.status.value, result.value) == ("ok", "hush")
     assert result.steps == 3  # the two sub-episodes' steps add up
+
+
+def test_results_are_keyed_by_task_id_as_aworlds_dict_of_responses() -> None:
+    # As AWorld's examples read them: result[task.id].answer, res.get(task.id),
+    # `task.id in result`, .success / .msg / .time_cost / .id.
+    tasks = [
+        Task(id="q1", input="what is 2+2?", agent=solve),
+        Task(id="q2", input="bad", agent=solve),
+    ]
+    result = Runners.sync_run_task(task=tasks, run_conf=CONF)
+    assert result["q1"].answer == "4"
+    assert result.get("q1").success
+    assert ("q1" in result, "q3" in result, result.get("q3")) == (True, False, None)
+    failed = result["q2"]
+    assert (failed.id, failed.success, failed.answer) == ("q2", False, None)
+    assert str(failed.msg).startswith("ValueError: invalid literal for int()")
+    assert result["q1"].time_cost == result["q1"].duration >= 0
+    assert list(result.keys()) == ["q1", "q2"]
+    assert [r.answer for r in result.values()] == ["4", None]
+    assert [(k, r.task_id) for k, r in result.items()] == [("q1", "q1"), ("q2", "q2")]
+    with pytest.raises(KeyError):
+        result["q3"]
+    # Still the list it was: input order, indexable, iterating gives results.
+    assert [r.task_id for r in result] == ["q1", "q2"]
+    assert result[0].answer == "4"
+    # AWorld's parallel-task README loops over the results and reads .answer.
+    assert [f"{r.task_id}: {r.answer}" for r in result] == ["q1: 4", "q2: None"]
+
+
+async def test_awaited_run_task_and_exec_tasks_are_keyed_by_id_too() -> None:
+    task = Task(id="q1", input="what is 1+2?", agent=solve)
+    assert (await Runners.run_task(task=task, run_conf=CONF))[task.id].answer == "3"
+    assert (await exec_tasks(tasks=[task], run_conf=CONF)).get(task.id).answer == "3"
+    assert sync_exec_tasks(tasks=[task], run_conf=CONF)[task.id].answer == "3"
+    assert (await exec_tasks(tasks=[], run_conf=CONF)).get("q1") is None
+
+
+def test_lookup_by_id_follows_the_list_when_it_changes() -> None:
+    tasks = [Task(id=f"q{i}", input=f"what is {i}+0?", agent=solve) for i in range(3)]
+    results = Runners.sync_run_task(task=tasks, run_conf=CONF)
+    assert results["q0"].answer == "0"
+    results.sort(key=lambda r: r.task_id, reverse=True)
+    assert (results["q0"].answer, results[0].task_id) == ("0", "q2")
+    results[0] = results.pop()  # q0 now first, q2 gone
+    assert "q2" not in results
+    assert results["q0"] is results[0]
+    results.append(TaskResult(task_id="extra", status=TaskStatus.OK, value="x"))
+    assert results["extra"].answer == "x"

@@ -24,7 +24,7 @@ from openenv.runtime.base import ResultCallback, engine_class
 from openenv.runtime.config import RunConfig
 from openenv.runtime.episode import run_coroutine
 from openenv.runtime.progress import ProgressDisplay
-from openenv.runtime.task import Task, TaskResult
+from openenv.runtime.task import Task, TaskResult, TaskResults
 
 __all__ = ["Runners", "exec_tasks", "sync_exec_tasks"]
 
@@ -39,12 +39,12 @@ def _task_list(tasks: Task | Iterable[Task] | None) -> list[Task]:
 
 async def _execute(
     tasks: list[Task], config: RunConfig, on_result: ResultCallback | None = None
-) -> list[TaskResult]:
+) -> TaskResults:
     duplicates = sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)
     if duplicates:
         raise ValueError(f"task ids must be unique; repeated: {', '.join(duplicates[:5])}")
     if not tasks:
-        return []
+        return TaskResults()
     if config.record is not None:
         recording.check_folder(config.record)
     cls = engine_class(config)
@@ -63,15 +63,18 @@ async def _execute(
         _check(cls, tasks, results)
         for index, result in enumerate(results):
             report(index, result)
-    return list(results)
+    return TaskResults(results)
 
 
-async def _exec_tasks(tasks: list[Task], config: RunConfig) -> list[TaskResult]:
+async def _exec_tasks(tasks: list[Task], config: RunConfig) -> TaskResults:
     return await _execute(tasks, config)
 
 
 def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) -> Any:
     """Run tasks on the configured engine; one ``TaskResult`` per task, in input order.
+
+    The results are a ``TaskResults``: a list that is also keyed by task id,
+    as AWorld's dict of them (``results[task.id].answer``).
 
     In ``async`` code, await it: ``results = await exec_tasks(tasks, conf)``.
     Called from plain code (no event loop running), it runs the tasks and
@@ -106,9 +109,7 @@ def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) 
     return coro
 
 
-def sync_exec_tasks(
-    tasks: Task | Iterable[Task], run_conf: RunConfig | None = None
-) -> list[TaskResult]:
+def sync_exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) -> TaskResults:
     """``exec_tasks``, blocking until every task is done; see ``Runners.sync_run_task``."""
     return _blocking(_exec_tasks(_task_list(tasks), run_conf or RunConfig()))
 
@@ -182,7 +183,7 @@ class Runners:
         run_conf: RunConfig | None = None,
         *,
         tasks: Task | Iterable[Task] | None = None,
-    ) -> list[TaskResult]:
+    ) -> TaskResults:
         """Run a task or a list of them; see ``exec_tasks``. ``tasks=`` is accepted too."""
         return await _exec_tasks(_task_list(task if task is not None else tasks), _conf(run_conf))
 
@@ -192,7 +193,7 @@ class Runners:
         run_conf: RunConfig | None = None,
         *,
         tasks: Task | Iterable[Task] | None = None,
-    ) -> list[TaskResult]:
+    ) -> TaskResults:
         """Run tasks and block until all are done; works inside a running event loop too.
 
         Inside a running loop (a notebook, an async test) the run gets its own
