@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from runtime_agents import echo_agent, messages
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv.runtime import (
+    EngineName,
     EpisodeSession,
     ParallelizableAgent,
     RunConfig,
@@ -181,3 +184,29 @@ def test_lookup_by_id_follows_the_list_when_it_changes() -> None:
     assert results["q0"] is results[0]
     results.append(TaskResult(task_id="extra", status=TaskStatus.OK, value="x"))
     assert results["extra"].answer == "x"
+
+
+async def where(session: EpisodeSession) -> int:
+    return os.getpid()
+
+
+def test_reuse_process_false_plays_in_a_worker_process_as_aworld_docs_write_it() -> None:
+    # AWorld's parallel-task README: the local multiprocess engine.
+    tasks = [Task(id=f"t{i}", input=i, agent=where) for i in range(2)]
+    conf = RunConfig(engine_name=EngineName.LOCAL, reuse_process=False, progress=False)
+    results = Runners.sync_run_task(task=tasks, run_conf=conf)
+    assert [r.status.value for r in results] == ["ok", "ok"]
+    assert os.getpid() not in {r.answer for r in results}
+
+
+def test_reuse_process_true_plays_in_this_process_whatever_worker_num() -> None:
+    lock = threading.Lock()  # a closure over a lock cannot travel to a worker process
+
+    async def holds_a_lock(session: EpisodeSession) -> int:
+        with lock:
+            return os.getpid()
+
+    tasks = [Task(id=f"t{i}", agent=holds_a_lock) for i in range(3)]
+    conf = RunConfig(worker_num=3, reuse_process=True, progress=False)
+    results = Runners.sync_run_task(task=tasks, run_conf=conf)
+    assert [r.answer for r in results] == [os.getpid()] * 3
