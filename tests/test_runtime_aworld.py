@@ -210,3 +210,29 @@ def test_reuse_process_true_plays_in_this_process_whatever_worker_num() -> None:
     conf = RunConfig(worker_num=3, reuse_process=True, progress=False)
     results = Runners.sync_run_task(task=tasks, run_conf=conf)
     assert [r.answer for r in results] == [os.getpid()] * 3
+
+
+def test_sync_run_plays_one_input_with_an_agent_as_aworlds_quick_start() -> None:
+    response = Runners.sync_run(input="what is 2+3?", agent=solve)
+    assert (response.success, response.answer) == (True, "5")
+    # env= gives the agent an environment; run_conf= works as in AWorld.
+    played = Runners.sync_run(input="x", agent=echo_agent, env=ENV, run_conf=CONF)
+    assert played.answer == messages(played.id)
+
+
+async def test_run_is_awaitable_with_aworlds_keywords() -> None:
+    response = await Runners.run(input="what is 4+4?", agent=solve, run_conf=CONF)
+    assert response.answer == "8"
+
+
+def test_what_run_cannot_honour_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="`agent` and `swarm` only choose one"):
+        Runners.sync_run(input="hi", agent=solve, swarm=object())
+    with pytest.raises(ValueError, match="`input` is empty"):
+        Runners.sync_run(input="", agent=solve)
+    with pytest.raises(TypeError, match="AWorld's Swarm has no counterpart here"):
+        Runners.sync_run(input="hi", swarm=object())
+    with pytest.raises(ValueError, match="tool_names names AWorld's tools"):
+        Runners.sync_run(input="hi", agent=solve, tool_names=["search_api"])
+    with pytest.raises(ValueError, match="session_id keys AWorld's memory"):
+        Runners.sync_run(input="hi", agent=solve, session_id="s1")
