@@ -236,3 +236,27 @@ def test_what_run_cannot_honour_is_refused_by_name() -> None:
         Runners.sync_run(input="hi", agent=solve, tool_names=["search_api"])
     with pytest.raises(ValueError, match="session_id keys AWorld's memory"):
         Runners.sync_run(input="hi", agent=solve, session_id="s1")
+
+
+async def add_one(session: EpisodeSession) -> int:
+    if session.input == "fail":
+        raise ValueError("asked to fail")
+    return int(session.input) + 1
+
+
+@pytest.mark.parametrize("worker_num", [1, 2])
+def test_a_sequence_dependent_run_chains_inputs_as_aworlds_workflow(worker_num: int) -> None:
+    # AWorld's "Task native workflow": only the first task has an input; each
+    # next one gets the previous answer (or, after a failure, its message).
+    tasks = [Task(id="t1", input="1", agent=add_one), Task(id="t2", agent=add_one)]
+    tasks += [Task(id="t3", agent=add_one), Task(id="t4", input="fail", agent=add_one)]
+    tasks += [Task(id="t5", agent=solve_or_say)]
+    conf = RunConfig(sequence_dependent=True, worker_num=worker_num, progress=False)
+    results = Runners.sync_run_task(task=tasks, run_conf=conf)
+    assert [results[t].answer for t in ("t1", "t2", "t3")] == [2, 3, 4]
+    assert results["t4"].msg == "ValueError: asked to fail"  # its own input wins
+    assert results["t5"].answer == "got: ValueError: asked to fail"
+
+
+async def solve_or_say(session: EpisodeSession) -> str:
+    return f"got: {session.input}"

@@ -41,7 +41,9 @@ class RunConfig(BaseModel):
             the server's session cap (``max_concurrent_envs``): an episode
             refused for capacity is retried, then fails with ``CapacityError``.
         sequence_dependent: Run the tasks one after another, in order; each
-            agent sees the previous task's result as ``session.previous``.
+            agent sees the previous task's result as ``session.previous``, and
+            a task with no ``input`` of its own reads the previous answer (or
+            failure message) as ``session.input``, as AWorld chains them.
         reuse_process: AWorld's switch for the local engine. ``False``: play
             the tasks in ``worker_num`` worker processes, even one; ``True``:
             in this process, whatever ``worker_num``. ``None`` (the default):
