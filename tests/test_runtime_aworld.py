@@ -260,3 +260,13 @@ def test_a_sequence_dependent_run_chains_inputs_as_aworlds_workflow(worker_num: 
 
 async def solve_or_say(session: EpisodeSession) -> str:
     return f"got: {session.input}"
+
+
+def test_what_a_result_does_not_keep_says_where_to_look() -> None:
+    # AWorld's Core Capabilities page prints result.trajectory after sync_run.
+    result = Runners.sync_run(input="what is 1+1?", agent=solve)
+    with pytest.raises(AttributeError, match=r"RunConfig\(record=folder\)"):
+        print(result.trajectory)
+    with pytest.raises(AttributeError, match="counts no model token usage"):
+        print(result.usage)
+    assert not hasattr(result, "trajectory")

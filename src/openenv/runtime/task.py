@@ -18,7 +18,7 @@ import traceback
 import uuid
 from collections.abc import Callable, ItemsView, Iterable, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
 from openenv.client import ServerPool, ws_url
 from openenv.environment import Environment
@@ -218,6 +218,25 @@ class TaskResult:
     def time_cost(self) -> float:
         """``duration``, as AWorld's ``TaskResponse.time_cost``."""
         return self.duration
+
+    # AWorld's responses carry these too; results here do not keep them, and
+    # saying where to find them beats a bare AttributeError.
+
+    @property
+    def trajectory(self) -> NoReturn:
+        """Not kept here: ``RunConfig(record=folder)`` records every step instead."""
+        raise AttributeError(
+            "a TaskResult keeps no trajectory (AWorld's TaskResponse.trajectory): run with "
+            "RunConfig(record=folder) and read the steps with openenv.trajectories.load(folder)"
+        )
+
+    @property
+    def usage(self) -> NoReturn:
+        """Not kept here: no model calls are counted (AWorld's token ``usage``)."""
+        raise AttributeError(
+            "a TaskResult counts no model token usage (AWorld's TaskResponse.usage): "
+            "an agent that calls a model can return its usage with its answer"
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
