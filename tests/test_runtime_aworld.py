@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from runtime_agents import echo_agent, messages
+from runtime_agents import answer_agent, echo_agent, messages
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -270,3 +270,36 @@ def test_what_a_result_does_not_keep_says_where_to_look() -> None:
     with pytest.raises(AttributeError, match="counts no model token usage"):
         print(result.usage)
     assert not hasattr(result, "trajectory")
+
+
+# AWorld's parallel-task README, its three engines spelled as it spells them.
+AWORLD_ENGINES = {
+    "ray": {"engine_name": EngineName.RAY, "worker_num": 3},
+    "spark": {"engine_name": EngineName.SPARK, "in_local": True},
+    "local": {"engine_name": EngineName.LOCAL, "reuse_process": False},
+}
+
+
+@pytest.mark.parametrize("name", list(AWORLD_ENGINES))
+def test_aworlds_parallel_task_example_runs_unchanged(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    if name != "local":
+        request.getfixturevalue({"ray": "ray_cluster", "spark": "spark_context"}[name])
+    tasks = [
+        Task(input="What is machine learning?", agent=answer_agent, id="task1"),
+        Task(input="Explain neural networks", agent=answer_agent, id="task2"),
+        Task(input="What is deep learning?", agent=answer_agent, id="task3"),
+    ]
+    res = Runners.sync_run_task(task=tasks, run_conf=RunConfig(**AWORLD_ENGINES[name]))
+    assert {task_id: result.answer for task_id, result in res.items()} == {
+        t.id: f"answer to {t.input}" for t in tasks
+    }
+    assert res["task2"].success
+
+    # examples/aworld_quick_start/parallel_task/run.py: awaited exec_tasks.
+    async def main() -> list[str]:
+        results = await exec_tasks(tasks=tasks, run_conf=RunConfig(**AWORLD_ENGINES[name]))
+        return [f"Task {task_id}: {result.answer}" for task_id, result in results.items()]
+
+    assert asyncio.run(main())[0] == "Task task1: answer to What is machine learning?"
