@@ -217,3 +217,8 @@ async def held_echo(session: EpisodeSession) -> str:
     result = await session.step(EchoAction(message=task_id))
     append_line(journal, f"done {task_id} {os.getpid()}")
     return str(result.observation.echoed_message)
+
+
+async def answer_agent(session: EpisodeSession) -> str:
+    """Answers its task's input, with no environment: an AWorld-style agent."""
+    return f"answer to {session.input}"

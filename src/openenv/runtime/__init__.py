@@ -21,7 +21,14 @@ from openenv.runtime.parallel import ParallelizableAgent
 from openenv.runtime.random_agent import RandomAgent
 from openenv.runtime.runners import Runners, exec_tasks, sync_exec_tasks
 from openenv.runtime.session import EpisodeSession
-from openenv.runtime.task import EnvFactory, Task, TaskError, TaskResult, TaskStatus
+from openenv.runtime.task import (
+    EnvFactory,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResults,
+    TaskStatus,
+)
 
 __all__ = [
     "Agent",
@@ -39,6 +46,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskResult",
+    "TaskResults",
     "TaskStatus",
     "exec_tasks",
     "sync_exec_tasks",

@@ -41,7 +41,14 @@ class RunConfig(BaseModel):
             the server's session cap (``max_concurrent_envs``): an episode
             refused for capacity is retried, then fails with ``CapacityError``.
         sequence_dependent: Run the tasks one after another, in order; each
-            agent sees the previous task's result as ``session.previous``.
+            agent sees the previous task's result as ``session.previous``, and
+            a task with no ``input`` of its own reads the previous answer (or
+            failure message) as ``session.input``, as AWorld chains them.
+        reuse_process: AWorld's switch for the local engine. ``False``: play
+            the tasks in ``worker_num`` worker processes, even one; ``True``:
+            in this process, whatever ``worker_num``. ``None`` (the default):
+            in this process when ``worker_num`` is 1, else in processes.
+            Other engines ignore it, as AWorld's do.
         in_local: Run a distributed engine on this machine (Ray: a fresh local
             cluster; Spark: ``local[worker_num]``), for development and tests.
         cls: A ``RuntimeEngine`` subclass to use instead of the named engine.
@@ -71,6 +78,7 @@ class RunConfig(BaseModel):
     worker_num: int = Field(default=1, ge=1)
     max_concurrency: int = Field(default=64, ge=1)
     sequence_dependent: bool = False
+    reuse_process: bool | None = None
     in_local: bool = False
     cls: type[RuntimeEngine] | None = None
     timeout: float | None = Field(default=None, gt=0)

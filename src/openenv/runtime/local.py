@@ -26,8 +26,9 @@ _T = TypeVar("_T")
 class LocalRuntime(RuntimeEngine):
     """Runs tasks on this machine.
 
-    With ``worker_num == 1`` every episode runs on the calling event loop, up
-    to ``max_concurrency`` at once. Otherwise ``worker_num`` Python processes
+    With ``worker_num == 1`` (or ``reuse_process=True``) every episode runs on
+    the calling event loop, up to ``max_concurrency`` at once. Otherwise
+    (or with ``reuse_process=False``) ``worker_num`` Python processes
     (``python -m openenv.runtime.worker``) play them, each with up to
     ``max_concurrency`` episodes in flight: a process is handed the next task
     whenever one of its episodes ends, and each result comes back as soon as
@@ -42,7 +43,10 @@ class LocalRuntime(RuntimeEngine):
         results, record = collect(tasks, on_result)
         # One task still goes to a worker process when worker_num > 1: only
         # there does its timeout bind over an agent that blocks the event loop.
-        if self.config.worker_num == 1:
+        in_process = self.config.reuse_process
+        if in_process is None:
+            in_process = self.config.worker_num == 1
+        if in_process:
             await run_batch(list(enumerate(tasks)), settings, record)
             return finish(results, tasks)
         blobs = pack_tasks(tasks)  # an agent that cannot travel fails here, before any runs

@@ -1,7 +1,8 @@
 """``Runners`` and ``exec_tasks``: run tasks on the engine a ``RunConfig`` names.
 
 Results come back all at once (``run_task``, ``sync_run_task``,
-``exec_tasks``) or one by one as they finish (``stream``, ``sync_stream``).
+``exec_tasks``) or one by one as they finish (``stream``, ``sync_stream``);
+``run`` and ``sync_run`` play a single input with an agent.
 The names and keywords are AWorld's too: ``Runners.sync_run_task(task=...,
 run_conf=...)`` and ``exec_tasks(tasks=..., run_conf=...)`` work as written
 there, from plain code as from ``async`` code.
@@ -18,13 +19,14 @@ from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from openenv.client import ServerPool
 from openenv.errors import EngineError
 from openenv.runtime import recording
 from openenv.runtime.base import ResultCallback, engine_class
 from openenv.runtime.config import RunConfig
 from openenv.runtime.episode import run_coroutine
 from openenv.runtime.progress import ProgressDisplay
-from openenv.runtime.task import Task, TaskResult
+from openenv.runtime.task import EnvFactory, Task, TaskResult, TaskResults
 
 __all__ = ["Runners", "exec_tasks", "sync_exec_tasks"]
 
@@ -39,12 +41,12 @@ def _task_list(tasks: Task | Iterable[Task] | None) -> list[Task]:
 
 async def _execute(
     tasks: list[Task], config: RunConfig, on_result: ResultCallback | None = None
-) -> list[TaskResult]:
+) -> TaskResults:
     duplicates = sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)
     if duplicates:
         raise ValueError(f"task ids must be unique; repeated: {', '.join(duplicates[:5])}")
     if not tasks:
-        return []
+        return TaskResults()
     if config.record is not None:
         recording.check_folder(config.record)
     cls = engine_class(config)
@@ -63,15 +65,18 @@ async def _execute(
         _check(cls, tasks, results)
         for index, result in enumerate(results):
             report(index, result)
-    return list(results)
+    return TaskResults(results)
 
 
-async def _exec_tasks(tasks: list[Task], config: RunConfig) -> list[TaskResult]:
+async def _exec_tasks(tasks: list[Task], config: RunConfig) -> TaskResults:
     return await _execute(tasks, config)
 
 
 def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) -> Any:
     """Run tasks on the configured engine; one ``TaskResult`` per task, in input order.
+
+    The results are a ``TaskResults``: a list that is also keyed by task id,
+    as AWorld's dict of them (``results[task.id].answer``).
 
     In ``async`` code, await it: ``results = await exec_tasks(tasks, conf)``.
     Called from plain code (no event loop running), it runs the tasks and
@@ -106,9 +111,7 @@ def exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) 
     return coro
 
 
-def sync_exec_tasks(
-    tasks: Task | Iterable[Task], run_conf: RunConfig | None = None
-) -> list[TaskResult]:
+def sync_exec_tasks(tasks: Task | Iterable[Task], run_conf: RunConfig | None = None) -> TaskResults:
     """``exec_tasks``, blocking until every task is done; see ``Runners.sync_run_task``."""
     return _blocking(_exec_tasks(_task_list(tasks), run_conf or RunConfig()))
 
@@ -182,7 +185,7 @@ class Runners:
         run_conf: RunConfig | None = None,
         *,
         tasks: Task | Iterable[Task] | None = None,
-    ) -> list[TaskResult]:
+    ) -> TaskResults:
         """Run a task or a list of them; see ``exec_tasks``. ``tasks=`` is accepted too."""
         return await _exec_tasks(_task_list(task if task is not None else tasks), _conf(run_conf))
 
@@ -192,7 +195,7 @@ class Runners:
         run_conf: RunConfig | None = None,
         *,
         tasks: Task | Iterable[Task] | None = None,
-    ) -> list[TaskResult]:
+    ) -> TaskResults:
         """Run tasks and block until all are done; works inside a running event loop too.
 
         Inside a running loop (a notebook, an async test) the run gets its own
@@ -200,6 +203,46 @@ class Runners:
         """
         batch = _task_list(task if task is not None else tasks)
         return _blocking(_exec_tasks(batch, _conf(run_conf)))
+
+    @staticmethod
+    async def run(
+        input: Any,
+        agent: Any = None,
+        swarm: Any = None,
+        tool_names: Iterable[str] = (),
+        session_id: str | None = None,
+        run_conf: RunConfig | None = None,
+        *,
+        env: str | ServerPool | EnvFactory | None = None,
+    ) -> TaskResult:
+        """Play one task of ``input`` with ``agent``, as AWorld's ``Runners.run``; its result.
+
+        ``env`` (not in AWorld) gives the agent an environment. AWorld's
+        ``swarm``, ``tool_names`` and ``session_id`` name things of AWorld's
+        that have no counterpart here, so passing any of them is an error.
+
+        >>> async def shout(session):
+        ...     return session.input.upper()
+        >>> Runners.sync_run(input="who are you?", agent=shout).answer
+        'WHO ARE YOU?'
+        """
+        task = _one_task(input, agent, swarm, tool_names, session_id, env)
+        return (await _exec_tasks([task], _conf(run_conf)))[0]
+
+    @staticmethod
+    def sync_run(
+        input: Any,
+        agent: Any = None,
+        swarm: Any = None,
+        tool_names: Iterable[str] = (),
+        session_id: str | None = None,
+        run_conf: RunConfig | None = None,
+        *,
+        env: str | ServerPool | EnvFactory | None = None,
+    ) -> TaskResult:
+        """``run``, blocking until the task is done; works inside a running event loop too."""
+        task = _one_task(input, agent, swarm, tool_names, session_id, env)
+        return _blocking(_exec_tasks([task], _conf(run_conf)))[0]
 
     @staticmethod
     async def stream(
@@ -292,3 +335,34 @@ class Runners:
 
 def _conf(run_conf: RunConfig | None) -> RunConfig:
     return run_conf or RunConfig()
+
+
+def _one_task(
+    input: Any,
+    agent: Any,
+    swarm: Any,
+    tool_names: Iterable[str],
+    session_id: str | None,
+    env: str | ServerPool | EnvFactory | None,
+) -> Task:
+    # AWorld's own checks and messages first, so its users see what they know.
+    if agent is not None and swarm is not None:
+        raise ValueError("`agent` and `swarm` only choose one.")
+    if not input:
+        raise ValueError("`input` is empty.")
+    if swarm is not None:
+        raise TypeError(
+            "AWorld's Swarm has no counterpart here: pass agent=..., an `async def "
+            "agent(session)` or an act() agent (ParallelizableAgent plays several at once)"
+        )
+    if list(tool_names):
+        raise ValueError(
+            "tool_names names AWorld's tools, which do not exist here: give the task an "
+            "environment (env=...) and call its tools through the session"
+        )
+    if session_id is not None:
+        raise ValueError(
+            "session_id keys AWorld's memory between runs, which does not exist here: "
+            "an agent keeps its own state"
+        )
+    return Task(input=input, agent=agent, env=env)

@@ -135,7 +135,14 @@ class EpisodeSession:
 
     @property
     def input(self) -> Any:
-        """The task's ``input`` (AWorld's ``Task(input=...)``), or ``None``."""
+        """The task's ``input`` (AWorld's ``Task(input=...)``), or ``None``.
+
+        In a ``sequence_dependent`` run a task without an input of its own gets
+        the previous task's, as AWorld chains them: its answer, or why it
+        failed. Only the task's own input is passed to ``reset``.
+        """
+        if self.task.input is None and self.previous is not None:
+            return self.previous.answer if self.previous.ok else self.previous.msg
         return self.task.input
 
     async def reset(

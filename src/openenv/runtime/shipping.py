@@ -61,8 +61,8 @@ def pack_tasks(tasks: Sequence[Task]) -> list[bytes]:
             raise TypeError(
                 f"task {task.id!r} cannot be pickled to send it to a worker "
                 f"({_culprit(task)} holds something that cannot travel to another "
-                f"process): {type(exc).__name__}: {exc}; run it in process "
-                f"(engine_name='local', worker_num=1) or make it picklable"
+                f"process): {type(exc).__name__}: {exc}; run it in process (engine_name="
+                f"'local' with worker_num=1, or reuse_process=True) or make it picklable"
             ) from exc
     return blobs
 

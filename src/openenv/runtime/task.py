@@ -16,9 +16,9 @@ from __future__ import annotations
 import enum
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, ItemsView, Iterable, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
 from openenv.client import ServerPool, ws_url
 from openenv.environment import Environment
@@ -27,7 +27,7 @@ from openenv.protocol import reward_from, reward_value
 if TYPE_CHECKING:
     from openenv.client import EnvClient
 
-__all__ = ["EnvFactory", "Task", "TaskError", "TaskResult", "TaskStatus"]
+__all__ = ["EnvFactory", "Task", "TaskError", "TaskResult", "TaskResults", "TaskStatus"]
 
 EnvFactory = Callable[[], Environment[Any, Any, Any]]
 
@@ -191,6 +191,53 @@ class TaskResult:
         """Seconds from start to end."""
         return self.ended_at - self.started_at
 
+    # AWorld's names for the same facts (its TaskResponse), so that code written
+    # for AWorld (``results[task.id].answer``, ``if resp.success``) reads them.
+
+    @property
+    def id(self) -> str:
+        """``task_id``, as AWorld's ``TaskResponse.id``."""
+        return self.task_id
+
+    @property
+    def answer(self) -> Any:
+        """``value``, as AWorld's ``TaskResponse.answer``."""
+        return self.value
+
+    @property
+    def success(self) -> bool:
+        """``ok``, as AWorld's ``TaskResponse.success``."""
+        return self.ok
+
+    @property
+    def msg(self) -> str | None:
+        """Why the task failed (``None`` if ``ok``), as AWorld's ``TaskResponse.msg``."""
+        return None if self.error is None else self.error.describe()
+
+    @property
+    def time_cost(self) -> float:
+        """``duration``, as AWorld's ``TaskResponse.time_cost``."""
+        return self.duration
+
+    # AWorld's responses carry these too; results here do not keep them, and
+    # saying where to find them beats a bare AttributeError.
+
+    @property
+    def trajectory(self) -> NoReturn:
+        """Not kept here: ``RunConfig(record=folder)`` records every step instead."""
+        raise AttributeError(
+            "a TaskResult keeps no trajectory (AWorld's TaskResponse.trajectory): run with "
+            "RunConfig(record=folder) and read the steps with openenv.trajectories.load(folder)"
+        )
+
+    @property
+    def usage(self) -> NoReturn:
+        """Not kept here: no model calls are counted (AWorld's token ``usage``)."""
+        raise AttributeError(
+            "a TaskResult counts no model token usage (AWorld's TaskResponse.usage): "
+            "an agent that calls a model can return its usage with its answer"
+        )
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
         """A result back from ``to_dict`` (a line of ``openenv run --out``).
@@ -233,3 +280,78 @@ class TaskResult:
             "ended_at": self.ended_at,
             "attempts": self.attempts,
         }
+
+
+class TaskResults(list[TaskResult]):
+    """A run's results: a list, one per task in input order, that is also keyed by task id.
+
+    AWorld's ``Runners.run_task`` returns a dict of task id to response, and
+    its users write ``results[task.id].answer``, ``results.get(task.id)``,
+    ``task.id in results`` and ``results.items()``. Those work here too; as a
+    list, iterating gives the results themselves and ``results[0]`` is the first.
+
+    >>> results = TaskResults([TaskResult(task_id="q1", status=TaskStatus.OK, value="4")])
+    >>> results["q1"].answer, results[0].answer, "q1" in results, results.get("q2")
+    ('4', '4', True, None)
+    """
+
+    def __init__(self, results: Iterable[TaskResult] = ()) -> None:
+        super().__init__(results)
+        self._positions: dict[str, int] = {}
+
+    def _position(self, task_id: str) -> int | None:
+        # Checked on every hit, rebuilt on a miss: the list may have been
+        # sorted or changed since, and a stale position must never answer.
+        position = self._positions.get(task_id)
+        if position is not None and position < len(self) and self._id_at(position) == task_id:
+            return position
+        self._positions = {}
+        for index, result in enumerate(self):
+            self._positions.setdefault(result.task_id, index)
+        return self._positions.get(task_id)
+
+    def _id_at(self, position: int) -> str:
+        return super().__getitem__(position).task_id
+
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> TaskResult: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[TaskResult]: ...
+    @overload
+    def __getitem__(self, key: str) -> TaskResult: ...
+    def __getitem__(self, key: SupportsIndex | slice | str) -> TaskResult | list[TaskResult]:
+        if isinstance(key, str):
+            position = self._position(key)
+            if position is None:
+                raise KeyError(key)
+            return super().__getitem__(position)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return self._position(key) is not None
+        return super().__contains__(key)
+
+    def get(self, task_id: str, default: Any = None) -> Any:
+        """The result of task ``task_id``, or ``default`` if there is none."""
+        position = self._position(task_id)
+        return default if position is None else super().__getitem__(position)
+
+    def by_id(self) -> dict[str, TaskResult]:
+        """A dict of task id to result, in input order."""
+        found: dict[str, TaskResult] = {}
+        for result in self:
+            found.setdefault(result.task_id, result)
+        return found
+
+    def keys(self) -> KeysView[str]:
+        """The task ids, as the keys of AWorld's dict of results."""
+        return self.by_id().keys()
+
+    def values(self) -> ValuesView[TaskResult]:
+        """The results, as the values of AWorld's dict of results."""
+        return self.by_id().values()
+
+    def items(self) -> ItemsView[str, TaskResult]:
+        """``(task id, result)`` pairs, as AWorld's dict of results gives them."""
+        return self.by_id().items()
