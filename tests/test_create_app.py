@@ -141,10 +141,15 @@ def test_explicit_metadata_is_served() -> None:
         assert httpx.get(f"{url}/metadata").json()["version"] == "2"
 
 
-def test_no_http_episode_routes(echo_url: str) -> None:
-    # Episodes run over WebSocket only; HTTP is introspection.
-    assert httpx.post(f"{echo_url}/step", json={"message": "x"}).status_code in {404, 405}
-    assert httpx.post(f"{echo_url}/reset").status_code in {404, 405}
+def test_no_episode_carries_between_http_calls(echo_url: str) -> None:
+    # Episodes run over WebSocket only: OpenEnv's HTTP calls (docs/compat.md)
+    # each get a fresh environment, so a step over HTTP is always a first step.
+    for _ in range(3):
+        stepped = httpx.post(f"{echo_url}/step", json={"action": {"message": "x"}})
+        assert stepped.json()["observation"]["echoed_message"] == "x"
+        assert httpx.get(f"{echo_url}/state").json()["step_count"] == 0
+    assert httpx.get(f"{echo_url}/health").json()["active_sessions"] == 0
+    assert httpx.get(f"{echo_url}/step").status_code == 405
 
 
 @pytest.mark.parametrize("path", ["/ws", "/web/ws"])
