@@ -1,21 +1,24 @@
-"""The fast WebSocket protocol against peers that abuse the connection rather than
-the frame format: they flood it, or stop reading it.
+"""The fast WebSocket protocol at the edges of a connection's life: peers that
+flood it or stop reading it, and a server that shuts down under it.
 
 Frame-format attacks (malformed frames, bad close codes, invalid UTF-8) are in
-``test_wsprotocol.py``; both serve the echo app there, with real uvicorn.
+``test_wsprotocol.py``, whose raw client and echo app these tests share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
+import struct
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from test_wsprotocol import RawClient, address_of, echo, frame
 from websockets.frames import Opcode
 
-from openenv.server.wsprotocol import WebSocketProtocol
+from openenv.server.wsprotocol import DIRECT, WebSocketProtocol
 from openenv.testing import run_server
 
 # More than every buffer between a client and a server that stops reading it
@@ -70,3 +73,46 @@ def test_a_ping_flood_from_a_peer_that_never_reads_stops_being_read(
         assert client.read() == (Opcode.TEXT, b"still here")
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("ws", [WebSocketProtocol, "websockets-sansio"], ids=["fast", "stock"])
+def test_after_uvicorns_shutdown_close_nothing_more_is_sent(ws: Any) -> None:
+    # uvicorn's shutdown sends close 1012 to every connection: past it a send
+    # must fail (RFC 6455 5.5.1: no data frame after a close frame). The fast
+    # protocol framed it on: into the void while the write buffer was empty,
+    # onto the wire after the close frame while it held bytes for a slow reader.
+    outcomes: list[str] = []
+
+    async def sends_after_disconnect(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await echo(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] != "websocket.disconnect":
+            await send({"type": "websocket.send", "text": message["text"]})
+        channel = scope["extensions"].get(DIRECT)
+        if channel is not None:
+            outcomes.append(f"send_now: {channel.send_now('late')}")
+        try:
+            await send({"type": "websocket.send", "text": "late"})
+            outcomes.append("sent")
+        except Exception as exc:  # what uvicorn raises: ClientDisconnected, an OSError
+            outcomes.append(type(exc).__name__)
+
+    with contextlib.ExitStack() as server:
+        url = server.enter_context(run_server(sends_after_disconnect, ws=ws, ws_ping_interval=None))
+        client = RawClient(address_of(url))
+        try:
+            client.send(frame(Opcode.TEXT, b"hello"))
+            assert client.read() == (Opcode.TEXT, b"hello")
+            server.close()  # uvicorn's shutdown, with the app still running
+            opcode, payload = client.read()
+            assert (opcode, struct.unpack("!H", payload[:2])[0]) == (Opcode.CLOSE, 1012)
+            assert client.sock.recv(1) == b""
+        finally:
+            client.close()
+    expected = ["ClientDisconnected"]
+    if ws is WebSocketProtocol:
+        expected.insert(0, "send_now: False")
+    assert outcomes == expected

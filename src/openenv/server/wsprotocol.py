@@ -394,6 +394,13 @@ class WebSocketProtocol(FlowControlled):
         self._framing = False  # for good: only an accept turns it on
         return False
 
+    def shutdown(self) -> None:
+        # uvicorn's shutdown sends close 1012 without setting close_sent, which
+        # websockets' own send path does not need (its state is CLOSING); the
+        # fast one would go on framing data after that close frame.
+        self._framing = False
+        super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         # Two more references back to this protocol, from the app's handler
