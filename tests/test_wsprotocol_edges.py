@@ -7,15 +7,17 @@ Frame-format attacks (malformed frames, bad close codes, invalid UTF-8) are in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_wsprotocol import RawClient, address_of, echo, frame
+from test_wsprotocol import PLAIN, RawClient, address_of, echo, frame, request
 from websockets.frames import Opcode
 
 from openenv.server.wsprotocol import DIRECT, WebSocketProtocol
@@ -73,6 +75,47 @@ def test_a_ping_flood_from_a_peer_that_never_reads_stops_being_read(
         assert client.read() == (Opcode.TEXT, b"still here")
     finally:
         client.close()
+
+
+def test_frames_flooding_in_before_the_accept_stop_being_read() -> None:
+    # Bytes that follow an upgrade request wait for the app's accept, which an
+    # app may take its time over (a lookup, a queue): they were gathered there
+    # for as long as the peer sent them.
+    connected, go = threading.Event(), threading.Event()
+
+    async def slow_accept(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await echo(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        connected.set()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait, 30)
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] != "websocket.disconnect":
+            await send({"type": "websocket.send", "text": message.get("text")})
+
+    with run_server(slow_accept, ws=WebSocketProtocol, ws_ping_interval=None) as url:
+        client = RawClient.__new__(RawClient)  # its handshake's answer comes later
+        client.sock = socket.create_connection(address_of(url), timeout=10)
+        client.buffer = b""
+        try:
+            client.send(request(*PLAIN, target="/ws").encode())
+            assert connected.wait(10)  # the request is in: what follows is early
+            ping = frame(Opcode.PING, b"p" * 125)
+            sent = flood_until_unread(client.sock, ping, FLOOD_CAP)
+            assert sent < FLOOD_CAP, "the server kept reading frames before the accept"
+            go.set()
+            while b"\r\n\r\n" not in client.buffer:
+                client.buffer += client.sock.recv(65536)
+            head, _, client.buffer = client.buffer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101")
+            for _ in range(sent // len(ping)):
+                assert client.read() == (Opcode.PONG, b"p" * 125)
+            client.send(frame(Opcode.TEXT, b"accepted"))
+            assert client.read() == (Opcode.TEXT, b"accepted")
+        finally:
+            go.set()
+            client.close()
 
 
 @pytest.mark.parametrize("ws", [WebSocketProtocol, "websockets-sansio"], ids=["fast", "stock"])

@@ -5,7 +5,9 @@
 - reading also pauses while the write buffer is over its high-water mark: a
   peer that does not read may still send, and every ping it sends adds a pong
   to that buffer (uvicorn's protocol, and websockets' own server, read on and
-  buffer pongs at the peer's sending rate, without bound);
+  buffer pongs at the peer's sending rate, without bound); ``wsprotocol``
+  pauses it, too, from the first byte after an upgrade request it took until
+  the app's accept;
 - send deadline: a peer that stops reading, so that the transport's buffer
   stays over its high-water mark for ``send_timeout`` seconds (30 unless
   the app sets it on the channel), is aborted: ``transport.abort()`` drops
@@ -75,7 +77,15 @@ class FlowControlled(WebSocketsSansIOProtocol):
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
-        if self.read_paused and self.queue.qsize() <= self._max_queue // 2:
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read on if paused and neither the app's queue nor the write buffer is full."""
+        if (
+            self.read_paused
+            and self.queue.qsize() <= self._max_queue // 2
+            and self.writable.is_set()
+        ):
             self.read_paused = False
             self.transport.resume_reading()
 

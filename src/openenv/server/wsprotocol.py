@@ -136,6 +136,9 @@ class WebSocketProtocol(FlowControlled):
                 self._unframed_bytes = True
                 if self._accept_key is not None:
                     self._early += data  # for websockets' frame parser, once accepted
+                    if not self.read_paused:  # the app may take its time to accept
+                        self.read_paused = True
+                        self.transport.pause_reading()
                     return
             elif self._handshake(data):
                 return
@@ -275,6 +278,7 @@ class WebSocketProtocol(FlowControlled):
         if self._early:
             early, self._early = self._early, b""
             self._websockets(early)
+        self._resume_reading()
 
     def _split(self, data: bytes) -> None:
         size = len(data)
