@@ -384,7 +384,14 @@ async def test_a_reply_waits_while_the_transport_asks_to_pause_writing(env_cls: 
             async def reply_waits() -> bool:
                 return bool(server_side.writable._waiters)
 
-            loop.call_soon_threadsafe(server_side.pause_writing)
+            def pause_writing_only() -> None:
+                # Reading pauses with writing; frames of a read that was under
+                # way when it filled the buffer still come, as this one does.
+                server_side.pause_writing()
+                server_side.read_paused = False
+                server_side.transport.resume_reading()
+
+            loop.call_soon_threadsafe(pause_writing_only)
             await until(paused, what="writing paused")
             await ws.send(orjson.dumps({"type": "step", "data": {"message": "late"}}).decode())
             await until(reply_waits, what="the reply waiting for the transport")

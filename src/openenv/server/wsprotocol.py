@@ -21,15 +21,12 @@ limits, errors) and only takes over the common case:
 - outgoing: a text or binary message on an open, uncompressed connection is
   framed with one header and written at once;
 - flow control: reading pauses only when more than ``ws_max_queue``
-  messages wait for the app, not after each one;
+  messages wait for the app, not after each one, and while the peer leaves
+  the write buffer full (``server/wsflow.py``);
 - memory: websockets' frame parser, idle between the frames it is handed,
   is dropped and made anew when the next one comes (about 3 KiB a session);
-- send deadline: a peer that stops reading, so that the transport's buffer
-  stays over its high-water mark for ``send_timeout`` seconds (30 unless
-  the app sets it on the channel), is aborted: ``transport.abort()`` drops
-  the buffer at once, where uvicorn's ``close()`` (its ping timeout, its
-  shutdown) would wait for a drain that never comes; the app hears a
-  disconnect and frees the session's slot;
+- send deadline: a peer that leaves the write buffer full for
+  ``send_timeout`` seconds is aborted (``server/wsflow.py``);
 - a direct channel (the ``openenv.direct`` ASGI extension): an app that
   takes it may handle a data frame in the protocol's own callback and send
   its reply without a task, which is how a session serves a plain ``def``
@@ -41,7 +38,6 @@ uvicorn, pass ``--ws openenv.server.wsprotocol:WebSocketProtocol``.
 
 from __future__ import annotations
 
-import asyncio
 import binascii
 import logging
 from base64 import b64decode
@@ -50,11 +46,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
-from openenv.server.wsqueues import Flag, Inbox
+from openenv.server.wsflow import FlowControlled
+from openenv.server.wsqueues import Inbox
 
 try:
     from websockets.speedups import apply_mask
@@ -83,20 +79,13 @@ _ONCE = frozenset(
 _SWITCHING = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
 _FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1
 _FIN_BINARY = 0x82
-# Seconds a peer may leave the write buffer full before it is aborted.
-DEFAULT_SEND_TIMEOUT = 30.0
-
-logger = logging.getLogger("openenv.server")
 
 
-class WebSocketProtocol(WebSocketsSansIOProtocol):
+class WebSocketProtocol(FlowControlled):
     """uvicorn's ``websockets-sansio`` protocol with fast paths for small data frames."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = Inbox(self.loop)  # type: ignore[assignment]
-        self.writable = Flag(self.loop)  # type: ignore[assignment]
-        self._max_queue = max(1, self.config.ws_max_queue)
         # Bytes of an incomplete frame, kept until the rest arrives.
         self._partial = b""
         # Bytes still owed to websockets to finish a frame it was handed in part.
@@ -109,8 +98,6 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         # Set while a handshake accepted here waits for the app's accept.
         self._accept_key: bytes | None = None
         self._early = b""  # bytes that came after that request, before the accept
-        self._send_timeout: float | None = DEFAULT_SEND_TIMEOUT
-        self._stall_timer: asyncio.TimerHandle | None = None
 
     # -- the direct channel -------------------------------------------------
 
@@ -135,61 +122,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             return False  # send() waits for the transport to drain
         return self.send_now(text)
 
-    def receive_nowait(self) -> Any:
-        inbox: Inbox = self.queue  # type: ignore[assignment]
-        message = inbox.pop()
-        if self.read_paused and inbox.qsize() <= self._max_queue // 2:
-            self.read_paused = False
-            self.transport.resume_reading()
-        return message
-
-    def arrival(self) -> asyncio.Future[None]:
-        inbox: Inbox = self.queue  # type: ignore[assignment]
-        return inbox.arrival()
-
     def notify(self) -> None:
         inbox: Inbox = self.queue  # type: ignore[assignment]
         inbox.put_nowait({"type": NOTIFY})
-
-    # -- the send deadline --------------------------------------------------
-
-    def set_send_timeout(self, seconds: float | None) -> None:
-        self._send_timeout = seconds
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-        if not self.writable.is_set():
-            self._arm_stall_timer()
-
-    def abort(self) -> None:
-        if not self.disconnected:
-            self.transport.abort()
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        self._arm_stall_timer()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-
-    def _arm_stall_timer(self) -> None:
-        if self._send_timeout is not None and self._stall_timer is None:
-            self._stall_timer = self.loop.call_later(self._send_timeout, self._stalled)
-
-    def _stalled(self) -> None:
-        self._stall_timer = None
-        if self.disconnected or self.writable.is_set():
-            return
-        logger.warning(
-            "client %s read nothing for %gs with %d bytes unsent; aborting its connection",
-            get_client_addr(self.scope) if getattr(self, "scope", None) else "?",
-            self._send_timeout,
-            self.transport.get_write_buffer_size(),
-        )
-        self.transport.abort()
 
     # -- incoming -----------------------------------------------------------
 
@@ -201,6 +136,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 self._unframed_bytes = True
                 if self._accept_key is not None:
                     self._early += data  # for websockets' frame parser, once accepted
+                    if not self.read_paused:  # the app may take its time to accept
+                        self.read_paused = True
+                        self.transport.pause_reading()
                     return
             elif self._handshake(data):
                 return
@@ -340,6 +278,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if self._early:
             early, self._early = self._early, b""
             self._websockets(early)
+        self._resume_reading()
 
     def _split(self, data: bytes) -> None:
         size = len(data)
@@ -459,10 +398,14 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._framing = False  # for good: only an accept turns it on
         return False
 
+    def shutdown(self) -> None:
+        # uvicorn's shutdown sends close 1012 without setting close_sent, which
+        # websockets' own send path does not need (its state is CLOSING); the
+        # fast one would go on framing data after that close frame.
+        self._framing = False
+        super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
         super().connection_lost(exc)
         # Two more references back to this protocol, from the app's handler
         # and from the scope it keeps: cycles, like the parser's below.
@@ -474,11 +417,6 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         # reference cycle that keeps every closed connection's buffers alive
         # until a garbage collection. Closing it lets them go at once.
         self.conn.parser.close()
-
-    async def receive(self) -> Any:
-        while (message := self.receive_nowait()) is None:
-            await self.arrival()
-        return message
 
     # -- outgoing -----------------------------------------------------------
 
