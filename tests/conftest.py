@@ -48,12 +48,30 @@ def _doctest_namespace(doctest_namespace: dict[str, object]) -> None:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the session, in its own temp dir, quiet."""
+def _ray_temp_dirs() -> Iterator[list[str]]:
+    """The local Ray clusters' temp dirs, removed (and Ray shut down) at the end."""
+    dirs: list[str] = []
+    try:
+        yield dirs
+    finally:
+        import ray
+
+        ray.shutdown()
+        for temp_dir in dirs:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(_ray_temp_dirs: list[str]) -> None:
+    """A local Ray cluster, in its own temp dir, quiet: one for the session, started
+    again if a module's own cluster (``fleet_kit.two_node_cluster``) replaced it."""
     import ray
 
+    if ray.is_initialized():
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp_dir = tempfile.mkdtemp(prefix="oe-ray-")
+    _ray_temp_dirs.append(temp_dir)
     ray.init(
         address="local",
         num_cpus=2,
@@ -63,11 +81,6 @@ def ray_cluster() -> Iterator[None]:
         log_to_driver=False,
         logging_level=logging.WARNING,
     )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
