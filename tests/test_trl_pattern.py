@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
@@ -216,3 +217,32 @@ def test_a_rollout_whose_session_dropped_mid_episode_is_unscorable_not_zero(echo
         assert rewards == pytest.approx([len(m) / 10 for m in MESSAGES])
         for environment in trainer.pool:
             environment._close()
+
+
+def _play_in_child(environment: TRLEnv, results: Any) -> None:
+    environment.reset()
+    results.put(environment.echo(message="child"))  # type: ignore[attr-defined]
+    results.put(environment.get_reward())
+    environment._close()
+
+
+def test_an_instance_inherited_by_a_forked_child_resets_anew_there(echo_url: str) -> None:
+    # A fork (a process pool, datasets' map with num_proc) copies the
+    # instance, not its connection's loop: the copy's session is the parent's.
+    environment = echo_tool_env(echo_url)()
+    environment.reset()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_play_in_child, args=(environment, results))
+    child.start()
+    try:
+        assert results.get(timeout=60) == "child"
+        assert results.get(timeout=60) == pytest.approx(0.5)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert environment.echo(message="parent") == "parent"  # type: ignore[attr-defined]
+    assert environment.get_reward() == pytest.approx(0.6)
+    environment._close()

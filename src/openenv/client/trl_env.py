@@ -24,6 +24,7 @@ only the tools:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 from openenv.client.async_ import EnvClient
@@ -78,7 +79,10 @@ class TRLEnv:
         except (SessionClosedError, SessionError):
             if not self._had_session:
                 raise  # refused from the start (the server is full, say): the caller's
-            self._client.close()
+            # One it cannot reach (its loop is in the process this one was
+            # forked from) is gone for this process already.
+            with contextlib.suppress(SessionClosedError):
+                self._client.close()
             self._client = self.client_cls(self.base_url).sync()
             result = self._client.reset(**arguments)
         self._had_session = True
