@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import multiprocessing
 import threading
 import warnings
+from typing import Any
 
 import pytest
 
@@ -123,3 +125,37 @@ def test_max_message_size_mb_bounds_the_replies(echo_url: str) -> None:
     with pytest.raises(SessionClosedError):
         env.step(EchoAction(message="x" * 1000))
     env.close()
+
+
+def _in_forked_child(url: str, inherited: EchoEnv, results: Any) -> None:
+    fresh = EchoEnv(url)
+    fresh.reset()
+    results.put(fresh.step(EchoAction(message="child")).observation.echoed_message)
+    fresh.close()
+    try:
+        inherited.step(EchoAction(message="parent's session"))
+    except SessionClosedError as exc:
+        results.put(str(exc))
+
+
+def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: str) -> None:
+    # A process forked after the parent's blocking calls (datasets' map with
+    # num_proc, a fork pool building prompts) inherits the shared loop without
+    # the thread that ran it: a call put on it would never be answered.
+    parent = EchoEnv(echo_url)
+    parent.reset()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_in_forked_child, args=(echo_url, parent, results))
+    child.start()
+    try:
+        assert results.get(timeout=60) == "child"
+        # The parent's connection is not the child's to use.
+        assert "forked" in results.get(timeout=60)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert parent.step(EchoAction(message="still mine")).observation.echoed_message == "still mine"
+    parent.close()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from servers import slots_free
+from tcp_proxy import TcpProxy
 
 from echo_env import EchoAction, EchoEnv, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -55,7 +57,13 @@ class Trainer:
         self.pool = [instance]
         self.env_type = type(instance)
 
-    def rollouts(self, rows: list[dict[str, Any]], calls: list[list[dict[str, Any]]]) -> Any:
+    def rollouts(
+        self,
+        rows: list[dict[str, Any]],
+        calls: list[list[dict[str, Any]]],
+        after_reset: Callable[[], object] = lambda: None,
+    ) -> Any:
+        """One batch; ``after_reset`` runs where the model would generate."""
         environments = []
         for index in range(len(rows)):
             if index == len(self.pool):
@@ -77,6 +85,7 @@ class Trainer:
             tool_dicts.append(sync_tool_dict)
         for environment, row in zip(environments, rows, strict=True):
             environment.reset(**row)
+        after_reset()
         replies: list[list[str]] = []
         for sync_tool_dict, tool_call_list in zip(tool_dicts, calls, strict=True):
             replies.append([])
@@ -186,3 +195,54 @@ def test_pooled_instances_whose_sessions_were_reaped_between_steps_reset_anew() 
         for environment in trainer.pool:
             environment._close()
         asyncio.run(slots_free(url))
+
+
+def test_a_rollout_whose_session_dropped_mid_episode_is_unscorable_not_zero(echo_url: str) -> None:
+    # A server restart (or a network drop) in the middle of rollouts: the
+    # steps after it never reached the environment, and the one in flight may
+    # have been applied and rewarded unseen. TRL (grpo_trainer.py, lines
+    # 1630 and 2756-2764 in 1.16.0) turns a ``None`` reward into NaN and gives
+    # the rollout no advantage; a 0.0 (or the sum so far) would teach the
+    # model that its moves were bad.
+    with TcpProxy(echo_url) as proxy:
+        trainer = Trainer(echo_tool_env(proxy.url))
+        calls = [[call("echo", message=m)] for m in MESSAGES]
+        assert trainer.rollouts(ROWS, calls)[1] == pytest.approx([len(m) / 10 for m in MESSAGES])
+        replies, rewards = trainer.rollouts(ROWS, [[call("echo", message="ab")]] * 3, proxy.cut)
+        assert all(reply[0].startswith("{'error': 'session closed") for reply in replies)
+        assert rewards == [None, None, None]
+        # The next batch starts new sessions, and is scored again.
+        replies, rewards = trainer.rollouts(ROWS, calls)
+        assert replies == [[m] for m in MESSAGES]
+        assert rewards == pytest.approx([len(m) / 10 for m in MESSAGES])
+        for environment in trainer.pool:
+            environment._close()
+
+
+def _play_in_child(environment: TRLEnv, results: Any) -> None:
+    environment.reset()
+    results.put(environment.echo(message="child"))  # type: ignore[attr-defined]
+    results.put(environment.get_reward())
+    environment._close()
+
+
+def test_an_instance_inherited_by_a_forked_child_resets_anew_there(echo_url: str) -> None:
+    # A fork (a process pool, datasets' map with num_proc) copies the
+    # instance, not its connection's loop: the copy's session is the parent's.
+    environment = echo_tool_env(echo_url)()
+    environment.reset()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_play_in_child, args=(environment, results))
+    child.start()
+    try:
+        assert results.get(timeout=60) == "child"
+        assert results.get(timeout=60) == pytest.approx(0.5)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert environment.echo(message="parent") == "parent"  # type: ignore[attr-defined]
+    assert environment.get_reward() == pytest.approx(0.6)
+    environment._close()

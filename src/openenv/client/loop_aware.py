@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from openenv.client.sync import blocked_loop, run_sync
+from openenv.client.sync import blocked_loop, forked_away, run_sync
 from openenv.errors import SessionClosedError
 
 __all__ = ["HasHomeLoop", "close_when_dropped", "loop_aware", "on_home_loop"]
@@ -50,6 +50,13 @@ async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T
         coro.close()
         raise SessionClosedError(
             "this client's connection was opened on an event loop that has stopped; "
+            "create a new client"
+        )
+    if forked_away(home):
+        # Its socket is the parent's too: a word on it here would be heard there.
+        coro.close()
+        raise SessionClosedError(
+            "this client's connection belongs to the process this one was forked from; "
             "create a new client"
         )
     if blocked_loop(home):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
@@ -24,7 +25,7 @@ from openenv.types import StepResult
 if TYPE_CHECKING:
     from openenv.client.async_ import EnvClient
 
-__all__ = ["SyncEnvClient", "blocked_loop", "run_sync"]
+__all__ = ["SyncEnvClient", "blocked_loop", "forked_away", "run_sync"]
 
 _T = TypeVar("_T")
 _loop: asyncio.AbstractEventLoop | None = None
@@ -47,6 +48,27 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 # Event loops whose thread is blocked in ``run_sync``: nothing scheduled on them
 # runs until it returns.
 _blocked: set[asyncio.AbstractEventLoop] = set()
+
+
+# The shared loop of the process this one was forked from: its copy here still
+# says it is running, but no thread runs it, so nothing put on it is answered.
+_orphans: set[asyncio.AbstractEventLoop] = set()
+
+
+def _after_fork_in_child() -> None:
+    global _loop, _loop_lock
+    if _loop is not None:
+        _orphans.add(_loop)
+    _loop, _loop_lock = None, threading.Lock()  # the lock may have been held by another thread
+    _blocked.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_away(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` was the shared loop of the process this one was forked from."""
+    return loop in _orphans
 
 
 def blocked_loop(loop: asyncio.AbstractEventLoop) -> bool:

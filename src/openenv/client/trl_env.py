@@ -24,11 +24,17 @@ only the tools:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 from openenv.client.async_ import EnvClient
 from openenv.client.pool import ServerPool
-from openenv.errors import SessionClosedError, SessionError
+from openenv.errors import (
+    ConnectionFailedError,
+    EnvTimeoutError,
+    SessionClosedError,
+    SessionError,
+)
 from openenv.types import Action
 
 __all__ = ["TRLEnv"]
@@ -56,6 +62,7 @@ class TRLEnv:
         self._client = self.client_cls(self.base_url).sync()
         self._reward = 0.0
         self._done = False
+        self._lost = False
         self._had_session = False
 
     def reset(self, **kwargs: Any) -> str | None:
@@ -72,22 +79,36 @@ class TRLEnv:
         except (SessionClosedError, SessionError):
             if not self._had_session:
                 raise  # refused from the start (the server is full, say): the caller's
-            self._client.close()
+            # One it cannot reach (its loop is in the process this one was
+            # forked from) is gone for this process already.
+            with contextlib.suppress(SessionClosedError):
+                self._client.close()
             self._client = self.client_cls(self.base_url).sync()
             result = self._client.reset(**arguments)
         self._had_session = True
-        self._reward, self._done = 0.0, result.done
+        self._reward, self._done, self._lost = 0.0, result.done, False
         return self._prompt(result.observation)
 
-    def get_reward(self) -> float:
-        """The rewards of this episode's steps, summed; TRL calls this at the end."""
-        return self._reward
+    def get_reward(self) -> float | None:
+        """The rewards of this episode's steps, summed; TRL calls this at the end.
+
+        ``None`` if the session was lost mid-episode (a server restart, a
+        dropped connection, a reply that never came): that step may have been
+        applied and rewarded unseen, so the sum is unknown. TRL scores such a
+        rollout as NaN and gives it no advantage, rather than teaching the
+        model that its moves earned nothing.
+        """
+        return None if self._lost else self._reward
 
     def _step(self, action: Action | dict[str, Any]) -> Any:
         """Apply ``action``, add its reward, return the observation (for a tool to read)."""
         if self._done:
             raise RuntimeError("the episode is over; no more actions")
-        result = self._client.step(action)
+        try:
+            result = self._client.step(action)
+        except (SessionClosedError, SessionError, ConnectionFailedError, EnvTimeoutError):
+            self._lost = True
+            raise  # TRL shows the model the error; the rollout is unscored
         self._reward += result.reward or 0.0
         self._done = result.done
         return result.observation
