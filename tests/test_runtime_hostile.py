@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -339,3 +340,32 @@ def test_programs_an_agent_starts_in_a_worker_process_read_no_driver_messages() 
     results = Runners.sync_run_task(tasks, config)
     assert [(r.status.value, r.value) for r in results[:2]] == [("ok", "0")] * 2, results
     assert all(r.ok for r in results[2:])
+
+
+def _runs_in_a_forked_child(results: Any) -> None:
+    tasks = [echo_task(f"c{i}", echo_agent) for i in range(4)]
+    config = RunConfig(worker_num=2, progress=False)
+    played = Runners.sync_run_task(tasks, config)
+    results.put([(r.task_id, r.status.value) for r in played])
+
+
+def test_a_forked_child_runs_on_worker_processes_of_its_own() -> None:
+    # A child forked after the parent ran on worker processes (a fork pool, a
+    # datasets map) inherits their loop without its thread: a run there would
+    # wait for ever, and the parent's warm workers are not the child's to use.
+    tasks = [echo_task(f"p{i}", echo_agent) for i in range(4)]
+    config = RunConfig(worker_num=2, progress=False)
+    assert {r.status.value for r in Runners.sync_run_task(tasks, config)} == {"ok"}
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_runs_in_a_forked_child, args=(results,))
+    child.start()
+    try:
+        assert results.get(timeout=120) == [(f"c{i}", "ok") for i in range(4)]
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    # The parent's own workers still serve it.
+    assert {r.status.value for r in Runners.sync_run_task(tasks, config)} == {"ok"}

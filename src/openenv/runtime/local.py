@@ -139,6 +139,18 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # A forked child inherits the loop without the thread that runs it (a run
+    # put on it would wait for ever), and the parent's warm workers, whose
+    # pipes the parent still reads: it starts its own of both when it runs.
+    global _loop, _loop_lock
+    _loop, _loop_lock = None, threading.Lock()
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _background_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _loop_lock:
