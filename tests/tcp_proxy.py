@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 class TcpProxy:
     """Forward ``127.0.0.1:<port>`` to ``target``; ``cut()`` resets every open connection.
 
-    Use as a context manager; ``url`` is the proxy's ``http://`` base URL.
+    Use as a context manager; ``url`` is the proxy's ``http://`` base URL,
+    ``accepted`` counts the connections it took, and ``retarget(url)`` sends
+    the next ones elsewhere (a server that came back on another port).
     """
 
     def __init__(self, target_url: str) -> None:
@@ -28,6 +30,7 @@ class TcpProxy:
         self._transports: set[asyncio.BaseTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.url = ""
+        self.accepted = 0
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
@@ -47,6 +50,12 @@ class TcpProxy:
         self._thread.join(10)
         self._loop.close()
 
+    def retarget(self, target_url: str) -> None:
+        parts = urlsplit(target_url)
+        assert parts.hostname is not None
+        assert parts.port is not None
+        self._target = (parts.hostname, parts.port)
+
     def cut(self) -> int:
         """Reset every connection open now (both sides see an abrupt close); keep listening."""
         return self._call(self._cut())
@@ -61,6 +70,7 @@ class TcpProxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self.accepted += 1
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import multiprocessing
+import socket
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +26,7 @@ from tcp_proxy import TcpProxy
 
 from echo_env import EchoAction, EchoEnv, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, TRLEnv, create_app
+from openenv import ConcurrencyConfig, ConnectionFailedError, TRLEnv, create_app
 from openenv.testing import run_server
 
 ROWS = [
@@ -246,3 +249,43 @@ def test_an_instance_inherited_by_a_forked_child_resets_anew_there(echo_url: str
     assert environment.echo(message="parent") == "parent"  # type: ignore[attr-defined]
     assert environment.get_reward() == pytest.approx(0.6)
     environment._close()
+
+
+def test_reset_waits_for_a_server_that_is_restarting(echo_url: str) -> None:
+    # A server restart between training steps: reset keeps trying for
+    # connect_wait seconds instead of raising, which would stop the training run.
+    with socket.socket() as down, TcpProxy(f"http://127.0.0.1:{_bound_port(down)}") as proxy:
+        environment = echo_tool_env(proxy.url)()
+        started: list[str | None] = []
+        resetting = threading.Thread(target=lambda: started.append(environment.reset()))
+        resetting.start()
+        try:
+            deadline = time.monotonic() + 60
+            while proxy.accepted < 2:  # refused twice, and trying again
+                assert time.monotonic() < deadline, "reset tried again within 60 s"
+                time.sleep(0.05)
+            proxy.retarget(echo_url)  # the server is back
+        finally:
+            resetting.join(60)
+        assert started == [None]
+        assert environment.echo(message="back") == "back"  # type: ignore[attr-defined]
+        assert environment.get_reward() == pytest.approx(0.4)
+        environment._close()
+
+
+def test_reset_gives_up_at_once_with_no_connect_wait() -> None:
+    with socket.socket() as down:
+        port = _bound_port(down)
+
+        class Impatient(echo_tool_env(f"http://127.0.0.1:{port}")):  # type: ignore[misc]
+            connect_wait = 0.0
+
+        with pytest.raises(ConnectionFailedError):
+            Impatient().reset()
+
+
+def _bound_port(sock: socket.socket) -> int:
+    """A port that refuses connections: bound, never listening."""
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    return port

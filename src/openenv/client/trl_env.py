@@ -25,11 +25,13 @@ only the tools:
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, ClassVar
 
 from openenv.client.async_ import EnvClient
 from openenv.client.pool import ServerPool
 from openenv.errors import (
+    AuthenticationError,
     ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
@@ -46,6 +48,9 @@ class TRLEnv:
     Class attributes:
         client_cls: The environment's ``EnvClient`` subclass.
         base_url: Its server's URL (or a ``ServerPool`` / comma-joined URLs).
+        connect_wait: Seconds ``reset`` keeps trying to reach a server that
+            cannot be reached (one restarting), before it raises
+            ``ConnectionFailedError`` and TRL stops; 0 tries once.
 
     Everything here but ``reset`` and ``get_reward`` is private, because TRL
     offers every public method to the model as a tool. Override
@@ -56,6 +61,7 @@ class TRLEnv:
 
     client_cls: ClassVar[type[EnvClient[Any, Any, Any]]]
     base_url: ClassVar[str | ServerPool]
+    connect_wait: ClassVar[float] = 60.0
 
     def __init__(self) -> None:
         # Typed blocking calls; EnvClient itself would block too (no loop runs in TRL's thread).
@@ -75,19 +81,39 @@ class TRLEnv:
         """
         arguments = self._reset_kwargs(kwargs)
         try:
-            result = self._client.reset(**arguments)
+            result = self._reset_reaching(arguments)
         except (SessionClosedError, SessionError):
             if not self._had_session:
                 raise  # refused from the start (the server is full, say): the caller's
-            # One it cannot reach (its loop is in the process this one was
-            # forked from) is gone for this process already.
-            with contextlib.suppress(SessionClosedError):
-                self._client.close()
-            self._client = self.client_cls(self.base_url).sync()
-            result = self._client.reset(**arguments)
+            self._new_client()
+            result = self._reset_reaching(arguments)
         self._had_session = True
         self._reward, self._done, self._lost = 0.0, result.done, False
         return self._prompt(result.observation)
+
+    def _reset_reaching(self, arguments: dict[str, Any]) -> Any:
+        """``reset``, tried again for ``connect_wait`` seconds while the server
+        cannot be reached: a training run outlives a server's restart."""
+        deadline = time.monotonic() + self.connect_wait
+        pause = 0.25
+        while True:
+            try:
+                return self._client.reset(**arguments)
+            except AuthenticationError:
+                raise  # a wrong key stays wrong
+            except ConnectionFailedError:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)  # the blocking caller's thread: TRL's, or a pool's
+            pause = min(pause * 2, 5.0)
+            self._new_client()
+
+    def _new_client(self) -> None:
+        # One it cannot reach (its loop is in the process this one was forked
+        # from) is gone for this process already.
+        with contextlib.suppress(SessionClosedError):
+            self._client.close()
+        self._client = self.client_cls(self.base_url).sync()
 
     def get_reward(self) -> float | None:
         """The rewards of this episode's steps, summed; TRL calls this at the end.
