@@ -26,7 +26,7 @@ from servers import slots_free
 from openenv import WebSocketEnvClient
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from openenv.testing import run_server
 
 sys.path.insert(0, str(APPS))
@@ -157,6 +157,32 @@ async def test_an_environment_that_raises_is_a_500_that_names_no_internals() -> 
         await slots_free(url)
 
 
+def test_metadata_is_what_an_openenv_environments_get_metadata_says() -> None:
+    # OpenEnv's server answers /metadata with get_metadata() of a fresh
+    # environment; one that overrides it (a version, an author) says so here too.
+    _Described.made = 0
+    app = create_app(_Described, _Bump, _Count, env_name="described", max_concurrent_envs=1)
+    with run_server(app) as url:
+        for _ in range(3):
+            said = httpx.get(f"{url}/metadata").json()
+            assert (said["name"], said["version"], said["author"]) == ("Described", "2.1", "me")
+            assert said["description"] == "says what it is"
+        assert _Described.made == 1  # asked once, then kept
+        assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+    plain = create_app(_Counter, _Bump, _Count, env_name="counter", max_concurrent_envs=1)
+    with run_server(plain) as url:  # no override: create_app's name, as before
+        assert httpx.get(f"{url}/metadata").json()["name"] == "counter"
+
+
+def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals() -> None:
+    app = create_app(_Undescribable, _Bump, _Count, env_name="x", max_concurrent_envs=1)
+    with run_server(app) as url:
+        answer = httpx.get(f"{url}/metadata")
+        assert answer.status_code == 500
+        assert answer.json() == {"detail": "get_metadata() raised KeyError"}
+        assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+
+
 class _Bump(Action):
     pass
 
@@ -187,4 +213,22 @@ class _Counter(Environment[_Bump, _Count, State]):
 
 class _Raises(_Counter):
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> _Count:
+        raise KeyError("secret")
+
+
+class _Described(_Counter):
+    made = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).made += 1
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="Described", description="says what it is", version="2.1", author="me"
+        )
+
+
+class _Undescribable(_Counter):
+    def get_metadata(self) -> EnvironmentMetadata:
         raise KeyError("secret")

@@ -14,7 +14,7 @@ from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.metrics import CONTENT_TYPE
 from openenv.server.service import EnvService
-from openenv.server.simulation import simulation_routes
+from openenv.server.simulation import environment_metadata, simulation_routes
 from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
@@ -56,7 +56,7 @@ async def metrics(request: Request) -> Response:
 
 async def metadata(request: Request) -> EnvironmentMetadata:
     """The environment's name, description and concurrency support."""
-    return _service(request).metadata
+    return await environment_metadata(_service(request))
 
 
 async def schema(request: Request) -> SchemaResponse:

@@ -11,10 +11,17 @@ and errors, then closes it. Replies have OpenEnv's shape:
 and step (the observation's ``metadata`` in it too), the
 state's fields for ``/state``; an action that does not fit the schema is 422
 with pydantic's errors as ``detail``, as OpenEnv answers it.
+
+``GET /metadata`` of an OpenEnv environment that overrides ``get_metadata``
+is that method's answer, as on OpenEnv's server, which asks a fresh
+environment each time; here one is asked once (in a slot, then closed) and
+its answer kept.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, Literal
 
 import orjson
@@ -25,10 +32,12 @@ from starlette.routing import BaseRoute
 
 from openenv import protocol
 from openenv.protocol import ErrorCode
+from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, read_body
 from openenv.server.service import EnvService, SessionRefused
+from openenv.types import EnvironmentMetadata
 
-__all__ = ["simulation_routes"]
+__all__ = ["environment_metadata", "simulation_routes"]
 
 # What an error reply becomes: the action's fields are the caller's to fix (422),
 # a full or stopping server is for later (503), the rest is the server's (500).
@@ -81,6 +90,36 @@ async def _once(
         detail: Any = details.get("errors", error.message) if status == 422 else error.message
         raise HTTPException(status, detail)
     return message
+
+
+# What each service's OpenEnv environment said of itself, once asked.
+_asked: weakref.WeakKeyDictionary[EnvService, EnvironmentMetadata] = weakref.WeakKeyDictionary()
+
+
+async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
+    """``service.metadata``, or, for an OpenEnv environment that overrides
+    ``get_metadata``, what that says (asked of one environment, then kept)."""
+    if not getattr(service.env_cls, "_server_metadata", False):
+        return service.metadata
+    if (kept := _asked.get(service)) is not None:
+        return kept
+    try:
+        session = await service.open_session()
+    except SessionRefused as refused:
+        raise HTTPException(503, refused.message, headers={"Retry-After": "1"}) from None
+    try:
+        submit = functools.partial(service.handoff.submit, session.ticket)
+        deadline = service.settings.reset_timeout
+        ask = session.env.get_metadata  # type: ignore[attr-defined]  # OpenEnv's, checked above
+        answer = await calls.call(ask, submit=submit, timeout=deadline)
+        fields = answer.model_dump() if hasattr(answer, "model_dump") else dict(answer)
+        said = EnvironmentMetadata.model_validate(fields).model_dump(exclude_unset=True)
+    except Exception as exc:  # its text may hold secrets: the type only, as for a step
+        raise HTTPException(500, f"get_metadata() raised {type(exc).__name__}") from None
+    finally:
+        await session.aclose("metadata_asked")
+    kept = _asked[service] = service.metadata.model_copy(update=said)
+    return kept
 
 
 def _observation(message: protocol.ServerMessage) -> Response:

@@ -42,6 +42,7 @@ class Environment(_Environment[ActT, ObsT, StateT]):
     """
 
     _drops_unknown_reset_kwargs = True
+    _server_metadata = False
 
     def __init__(self, transform: Any = None, rubric: Any = None) -> None:
         self.transform = transform
@@ -54,6 +55,9 @@ class Environment(_Environment[ActT, ObsT, StateT]):
             cls._server_reset = "reset_async"
         if cls.step_async is not Environment.step_async:
             cls._server_step = "step_async"
+        # And /metadata is what its get_metadata says, where it says anything.
+        if cls.get_metadata is not Environment.get_metadata:
+            cls._server_metadata = True
 
     async def reset_async(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
