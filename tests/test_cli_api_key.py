@@ -90,3 +90,19 @@ def test_bench_without_the_key_is_one_error_before_any_load(keyed_url: str) -> N
         f"error: cannot connect to {keyed_url}: missing API key; "
         f"set OPENENV_API_KEY to the server's key\n"
     )
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", " padded-secret", "tab\tsecret"])
+def test_a_key_no_client_could_send_is_refused_at_start_without_being_shown(key: str) -> None:
+    # Clients send the key in an HTTP header: one that is not printable ASCII,
+    # or has spaces around it, could never match, so every request would be
+    # refused. It is refused at start instead, naming the setting, not the key.
+    with pytest.raises(ValueError, match="api_key") as refused:
+        create_app(EchoEnvironment, EchoAction, EchoObservation, api_key=key)
+    assert "secr" not in str(refused.value)
+    echo = Path(__file__).parents[1] / "envs" / "echo_env"
+    served = openenv("serve", str(echo), "--port", "0", key=key)
+    assert served.returncode == 1
+    assert "api_key" in served.stderr
+    assert "printable ASCII" in served.stderr
+    assert "secr" not in served.stderr + served.stdout

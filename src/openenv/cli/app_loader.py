@@ -13,7 +13,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pydantic import ValidationError
+
 from openenv.errors import OpenEnvError
+from openenv.protocol_errors import summarise
 
 __all__ = ["AppLoadError", "imported_app", "package_name"]
 
@@ -100,8 +103,11 @@ def _describe(folder: Path, exc: BaseException) -> str:
         if path.is_relative_to(folder):
             where = f"{path.relative_to(folder)}:{frame.lineno}"
             break
-    lines = str(exc).strip().splitlines()
-    reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if isinstance(exc, ValidationError):  # its first line only counts the errors
+        reason = f"{exc.title}: {summarise(exc)}"
+    else:
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return f"importing {where} failed: {reason}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ConcurrencyConfig", "ServerSettings"]
 
@@ -80,7 +80,8 @@ class ServerSettings(BaseModel):
     1048576
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # An error names the setting, not the value given: it may be the API key.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     max_threads: int = Field(
         default=64,
@@ -154,6 +155,7 @@ class ServerSettings(BaseModel):
         default_factory=lambda: os.environ.get("OPENENV_API_KEY") or None,
         description="When set, every route but /health requires it (Bearer token).",
         repr=False,
+        validate_default=True,  # $OPENENV_API_KEY is checked too
     )
     allowed_origins: tuple[str, ...] = Field(
         default_factory=lambda: _env_list("OPENENV_ALLOWED_ORIGINS"),
@@ -235,6 +237,19 @@ class ServerSettings(BaseModel):
             "cap (at least 1), so no single address can take every slot."
         ),
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _sendable_key(cls, key: str | None) -> str | None:
+        # Clients send it in a header (or a WebSocket subprotocol), which carry
+        # ASCII, and the server strips what surrounds a header's value: any
+        # other key could never be sent so that it matches.
+        if key is not None and not (key.isascii() and key.isprintable() and key == key.strip()):
+            raise ValueError(
+                "the API key must be printable ASCII with no spaces around it "
+                "(clients send it in an HTTP header)"
+            )
+        return key
 
 
 def _env_list(name: str) -> tuple[str, ...]:
