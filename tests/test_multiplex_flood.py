@@ -121,3 +121,49 @@ async def test_a_client_that_floods_and_reads_nothing_makes_the_server_stop_read
             assert await paused_connections(url) == 0  # read again, and nothing left
         finally:
             await ws.close()
+
+
+async def test_a_client_that_reads_nothing_shows_in_the_paused_gauge_under_the_default_cap() -> (
+    None
+):
+    # With the default max_requests_in_flight (4096), the reader never runs out
+    # of room first: the transport stops reading once replies back up, and that
+    # connection must show in the gauge just the same.
+    produced = Produced()
+    app = create_app(
+        functools.partial(Large, produced), Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2)
+    )
+    with run_server(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuning
+        sock.connect((host, int(port)))
+        ws = await connect(
+            ws_url(url),
+            sock=sock,
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            max_size=None,
+            max_queue=1,
+            compression=None,
+        )
+        try:
+            await open_sessions(ws, 1)
+            total = buffered_bytes(sock) // REPLY + 16  # more than the kernels can hold
+            for k in range(total):
+                await send(ws, [{"session": 0, "type": "step", "data": {}, "id": k}])
+
+            async def shown() -> bool:
+                return await paused_connections(url) == 1
+
+            await until(shown, 30, "the connection in the paused gauge")
+            answered = 0
+            while answered < total:
+                frame = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+                answered += sum(1 for r in frame if r["type"] == "observation")
+
+            async def cleared() -> bool:
+                return await paused_connections(url) == 0
+
+            await until(cleared, 30, "the gauge back to 0 once the client reads")
+        finally:
+            await ws.close()

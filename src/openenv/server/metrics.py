@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ class Metrics:
         self.closed: Counter[str] = Counter()
         self.step_seconds = Histogram(_STEP_BUCKETS)
         self.errors: Counter[str] = Counter()
-        self.v2_paused = 0  # v2 connections not read until their replies go out
+        # v2 connections not read until their replies go out, counted when asked
+        # (the service counts its connections; none without one).
+        self.count_v2_paused: Callable[[], int] = lambda: 0
 
     @property
     def steps(self) -> int:
@@ -105,7 +107,7 @@ class Metrics:
             "step_sum": self.step_seconds.sum,
             "errors": dict(self.errors),
             # Gauges describe live workers: a dead one's are dropped (slots.py).
-            "gauges": {"v2_paused": self.v2_paused},
+            "gauges": {"v2_paused": self.count_v2_paused()},
         }
 
     def collect(self) -> Iterator[Metric]:
@@ -163,7 +165,8 @@ class Metrics:
         yield GaugeMetricFamily(
             "openenv_v2_connections_paused",
             "Protocol v2 connections not read until their replies go out "
-            "(max_requests_in_flight reached: the client reads slower than it sends).",
+            "(max_requests_in_flight reached, or a reply waiting on the socket: "
+            "the client reads slower than it sends).",
             value=total["gauges"]["v2_paused"],
         )
 

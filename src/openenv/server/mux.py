@@ -103,6 +103,7 @@ class MuxConnection:
         self.closed: asyncio.Future[None] = loop.create_future()
         self.outbox = Outbox(send, channel, self._peer_gone, self._wake_reader)
         self._room: asyncio.Future[None] | None = None  # the reader, waiting for room
+        self._waiting_for_room = False
         self._in_flight = 0
         self._bad_frames = 0
         self._gone = False  # the peer left, or the connection is ending
@@ -173,18 +174,23 @@ class MuxConnection:
             if not self.closed.done():
                 self.closed.set_result(None)
 
+    @property
+    def paused(self) -> bool:
+        """Not read until replies go out: the reader waits for room, or a reply
+        waits on the peer (the transport stops reading then too). The
+        ``openenv_v2_connections_paused`` gauge, where a client that reads none shows."""
+        return self._waiting_for_room or bool(self.outbox.sends & 1)
+
     async def _wait_for_room(self) -> None:
         """Read no more until replies go out (a client that vanished meanwhile is
-        seen after that: what it queued is answered first). Counted in the
-        ``openenv_v2_connections_paused`` gauge, where a client that reads none shows."""
-        metrics = self._service.metrics
-        metrics.v2_paused += 1
+        seen after that: what it queued is answered first)."""
+        self._waiting_for_room = True
         try:
             while not self._has_room() and not self._gone:
                 self._room = asyncio.get_running_loop().create_future()
                 await self._room
         finally:
-            metrics.v2_paused -= 1
+            self._waiting_for_room = False
 
     async def _next_message(self) -> Any:
         channel = self._channel

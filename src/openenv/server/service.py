@@ -134,6 +134,7 @@ class EnvService:
         self._restore_gc: Callable[[], None] = unchanged
         self._background: set[asyncio.Task[None]] = set()
         self.connections: set[Served] = set()
+        self.metrics.count_v2_paused = self._v2_paused
         self.handoff = Handoff(settings.max_threads)
         self.recorder: Recorder | None = None  # made when serving starts (one file per process)
         # Factories (and closing what a late factory made) share one lane: cheap
@@ -443,6 +444,10 @@ class EnvService:
                 # (bounded by send_timeout) must not hold up the next sweep.
                 for closing in connection.idle_closings(deadline):
                     self._spawn(closing)
+
+    def _v2_paused(self) -> int:
+        """The v2 connections not read until their replies go out (a v1 one has no ``paused``)."""
+        return sum(1 for c in list(self.connections) if getattr(c, "paused", False))
 
     def _served_here(self, loop: asyncio.AbstractEventLoop) -> list[Served]:
         """The connections of the server running ``loop`` (usually all of them)."""
