@@ -183,6 +183,20 @@ def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals() -> None:
         assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
 
 
+def test_bodies_that_are_too_big_or_not_json_are_refused_and_hold_nothing() -> None:
+    app = create_app(_Counter, _Bump, _Count, env_name="c", max_concurrent_envs=1)
+    with run_server(app) as url:
+        huge = httpx.post(f"{url}/step", content=b'{"action": {"x": "' + b"y" * 2_000_000 + b'"}}')
+        assert huge.status_code == 413
+        assert "max_message_size" in huge.json()["detail"]
+        garbage = httpx.post(f"{url}/reset", content=b"{not json")
+        assert garbage.status_code == 400
+        wrong = httpx.post(f"{url}/step", json={"action": [1, 2]})
+        assert wrong.status_code == 422
+        assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+        assert call(url, "POST", "/reset", {})[0] == 200  # and the one slot is free
+
+
 class _Bump(Action):
     pass
 
