@@ -16,7 +16,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from servers import Ping, PingEnvironment, Pong, until
 from v2_wire import open_sessions, send
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from openenv import ConcurrencyConfig, MuxClient, create_app
 from openenv.client import ws_url
@@ -68,6 +68,24 @@ def buffered_bytes(sock: socket.socket) -> int:
     return send_max + sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 
 
+async def slow_reader(url: str) -> tuple[socket.socket, ClientConnection]:
+    """A v2 connection whose socket buffers as little as the kernel allows, and
+    whose client queues one frame: what it does not read backs up at once."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuning
+    sock.connect((host, int(port)))
+    ws = await connect(
+        ws_url(url),
+        sock=sock,
+        subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+        max_size=None,
+        max_queue=1,
+        compression=None,  # the replies are all "x": deflated, no buffer would fill
+    )
+    return sock, ws
+
+
 async def test_a_client_that_floods_and_reads_nothing_makes_the_server_stop_reading() -> None:
     produced = Produced()
     app = create_app(
@@ -78,18 +96,7 @@ async def test_a_client_that_floods_and_reads_nothing_makes_the_server_stop_read
         max_requests_in_flight=CAP,
     )
     with run_server(app) as url:
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuning
-        sock.connect((host, int(port)))
-        ws = await connect(
-            ws_url(url),
-            sock=sock,
-            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-            max_size=None,
-            max_queue=1,
-            compression=None,  # the replies are all "x": deflated, no buffer would fill
-        )
+        sock, ws = await slow_reader(url)
         try:
             await open_sessions(ws, 1)
             # Made and not read, at most: what the kernels hold, a frame in the
@@ -134,18 +141,7 @@ async def test_a_client_that_reads_nothing_shows_in_the_paused_gauge_under_the_d
         functools.partial(Large, produced), Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2)
     )
     with run_server(app) as url:
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuning
-        sock.connect((host, int(port)))
-        ws = await connect(
-            ws_url(url),
-            sock=sock,
-            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-            max_size=None,
-            max_queue=1,
-            compression=None,
-        )
+        sock, ws = await slow_reader(url)
         try:
             await open_sessions(ws, 1)
             total = buffered_bytes(sock) // REPLY + 16  # more than the kernels can hold
