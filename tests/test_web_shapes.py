@@ -261,3 +261,59 @@ async def test_a_tool_argument_cleared_is_null(
     await expect(card.locator(".tool-result pre")).to_have_text(
         json.dumps({"limit": None, "label": ""}, indent=2)
     )
+
+
+# -- what comes back ------------------------------------------------------------------------
+
+
+async def test_awkward_observations_are_shown_whole(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    await reset(page)
+
+    await action(page, "Show").fill("proto")
+    await step(page)
+    shown = await observation(page)
+    assert shown["__proto__"] == {"polluted": True}
+    assert shown["constructor"] == "c"
+
+    await action(page, "Show").fill("players")
+    await step(page)
+    table = page.locator("#views table", has_text="players")
+    await expect(table).to_have_class("view records")
+    await expect(table.locator("tbody td")).to_have_text(["ann", "2H 3D KS"])
+
+    await action(page, "Show").fill("nulls")
+    await step(page)
+    assert {k: v for k, v in (await observation(page)).items() if k != "action"} == shape("nulls")
+
+    await action(page, "Show").fill("big reward")
+    await step(page)
+    await expect(page.locator("#reward")).to_have_text("123456789012345")
+    await expect(page.locator("#history tbody td:nth-child(3)").last).to_have_text(
+        "123456789012345"
+    )
+    assert problems == []
+
+
+async def test_a_long_episode_keeps_no_second_copy_of_every_reply(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Show").fill("numbers")  # 10,000 numbers a step
+    for _ in range(12):
+        await step(page)
+    assert len((await observation(page))["numbers"]) == 10_000
+    # The history is a row a step; a reply is written out only when its row is opened.
+    history = page.locator("#history")
+    size = await history.evaluate("table => table.textContent.length")
+    assert size < 12 * 500, size
+    rows = page.locator("#history tbody tr:not(.detail)")
+    await rows.nth(3).get_by_role("button").click()
+    detail = page.locator("#history tr.detail").nth(3)
+    await expect(detail).to_be_visible()
+    assert len(json.loads(await detail.inner_text())["observation"]["numbers"]) == 10_000
