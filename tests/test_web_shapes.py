@@ -317,3 +317,31 @@ async def test_a_long_episode_keeps_no_second_copy_of_every_reply(
     detail = page.locator("#history tr.detail").nth(3)
     await expect(detail).to_be_visible()
     assert len(json.loads(await detail.inner_text())["observation"]["numbers"]) == 10_000
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+async def test_any_of_100000_tasks_can_be_played(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await expect(page.locator("#task-count")).to_have_text(
+        "100000 tasks in all (the first 200 of 100000)"
+    )
+    number = page.get_by_label("Task number")
+    await number.fill("100000")
+    await page.get_by_role("button", name="Reset").click()
+    await expect(page.locator("#task-number-error")).to_have_text(
+        "Enter a whole number from 0 to 99999."
+    )
+    await number.fill("54321")
+    await reset(page)
+    await expect(page.get_by_label("Task prompt")).to_have_text("Task number 54321.")
+    assert (await observation(page))["task"] == "task-54321"
+
+    # Choosing from the list clears the number, and the list's task is played.
+    await page.get_by_label("Task", exact=True).select_option(label="task-00007")
+    await expect(number).to_have_value("")
+    await reset(page)
+    assert (await observation(page))["task"] == "task-00007"

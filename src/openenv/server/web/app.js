@@ -198,7 +198,8 @@ async function reset() {
     }
   }
   if (ui.episodeId.value !== "") data.episode_id = ui.episodeId.value;
-  const task = page.tasks.chosen();
+  const task = await page.tasks.chosen();
+  if (task === null) return; // a task number that names no task, said next to it
   if (task !== undefined) data.task = task;
   const reply = await page.session.request("reset", data);
   if (reply.type === "error") return showServerError(reply.data, placeResetErrors);
@@ -397,6 +398,10 @@ function wire() {
       split: $("task-split"),
       task: $("task-choice"),
       count: $("task-count"),
+      numberField: $("task-number-field"),
+      number: $("task-number"),
+      numberHint: $("task-number-hint"),
+      numberError: $("task-number-error"),
       prompt: $("task-prompt"),
     },
     loadJSON,
