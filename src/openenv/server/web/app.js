@@ -3,7 +3,7 @@
 // Every tab opens its own WebSocket, so every tab is its own session with its
 // own environment instance on the server.
 
-import { ActionForm } from "./form.js";
+import { ActionForm, exactInteger } from "./form.js";
 import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
@@ -188,9 +188,18 @@ async function reset() {
     return;
   }
   const data = {};
-  if (ui.seed.value !== "") data.seed = Number(ui.seed.value);
+  if (ui.seed.value !== "") {
+    try {
+      data.seed = exactInteger(ui.seed.value);
+    } catch (problem) {
+      setResetError(ui.seed, problem.message);
+      ui.seed.focus();
+      return;
+    }
+  }
   if (ui.episodeId.value !== "") data.episode_id = ui.episodeId.value;
-  const task = page.tasks.chosen();
+  const task = await page.tasks.chosen();
+  if (task === null) return; // a task number that names no task, said next to it
   if (task !== undefined) data.task = task;
   const reply = await page.session.request("reset", data);
   if (reply.type === "error") return showServerError(reply.data, placeResetErrors);
@@ -389,6 +398,10 @@ function wire() {
       split: $("task-split"),
       task: $("task-choice"),
       count: $("task-count"),
+      numberField: $("task-number-field"),
+      number: $("task-number"),
+      numberHint: $("task-number-hint"),
+      numberError: $("task-number-error"),
       prompt: $("task-prompt"),
     },
     loadJSON,

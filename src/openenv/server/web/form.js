@@ -120,6 +120,17 @@ function describeType(schema, kind) {
 
 const hasValue = (value) => value !== undefined && value !== null;
 
+// A browser's numbers hold integers exactly up to 2^53 only: a larger one typed
+// in (a 64-bit seed, an id) would be sent rounded, a different number, unseen.
+// Refuse it instead. Not a whole number (1.5) goes as typed, for the server to judge.
+export function exactInteger(text) {
+  const value = Number(text);
+  if (Number.isInteger(value) && !Number.isSafeInteger(value)) {
+    throw new Error(`Too large for the page to send exactly (at most ${Number.MAX_SAFE_INTEGER} either side of 0).`);
+  }
+  return value;
+}
+
 // -- the form ------------------------------------------------------------------
 
 export function element(tag, attributes = {}, text = "") {
@@ -268,7 +279,9 @@ export class ActionForm {
 
   // The action to send, or the per-field errors found in the browser.
   read() {
-    const values = {};
+    // No prototype: a field named "__proto__" is then a key like any other,
+    // where on a plain object setting it would change the object's prototype.
+    const values = Object.create(null);
     const errors = [];
     for (const field of this.fields.values()) {
       try {
@@ -281,10 +294,22 @@ export class ActionForm {
     return { values, errors };
   }
 
-  // undefined means "leave it out": the server applies the field's default.
+  // What an empty control sends: null for an Optional field, "" for a string
+  // (as the hint says); a number, choice or JSON field has no empty value.
+  // undefined means "leave it out": the server applies the field's default,
+  // which is also what happens when the empty value is that default. Leaving
+  // out a field whose default is not empty would send the default instead
+  // (`limit: int | None = 5` cleared must be None, not 5).
+  emptyValue(field) {
+    const { kind, schema, nullable } = field;
+    const value = nullable ? null : kind === "text" || kind === "multiline" ? "" : undefined;
+    if (value === undefined || ("default" in schema && schema.default === value)) return undefined;
+    return value;
+  }
+
   readField(field) {
-    const { input, kind, schema, nullable, required } = field;
-    const empty = () => (required && nullable ? null : undefined);
+    const { input, kind, schema, nullable } = field;
+    const empty = () => this.emptyValue(field);
     switch (kind) {
       case "checkbox":
         return input.checked;
@@ -293,11 +318,11 @@ export class ActionForm {
       case "integer":
       case "number":
         if (input.validity.badInput) throw new Error("Enter a number.");
-        return input.value === "" ? empty() : Number(input.value);
+        if (input.value === "") return empty();
+        return kind === "integer" ? exactInteger(input.value) : Number(input.value);
       case "text":
       case "multiline":
-        if (input.value === "") return required ? (nullable ? null : "") : undefined;
-        return input.value;
+        return input.value === "" ? empty() : input.value;
       default: {
         const text = input.value.trim();
         if (text === "") return empty();

@@ -4,9 +4,13 @@
 // A reward JSON has no number for comes as "NaN", "Infinity" or "-Infinity".
 export const rewardOf = (value) =>
   typeof value === "string" && /^(NaN|-?Infinity)$/.test(value) ? Number(value) : value;
+// Twelve significant digits hide float noise (0.1 + 0.2 reads 0.3); a number
+// with more digits before the point is shown whole, never rounded to a
+// different one (123456789012345 is not 123456789012000).
 export const formatNumber = (value) => {
   const number = rewardOf(value);
-  return typeof number === "number" ? String(Number(number.toPrecision(12))) : "–";
+  if (typeof number !== "number") return "–";
+  return String(Math.abs(number) < 1e12 ? Number(number.toPrecision(12)) : number);
 };
 const pretty = (value) => JSON.stringify(value, null, 2);
 
@@ -46,11 +50,16 @@ export function addHistory(body, action, data, label) {
   detail.hidden = true;
   const cell = detail.insertCell();
   cell.colSpan = 4;
-  const reply = document.createElement("pre");
-  reply.className = "json";
-  reply.textContent = pretty(data);
-  cell.append(reply);
+  // The reply is written out when first opened: a long episode of large
+  // observations would otherwise hold a second, pretty-printed copy of every
+  // reply in the page (the log keeps the replies themselves, for Export).
   toggle.addEventListener("click", () => {
+    if (!cell.firstChild) {
+      const reply = document.createElement("pre");
+      reply.className = "json";
+      reply.textContent = pretty(data);
+      cell.append(reply);
+    }
     detail.hidden = !detail.hidden;
     toggle.setAttribute("aria-expanded", String(!detail.hidden));
   });

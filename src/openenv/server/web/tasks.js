@@ -14,9 +14,20 @@ export class TaskPicker {
     this.ui = ui;
     this.load = load;
     this.tasks = [];
+    this.split = null; // the split whose tasks are listed, and how many it has
+    this.total = 0;
     this.asked = 0; // lists asked for so far: only the latest may be shown
     this.pending = 0; // lists asked for and not yet answered
     ui.split.addEventListener("change", () => this.showSplit(ui.split.value));
+    // A task is chosen by name or by number, not both: choosing one clears the other.
+    ui.task.addEventListener("change", () => {
+      ui.number.value = "";
+      this.setNumberError("");
+    });
+    ui.number.addEventListener("input", () => {
+      ui.task.value = "";
+      this.setNumberError("");
+    });
   }
 
   async start() {
@@ -43,9 +54,9 @@ export class TaskPicker {
       if (asked !== this.asked) return;
       const tasks = page.tasks || [];
       const more = page.total > tasks.length ? ` (the first ${tasks.length} of ${page.total})` : "";
-      this.showTasks(tasks, `${page.total} tasks in ${split}${more}`);
+      this.showTasks(tasks, `${page.total} tasks in ${split}${more}`, split, page.total);
     } catch (problem) {
-      if (asked === this.asked) this.showTasks([], `Could not list the tasks of ${split}: ${problem.message}`);
+      if (asked === this.asked) this.showTasks([], `Could not list the tasks of ${split}: ${problem.message}`, null, 0);
     } finally {
       this.setPending(-1);
     }
@@ -56,8 +67,18 @@ export class TaskPicker {
     this.ui.task.setAttribute("aria-busy", String(this.pending > 0));
   }
 
-  showTasks(tasks, count) {
+  // A split longer than the list also offers a number box: any of its tasks,
+  // fetched by its index when the episode is reset.
+  showTasks(tasks, count, split, total) {
     this.tasks = tasks;
+    this.split = split;
+    this.total = total;
+    const { number, numberField, numberHint } = this.ui;
+    numberField.hidden = !(total > tasks.length);
+    number.value = "";
+    number.max = String(Math.max(total - 1, 0));
+    numberHint.textContent = `0–${total - 1}`;
+    this.setNumberError("");
     const none = element("option", { value: "" }, "(none: the environment chooses)");
     const options = tasks.map((task, index) =>
       element("option", { value: String(index) }, task.id ?? `task ${index}`),
@@ -66,10 +87,39 @@ export class TaskPicker {
     this.ui.count.textContent = count;
   }
 
-  // The task to reset with, or undefined.
-  chosen() {
-    const value = this.ui.task.value;
-    return value === "" ? undefined : this.tasks[Number(value)];
+  // The task to reset with: undefined for none, null when the number typed
+  // names no task (which is then said next to it).
+  async chosen() {
+    const { number, numberField } = this.ui;
+    if (numberField.hidden || (number.value === "" && !number.validity.badInput)) {
+      const value = this.ui.task.value;
+      return value === "" ? undefined : this.tasks[Number(value)];
+    }
+    const index = Number(number.value);
+    if (number.validity.badInput || !Number.isInteger(index) || index < 0 || index >= this.total) {
+      this.setNumberError(`Enter a whole number from 0 to ${this.total - 1}.`);
+      return null;
+    }
+    try {
+      const page = await this.load(`tasks?split=${encodeURIComponent(this.split)}&offset=${index}&limit=1`);
+      if (page.tasks && page.tasks.length === 1) return page.tasks[0];
+      this.setNumberError(`${this.split} has no task ${index} now.`);
+    } catch (problem) {
+      this.setNumberError(`Could not load task ${index}: ${problem.message}`);
+    }
+    return null;
+  }
+
+  setNumberError(message) {
+    const { number, numberError } = this.ui;
+    numberError.textContent = message;
+    numberError.hidden = !message;
+    if (message) {
+      number.setAttribute("aria-invalid", "true");
+      number.focus();
+    } else {
+      number.removeAttribute("aria-invalid");
+    }
   }
 
   showPrompt(text) {

@@ -30,6 +30,11 @@ function make(tag, className, text) {
   return node;
 }
 
+// The marks a tile is coloured for (views.css). Only these make a board: any
+// other list of short strings as long as a word ({name: "ann", cards: ["2H",
+// "3D", "KS"]}) is data of its own, better read in a table.
+const MARKS = new Set(["correct", "present", "absent", "G", "Y", "-", "hit", "miss"]);
+
 // A record that spells a word with one mark per letter: {guess: "crane", letters: ["absent", ...]}.
 // The names of its word and marks fields, or null.
 function tileFields(record) {
@@ -37,11 +42,7 @@ function tileFields(record) {
   for (const [word, text] of entries) {
     if (typeof text !== "string" || text.length === 0 || text.length > 16) continue;
     for (const [marks, list] of entries) {
-      if (
-        Array.isArray(list) &&
-        list.length === text.length &&
-        list.every((mark) => typeof mark === "string" && mark.length > 0 && mark.length <= 16)
-      ) {
+      if (Array.isArray(list) && list.length === text.length && list.every((mark) => MARKS.has(mark))) {
         return { word, marks };
       }
     }
@@ -206,7 +207,7 @@ export function messageOf(observation) {
 // Gymnasium `frame`) from the rest: the images are drawn in `container`, and
 // the other fields are returned for the views and the JSON.
 export function renderFrames(container, observation) {
-  const fields = {};
+  const fields = Object.create(null); // so a field named "__proto__" is kept like any other
   const images = [];
   for (const [name, value] of Object.entries(observation || {})) {
     if (typeof value === "string" && /^data:image\/(png|jpeg|gif|webp);base64,/.test(value)) {
