@@ -241,8 +241,9 @@ class Runners:
         env: str | ServerPool | EnvFactory | None = None,
     ) -> TaskResult:
         """``run``, blocking until the task is done; works inside a running event loop too."""
-        task = _one_task(input, agent, swarm, tool_names, session_id, env)
-        return _blocking(_exec_tasks([task], _conf(run_conf)))[0]
+        return _blocking(
+            Runners.run(input, agent, swarm, tool_names, session_id, run_conf, env=env)
+        )
 
     @staticmethod
     async def stream(

@@ -35,6 +35,7 @@ from openenv.protocol import ErrorCode
 from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, read_body
 from openenv.server.service import EnvService, SessionRefused
+from openenv.server.sessions import Session
 from openenv.types import EnvironmentMetadata
 
 __all__ = ["environment_metadata", "simulation_routes"]
@@ -67,16 +68,22 @@ async def _body(request: Request, service: EnvService) -> dict[str, Any]:
     return value
 
 
-async def _once(
-    service: EnvService, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
-) -> protocol.ServerMessage:
-    """One call on a fresh environment of its own, closed after it, its slot freed."""
+async def _open(service: EnvService) -> Session:
+    """A session for one call: a full or stopping server is a 503 to retry, a
+    factory that failed a 500."""
     try:
-        session = await service.open_session()
+        return await service.open_session()
     except SessionRefused as refused:
         status = 503 if refused.code is not ErrorCode.FACTORY_ERROR else 500
         headers = {"Retry-After": "1"} if status == 503 else None
         raise HTTPException(status, refused.message, headers=headers) from None
+
+
+async def _once(
+    service: EnvService, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
+) -> protocol.ServerMessage:
+    """One call on a fresh environment of its own, closed after it, its slot freed."""
+    session = await _open(service)
     try:
         reply = await session.handle(protocol.request_frame(kind, data))
     finally:
@@ -103,10 +110,7 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
         return service.metadata
     if (kept := _asked.get(service)) is not None:
         return kept
-    try:
-        session = await service.open_session()
-    except SessionRefused as refused:
-        raise HTTPException(503, refused.message, headers={"Retry-After": "1"}) from None
+    session = await _open(service)
     try:
         submit = functools.partial(service.handoff.submit, session.ticket)
         deadline = service.settings.reset_timeout
