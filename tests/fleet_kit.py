@@ -18,9 +18,12 @@ COUNTER = ECHO.parent / "counter_env"
 
 
 @contextlib.contextmanager
-def two_node_cluster() -> Iterator[Any]:
+def two_node_cluster(each_node: dict[str, float] | None = None) -> Iterator[Any]:
     """A head and a worker node (Ray's own test utility), 2 CPUs each, this
-    process connected to it; the ``Cluster``, whose nodes a test may remove."""
+    process connected to it; the ``Cluster``, whose nodes a test may remove.
+
+    ``each_node``: custom resources both nodes have, for a test that must
+    know where Ray places what (its SPREAD strategy is only a preference)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -34,10 +37,10 @@ def two_node_cluster() -> Iterator[Any]:
             "num_cpus": 2,
             "include_dashboard": False,
             "object_store_memory": memory,
-            "resources": {"head_slot": 100},  # for tests that count what a fleet holds
+            "resources": {"head_slot": 100, **(each_node or {})},  # head_slot: what a fleet holds
         },
     )
-    cluster.add_node(num_cpus=2, object_store_memory=memory)
+    cluster.add_node(num_cpus=2, object_store_memory=memory, resources=each_node or {})
     ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
     try:
         yield cluster

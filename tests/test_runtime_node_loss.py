@@ -2,7 +2,9 @@
 
 The node goes as a machine does (its raylet and every process on it killed),
 with episodes in flight there: each is played again on the node that is left,
-and the run ends with one result per task, none lost and none twice.
+and the run ends with one result per task, none lost and none twice. Each
+node has room for one worker, as when workers hold a node's one GPU, so the
+lost worker's replacement never finds room: the run ends without it.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from openenv.runtime import EpisodeSession, RunConfig, Runners, Task, TaskResult
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    with two_node_cluster() as cluster:
+    with two_node_cluster(each_node={"runner": 1}) as cluster:
         yield cluster
 
 
 class StallsOnTheDoomedNode:
     """Plays an echo episode; on the node that is to be lost it leaves a mark and
-    waits there for good, so the loss is sure to find episodes in flight."""
+    waits there for good, so the loss is sure to find episodes in flight.
+    Elsewhere it ends only once that node has one: the head, whose worker
+    starts first, would otherwise play every task before the other starts."""
 
     def __init__(self, doomed: str, marks: Path) -> None:
         self.doomed, self.marks = doomed, marks
@@ -44,6 +48,8 @@ class StallsOnTheDoomedNode:
         if node == self.doomed:
             (self.marks / session.task.id).touch()
             await asyncio.Event().wait()
+        while not any(self.marks.iterdir()):  # noqa: ASYNC110 (another process marks)
+            await asyncio.sleep(0.05)
         return reply.observation.echoed_message
 
 
@@ -59,14 +65,18 @@ def test_runners_on_ray_lose_no_task_when_a_node_is_lost_mid_run(
         worker_num=2,
         max_concurrency=4,
         retries=2,  # the default: each loss of its worker is an attempt
-        engine_options={"num_cpus": 1, "scheduling_strategy": "SPREAD"},  # one per node
+        engine_options={"num_cpus": 1, "resources": {"runner": 1}},  # one per node
         progress=False,
     )
     results: list[TaskResult] = []
     run = threading.Thread(target=lambda: results.extend(Runners.sync_run_task(tasks, config)))
     run.start()
     try:
-        until(lambda: any(tmp_path.iterdir()), "an episode in flight on the worker node")
+        until(
+            lambda: any(tmp_path.iterdir()) or not run.is_alive(),
+            "an episode in flight on the worker node",
+        )
+        assert any(tmp_path.iterdir()), "no episode was played on the worker node"
         cluster.remove_node(doomed, allow_graceful=False)
     finally:
         run.join(120)

@@ -10,7 +10,9 @@ healthy worker, and that attempt counts against the run's ``retries``.
 
 ``serve`` runs the workers: it starts them, feeds their slots, replaces a
 worker that dies while work remains, and gives up on workers that keep dying
-without finishing anything.
+without finishing anything. A replacement still starting when the last
+result comes in is called off: on a cluster that lost a node, it may never
+find room, and the run must not wait for it.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class Dispatcher:
         sequence = settings.sequence_dependent
         self._ready: deque[int] = deque([0] if sequence else range(len(tasks)))
         self._wake = asyncio.Event()
+        self.done = asyncio.Event()  # set with the last result
 
     @property
     def complete(self) -> bool:
@@ -228,6 +231,8 @@ class Dispatcher:
             return  # exactly one result per task: the first
         self.results[index] = result
         self.finished += 1
+        if self.complete:
+            self.done.set()
         self._on_result(index, result)
         if self.settings.sequence_dependent and index + 1 < len(self.tasks):
             self._ready.append(index + 1)
@@ -292,7 +297,9 @@ async def serve(
         while not dispatcher.complete:
             before = dispatcher.finished
             try:
-                worker = await start()
+                worker = await _start_unless_done(start, dispatcher)
+                if worker is None:
+                    return
             except Exception as exc:
                 reasons.append(f"a worker could not be started: {type(exc).__name__}: {exc}")
                 fruitless += 1
@@ -319,6 +326,35 @@ async def serve(
     await asyncio.gather(*(supervise() for _ in range(workers)))
     if not dispatcher.complete:
         dispatcher.abandon(reasons[-1] if reasons else "no worker was left to run it")
+
+
+async def _start_unless_done(
+    start: Callable[[], Awaitable[RemoteWorker]], dispatcher: Dispatcher
+) -> RemoteWorker | None:
+    """A started worker, or ``None`` when every task got its result first.
+
+    The start is cancelled then; each engine's ``start`` gives back what it
+    was acquiring (a pending Ray actor, a queued Spark job) when cancelled.
+    """
+    starting = asyncio.ensure_future(start())
+    done = asyncio.ensure_future(dispatcher.done.wait())
+    try:
+        await asyncio.wait({starting, done}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        starting.cancel()  # the run itself was cancelled
+        raise
+    finally:
+        done.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.wait({starting})
+    if starting.cancelled():
+        return None
+    worker = starting.result()  # a failure to start raises, for supervise to count
+    if dispatcher.complete:
+        await worker.finish()  # started just as the run ended: kept for the next run
+        return None
+    return worker
 
 
 async def _poke_on_death(worker: RemoteWorker, dispatcher: Dispatcher) -> None:

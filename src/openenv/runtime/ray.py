@@ -82,7 +82,16 @@ class RayRuntime(RuntimeEngine):
                     _outcome(actor.work.remote(*board.address, board.token, number))
                 )
                 waits: set[asyncio.Future[Any]] = {accepted, outcome}
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    # Called off (the run ended while Ray found it no room): an
+                    # actor left pending would hold its place in Ray's queue.
+                    accepted.cancel()
+                    outcome.cancel()
+                    with contextlib.suppress(Exception):
+                        ray.kill(actor, no_restart=True)
+                    raise
                 if not accepted.done():
                     accepted.cancel()
                     raise RuntimeError(outcome.result())

@@ -65,7 +65,12 @@ class SparkRuntime(RuntimeEngine):
                 accepted = board.expect(number)
                 job = _Job(sc, f"openenv-{run_id}-{number}", (*board.address, board.token, number))
                 waits: set[asyncio.Future[Any]] = {accepted, job.outcome}
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:  # called off: the run ended first
+                    accepted.cancel()
+                    job.cancel()
+                    raise
                 if not accepted.done():
                     accepted.cancel()
                     raise RuntimeError(job.outcome.result())
