@@ -172,11 +172,20 @@ async def test_page_plays_on_a_server_with_an_api_key(
     with run_server(app) as url:
         refused = await new_page(url)  # no key: the page loads but says what it needs
         await expect(refused.locator("#error")).to_contain_text("needs an API key")
-        page = await new_page(url, query="?api_key=page-key")
+        page = await new_page(url, query="?api_key=page-key&theme=x")
         await expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
         await reset(page)
         await step_echo(page, "secret")
         assert await observation(page) == {"echoed_message": "secret", "message_length": 6}
+        # Out of the address bar (copied links), the rest of it kept...
+        assert page.url == f"{url}/web?theme=x"
+        await page.reload()  # ...and still this tab's after a reload...
+        await expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
+        await reset(page)
+        await step_echo(page, "again")
+        assert await observation(page) == {"echoed_message": "again", "message_length": 5}
+        await page.go_back()  # ...and not in the history: the entry was replaced
+        assert page.url == "about:blank"
 
 
 async def test_page_plays_with_a_key_that_cannot_be_a_subprotocol(
