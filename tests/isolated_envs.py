@@ -1,4 +1,5 @@
-"""An environment that crashes on request, for ``isolation="process"`` tests.
+"""Environments for ``isolation="process"`` tests: one that crashes on request,
+and two whose ``reset`` takes only some arguments.
 
 It lives in a module of its own (not a test file) so that the fork server
 that starts isolated environments can import it.
@@ -12,7 +13,8 @@ import signal
 import time
 from typing import Any, Literal
 
-from openenv import Action, Environment, Observation, State
+from openenv import Action, Environment, Observation, State, TaskSpec
+from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
 
 
 class Crash(Action):
@@ -63,3 +65,47 @@ def hangs_if(flag: str) -> Crashy:
         file.write(str(os.getpid()))
     time.sleep(3600)  # as stuck as a simulator that never comes up
     return Crashy()
+
+
+class Goal(TaskSpec):
+    target: int = 7
+
+
+class Told(Observation):
+    """What ``reset`` was given, as the environment saw it."""
+
+    task_class: str = ""
+    target: int | None = None
+    seed: int | None = None
+
+
+class Picky(Environment[Crash, Told, State]):
+    """A ``reset`` without ``**kwargs``, and a task class of its own."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None, task: Goal | None = None) -> Told:
+        return Told(task_class=type(task).__name__, target=getattr(task, "target", None), seed=seed)
+
+    def step(self, action: Crash) -> Told:
+        return Told()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class OpenEnvPicky(OpenEnvEnvironment[Crash, Told, State]):
+    """Written for OpenEnv, whose server drops what ``reset`` does not take."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None) -> Told:
+        return Told(seed=seed)
+
+    def step(self, action: Crash) -> Told:
+        return Told()
+
+    @property
+    def state(self) -> State:
+        return State()

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from isolated_envs import Crash, Crashy, Sighting, hangs_if
+from isolated_envs import Crash, Crashy, OpenEnvPicky, Picky, Sighting, Told, hangs_if
 
 from openenv import (
     ConcurrencyConfig,
     DeadlineError,
     EnvClient,
     EnvExecutionError,
+    EnvValidationError,
     FactoryError,
     MuxClient,
     SessionClosedError,
@@ -26,6 +27,10 @@ from openenv.testing import run_server
 
 
 class CrashyClient(EnvClient[Crash, Sighting, State]):
+    pass
+
+
+class ToldClient(EnvClient[Crash, Told, State]):
     pass
 
 
@@ -134,6 +139,36 @@ def test_state_and_errors_cross_the_process_boundary() -> None:
                 with pytest.raises(EnvExecutionError, match="ValueError"):
                     await env.step(Crash(how="raise"))
                 assert (await env.step(Crash())).observation.steps == 3  # it goes on
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_reset_arguments_are_checked_as_the_environments_own_reset_takes_them(
+    isolation: str,
+) -> None:
+    # The proxy's reset takes anything; what reaches the child's environment must
+    # be what reaches it in process: its task class, and only arguments it takes.
+    picky = create_app(
+        Picky, Crash, Told, ConcurrencyConfig(max_concurrent_envs=2), isolation=isolation
+    )
+    openenv_picky = create_app(OpenEnvPicky, Crash, Told, isolation=isolation)
+    with run_server(picky) as url, run_server(openenv_picky) as openenv_url:
+
+        async def scenario() -> None:
+            async with ToldClient(url) as env:
+                told = (await env.reset(seed=3, task={"id": "t"})).observation
+                assert (told.task_class, told.target, told.seed) == ("Goal", 7, 3)
+                with pytest.raises(EnvValidationError, match="does not accept 'level'") as error:
+                    await env.reset(level=2)
+                assert error.value.details["errors"][0]["loc"] == ["data", "level"]
+                with pytest.raises(EnvValidationError, match="invalid task: target"):
+                    await env.reset(task={"id": "t", "target": "high"})
+                told = (await env.reset(task={"id": "t", "target": 9})).observation
+                assert told.target == 9  # the session goes on
+            async with ToldClient(openenv_url) as env:
+                told = (await env.reset(seed=5, level=2)).observation
+                assert told.seed == 5  # level dropped, as OpenEnv's server drops it
 
         asyncio.run(scenario())
 

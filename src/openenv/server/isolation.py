@@ -22,10 +22,13 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import signal
+from dataclasses import replace
 from typing import Any
 
 from openenv.environment import Environment, server_method
 from openenv.errors import ServerSideError
+from openenv.server.reset_args import ResetArgs
+from openenv.tasks import TaskSpec
 
 __all__ = ["EnvProcessDied", "ProcessEnvironment", "isolated_factory"]
 
@@ -57,6 +60,9 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
         self._state: Any = None
         self._dead = False
         self.killed = False  # its process was killed to stop a call that overran
+        # What the child's reset takes, as it reported: a session checks reset's
+        # arguments and parses its task here, as for an environment in process.
+        self.child_reset_args: ResetArgs | None = None
 
     async def ready(self) -> None:
         """Wait for the child's environment; raise what its factory raised."""
@@ -74,6 +80,7 @@ class ProcessEnvironment(Environment[Any, Any, Any]):
             await asyncio.to_thread(self._process.join, _CLOSE_WAIT)
             self._conn.close()
             raise value
+        self.child_reset_args = value
         self._state = state
 
     def kill(self) -> None:
@@ -203,7 +210,7 @@ def _serve(factory: Any, conn: multiprocessing.connection.Connection) -> None:
     except BaseException as exc:
         conn.send(("error", _portable(exc), None))
         return
-    conn.send(("ok", None, _portable_state(env)))
+    conn.send(("ok", _portable_reset_args(env), _portable_state(env)))
     while True:
         try:
             method, args, kwargs = conn.recv()
@@ -219,6 +226,16 @@ def _serve(factory: Any, conn: multiprocessing.connection.Connection) -> None:
             conn.send(("error", _portable(exc), None))
         if method == "close":
             return
+
+
+def _portable_reset_args(env: Environment[Any, Any, Any]) -> ResetArgs:
+    """What the server checks a reset against, for the proxy to check it there."""
+    args = ResetArgs.of(env)
+    try:
+        pickle.dumps(args.task_cls)
+    except Exception:  # a class the server cannot import (defined in a function)
+        return replace(args, task_cls=TaskSpec)  # tasks then arrive untyped, fields kept
+    return args
 
 
 def _portable_state(env: Environment[Any, Any, Any]) -> Any:

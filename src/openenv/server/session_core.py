@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from openenv import protocol
 from openenv.environment import Environment, server_method
@@ -57,12 +57,12 @@ from openenv.server.calls import DeadlineExceeded
 from openenv.server.handoff import NotStarted
 from openenv.server.isolation import EnvProcessDied, ProcessEnvironment
 from openenv.server.redact import failure_text
+from openenv.server.reset_args import ResetArgs
 from openenv.server.session_host import (
     EnvFailure,
     SessionLog,
     SessionState,
     read_state,
-    reset_facts,
     unknown_tool_message,
 )
 from openenv.tasks import TaskSpec
@@ -127,13 +127,6 @@ class Call:
 _NO_KWARGS: dict[str, Any] = {}
 
 
-class _ResetArgs(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    seed: int | None = None
-    episode_id: str | None = None
-
-
 # Frames that are the client's fault; a run of them ends the session.
 _CLIENT_FAULTS = frozenset(
     {ErrorCode.INVALID_JSON, ErrorCode.UNKNOWN_TYPE, ErrorCode.VALIDATION_ERROR}
@@ -169,7 +162,7 @@ class SessionCore:
         # CPython's shared-key instance dict, and every attribute read on the
         # batched path gets dearer (6% of a v2 step, measured with v2_path.py).
         self.env_step = server_method(env, "step")
-        self._reset_accepts, self._task_cls = reset_facts(server_method(env, "reset"))
+        self._reset_args = ResetArgs.of(env)
         self._bad_frames = 0
         # What a plain def that overran its deadline still runs as (DeadlineExceeded.stuck):
         # close() must wait for it.
@@ -251,31 +244,7 @@ class SessionCore:
         return None
 
     def _reset_call(self, message: protocol.ResetRequest) -> Call:
-        try:
-            args = _ResetArgs.model_validate(message.data)
-        except ValidationError as exc:
-            raise protocol.validation_frame_error(exc, "reset arguments", message.id) from None
-        kwargs = args.model_dump(exclude_unset=True)
-        if self._reset_accepts is not None:
-            unknown = sorted(set(kwargs) - self._reset_accepts)
-            if unknown and getattr(type(self.env), "_drops_unknown_reset_kwargs", False):
-                kwargs = {k: v for k, v in kwargs.items() if k in self._reset_accepts}
-            elif unknown:
-                raise FrameError(
-                    ErrorCode.VALIDATION_ERROR,
-                    f"reset() of {type(self.env).__name__} does not accept "
-                    f"{', '.join(map(repr, unknown))}; it accepts "
-                    f"{', '.join(sorted(self._reset_accepts))}",
-                    request_id=message.id,
-                    details={
-                        "errors": [
-                            {"loc": ["data", k], "msg": "unexpected argument", "type": "extra"}
-                            for k in unknown
-                        ]
-                    },
-                )
-        if kwargs.get("task") is not None:
-            kwargs["task"] = self._parse_task(kwargs["task"], message.id)
+        kwargs = self._reset_args.kwargs(message.data, message.id)
         return Call(
             CallKind.RESET,
             "reset()",
@@ -286,12 +255,6 @@ class SessionCore:
             kwargs,
             then=kwargs.get("task"),
         )
-
-    def _parse_task(self, data: Any, request_id: protocol.RequestId | None) -> TaskSpec:
-        try:
-            return self._task_cls.model_validate(data)
-        except ValidationError as exc:
-            raise protocol.validation_frame_error(exc, "task", request_id) from None
 
     def tool_call(
         self,
@@ -327,7 +290,7 @@ class SessionCore:
 
     def _prompt_call(self, message: protocol.GetPromptRequest) -> Call:
         if message.data.task is not None:
-            task = self._parse_task(message.data.task, message.id)
+            task = self._reset_args.task(message.data.task, message.id)
         elif self.task is not None:
             task = self.task
         else:

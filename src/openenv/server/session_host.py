@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import enum
-import inspect
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +20,6 @@ from openenv.environment import Environment
 from openenv.errors import ServerSideError
 from openenv.protocol import ErrorCode
 from openenv.server.handoff import LaneTicket, Receiver
-from openenv.tasks import TaskSpec, task_class
 
 if TYPE_CHECKING:
     from openenv.server.config import ServerSettings
@@ -37,7 +34,6 @@ __all__ = [
     "SessionLog",
     "SessionState",
     "read_state",
-    "reset_facts",
     "unknown_tool_message",
 ]
 
@@ -130,33 +126,3 @@ def unknown_tool_message(name: str, known: list[str]) -> str:
 
 def read_state(env: Environment[Any, Any, Any]) -> Any:
     return env.state
-
-
-_ResetFacts = tuple[set[str] | None, type[TaskSpec]]
-
-
-def reset_facts(fn: Callable[..., Any]) -> _ResetFacts:
-    """The keywords ``reset`` accepts (``None``: it takes ``**kwargs``) and its task class."""
-    # Every session of a class asks about the same function: inspect it once.
-    key = getattr(fn, "__func__", None)
-    if key is None:
-        return _inspect_kwargs(fn), task_class(fn)
-    try:
-        return _RESET_CACHE[key]
-    except KeyError:
-        facts = _RESET_CACHE[key] = (_inspect_kwargs(fn), task_class(fn))
-        return facts
-
-
-_RESET_CACHE: weakref.WeakKeyDictionary[Any, _ResetFacts] = weakref.WeakKeyDictionary()
-
-
-def _inspect_kwargs(fn: Callable[..., Any]) -> set[str] | None:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    }
