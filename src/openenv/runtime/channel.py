@@ -38,6 +38,7 @@ __all__ = [
     "CalledBackWorker",
     "ChannelWorker",
     "Switchboard",
+    "abandon",
     "call_back",
     "frame",
     "read_frame",
@@ -244,6 +245,7 @@ class Switchboard:
         self.address: tuple[str, int] = (host, 0)
         self._expected: dict[int, asyncio.Future[Streams]] = {}
         self._server: asyncio.Server | None = None
+        self._answering: set[asyncio.StreamWriter] = set()  # connected, hello not yet read
 
     async def __aenter__(self) -> Switchboard:
         self._server = await asyncio.start_server(self._answer, self.host, 0)
@@ -254,7 +256,11 @@ class Switchboard:
         assert self._server is not None
         self._server.close()
         for future in self._expected.values():
-            future.cancel()
+            abandon(future)
+        # A worker that called in as the run ended (a replacement called off):
+        # the server's close leaves accepted connections open (Python < 3.13).
+        for writer in self._answering:
+            writer.close()
 
     def expect(self, number: int) -> asyncio.Future[Streams]:
         """The connection of worker ``number``, when it calls in."""
@@ -263,11 +269,14 @@ class Switchboard:
         return future
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._answering.add(writer)
         try:
             hello = await asyncio.wait_for(reader.readexactly(_TOKEN_BYTES + 8), 30)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             writer.close()
             return
+        finally:
+            self._answering.discard(writer)
         # Nothing from the connection is unpickled before its token is checked.
         token, number = hello[:_TOKEN_BYTES], int.from_bytes(hello[_TOKEN_BYTES:], "big")
         future = (
@@ -277,6 +286,13 @@ class Switchboard:
             writer.close()
             return
         future.set_result((reader, writer))
+
+
+def abandon(accepted: asyncio.Future[Streams]) -> None:
+    """A worker's connection no one will use: closed if it came, else not waited for."""
+    if accepted.done() and not accepted.cancelled() and accepted.exception() is None:
+        accepted.result()[1].close()
+    accepted.cancel()
 
 
 async def call_back(host: str, port: int, token: bytes, number: int) -> None:

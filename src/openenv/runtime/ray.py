@@ -15,7 +15,7 @@ import ray
 from ray.exceptions import RayError
 
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, abandon, call_back
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.shipping import pack_tasks
@@ -87,7 +87,7 @@ class RayRuntime(RuntimeEngine):
                 except asyncio.CancelledError:
                     # Called off (the run ended while Ray found it no room): an
                     # actor left pending would hold its place in Ray's queue.
-                    accepted.cancel()
+                    abandon(accepted)
                     outcome.cancel()
                     with contextlib.suppress(Exception):
                         ray.kill(actor, no_restart=True)

@@ -17,7 +17,7 @@ from pyspark import SparkConf, SparkContext
 
 from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, abandon, call_back
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_coroutine
@@ -68,7 +68,7 @@ class SparkRuntime(RuntimeEngine):
                 try:
                     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 except asyncio.CancelledError:  # called off: the run ended first
-                    accepted.cancel()
+                    abandon(accepted)
                     job.cancel()
                     raise
                 if not accepted.done():
