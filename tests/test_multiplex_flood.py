@@ -163,3 +163,42 @@ async def test_a_client_that_reads_nothing_shows_in_the_paused_gauge_under_the_d
             await until(cleared, 30, "the gauge back to 0 once the client reads")
         finally:
             await ws.close()
+
+
+class Huge(PingEnvironment):
+    """One reply larger than every buffer between the server and a client."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        return Pong(message="x" * self.size, count=1)
+
+
+async def test_one_reply_that_backs_up_shows_in_the_paused_gauge() -> None:
+    # The one reply goes to the transport at once (the socket was writable), and
+    # nothing else is asked: only the transport's full buffer says the connection
+    # is not read, and the gauge must say so too.
+    size = 16 * 2**20
+    app = create_app(functools.partial(Huge, size), Ping, Pong)
+    with run_server(app) as url:
+        sock, ws = await slow_reader(url)
+        try:
+            assert buffered_bytes(sock) < size // 2
+            await open_sessions(ws, 1)
+            await send(ws, [{"session": 0, "type": "step", "data": {}, "id": 1}])
+
+            async def shown() -> bool:
+                return await paused_connections(url) == 1
+
+            await until(shown, 30, "the connection in the paused gauge")
+            (reply,) = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert (reply["id"], len(reply["data"]["observation"]["message"])) == (1, size)
+
+            async def cleared() -> bool:
+                return await paused_connections(url) == 0
+
+            await until(cleared, 30, "the gauge back to 0 once the client reads")
+        finally:
+            await ws.close()

@@ -37,6 +37,10 @@ class DirectChannel(Protocol):
         """Send a text frame if ``send`` would write it without waiting (the socket
         is writable); ``False``: await ``send`` instead."""
 
+    def write_blocked(self) -> bool:
+        """The write buffer is over its high-water mark (the peer is not reading
+        what was sent), so the connection is not read either."""
+
     def receive_nowait(self) -> Any:
         """``receive``'s next message if one is queued, else ``None``: then await
         ``arrival()`` and ask again. No coroutine per message."""

@@ -176,10 +176,14 @@ class MuxConnection:
 
     @property
     def paused(self) -> bool:
-        """Not read until replies go out: the reader waits for room, or a reply
-        waits on the peer (the transport stops reading then too). The
-        ``openenv_v2_connections_paused`` gauge, where a client that reads none shows."""
-        return self._waiting_for_room or bool(self.outbox.sends & 1)
+        """Not read until replies go out (the reader waits for room, a reply waits
+        on the peer, or what was sent does): ``openenv_v2_connections_paused``."""
+        channel = self._channel
+        return (
+            self._waiting_for_room
+            or bool(self.outbox.sends & 1)
+            or (channel is not None and channel.write_blocked())
+        )
 
     async def _wait_for_room(self) -> None:
         """Read no more until replies go out (a client that vanished meanwhile is

@@ -122,6 +122,9 @@ class WebSocketProtocol(FlowControlled):
             return False  # send() waits for the transport to drain
         return self.send_now(text)
 
+    def write_blocked(self) -> bool:
+        return not self.writable.is_set()
+
     def notify(self) -> None:
         inbox: Inbox = self.queue  # type: ignore[assignment]
         inbox.put_nowait({"type": NOTIFY})
