@@ -365,6 +365,46 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
         asyncio.run(one_too_many())
 
 
+HANGS_ON_RESTART_APP = """
+import os
+import time
+
+from echo_env.server.app import app
+
+marker = os.environ["OPENENV_TEST_HANG_MARKER"]
+if os.path.exists(marker):
+    open(f"{marker}.{os.getpid()}", "w").close()
+    time.sleep(3600)  # as stuck as a start that waits on something that never comes
+"""
+
+
+def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
+    two_nodes: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Ray restarts a killed replica, and this restart hangs in the app's import:
+    # counted as room on its way for ever, it would keep the fleet from ever
+    # serving again or growing. Past start_timeout it is given up and replaced.
+    folder = tmp_path / "hanging_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    (folder / "server" / "app.py").write_text(HANGS_ON_RESTART_APP)
+    marker = tmp_path / "hang"
+    environ = {"OPENENV_TEST_HANG_MARKER": str(marker)}
+    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=2, environ=environ)
+    with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+        victim = healthy(url)[0]["pid"]
+        marker.touch()
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: len(list(tmp_path.glob("hang.*"))) >= 1, "the replica's restart hanging")
+        marker.unlink()  # the next start goes through
+        until(lambda: len(healthy(url)) == 1, "a replica serving again")
+        assert victim not in {r["pid"] for r in healthy(url)}
+        assert len(fleet.where()) == 1  # replaced, not one more beside a hung one
+        assert "not up within its start_timeout, 2s" in caplog.text
+        with WebSocketEnvClient(url) as env:  # and a session through the fleet's address
+            assert env.reset().observation.echoed_message == ""
+
+
 def test_a_fleet_that_fails_to_start_leaves_no_replica_behind(two_nodes: list[str]) -> None:
     import ray
 

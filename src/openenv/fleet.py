@@ -154,6 +154,9 @@ class Fleet:
         scale_up_at: Occupancy (open / slots) above which a replica is added.
         idle_seconds: Seconds without sessions before a replica is removed.
         interval: Seconds between health checks and scaling decisions.
+        start_timeout: Seconds a replica may take to start or restart before it
+            is replaced (its app hangs, or Ray found no room for it); until then
+            the fleet counts it as room on its way and adds no other.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class Fleet:
         scale_up_at: float = 0.8,
         idle_seconds: float = 30.0,
         interval: float = 1.0,
+        start_timeout: float = 300.0,
     ) -> None:
         self.min_replicas = replicas if min_replicas is None else min_replicas
         self.max_replicas = max(
@@ -193,13 +197,13 @@ class Fleet:
         self.host, self.port, self.replica_host = host, port, replica_host
         self.scale_up_at = scale_up_at
         self.idle_seconds = idle_seconds
-        self.interval = interval
+        self.interval, self.start_timeout = interval, start_timeout
         self.url = ""
         self._actors: list[Any] = []
         self._views: dict[int, ReplicaView] = {}  # by id() of the actor handle
-        # A replica starting (or restarting) is a where() call not yet answered:
-        # it counts as room on its way, so scaling waits for it.
-        self._pending: dict[int, Any] = {}
+        # A replica starting (or restarting) is a where() call not yet answered, and
+        # since when: room on its way, which scaling waits for up to start_timeout.
+        self._pending: dict[int, tuple[Any, float]] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
@@ -423,8 +427,8 @@ class Fleet:
             for actor in actors:  # a restarted replica listens on a new port: ask again
                 view = self._views.get(id(actor))
                 if (view is None or view.status == "down") and id(actor) not in self._pending:
-                    self._pending[id(actor)] = actor.where.remote()
-            asked = {id(a): self._pending[id(a)] for a in actors if id(a) in self._pending}
+                    self._pending[id(actor)] = (actor.where.remote(), time.monotonic())
+            asked = {id(a): self._pending[id(a)][0] for a in actors if id(a) in self._pending}
         dead: list[tuple[Any, Exception]] = []
         # One bounded wait for all of them, so a slow start never holds up the others.
         answered: set[str] = set()
@@ -440,6 +444,10 @@ class Fleet:
                     if ref.hex() not in answered:
                         if view is not None:
                             view.status = "down"
+                        since = self._pending.get(id(actor), (None, time.monotonic()))[1]
+                        if time.monotonic() - since > self.start_timeout:  # hung: replace it
+                            late = f"not up within its start_timeout, {self.start_timeout:g}s"
+                            dead.append((actor, TimeoutError(late)))
                         continue
                     with self._lock:
                         self._pending.pop(id(actor), None)
@@ -475,13 +483,14 @@ class Fleet:
 
     def _replace(self, actor: Any, exc: Exception) -> None:
         """A replica Ray gave up on (killed with ``ray.kill``, or its restart failed:
-        an error in its constructor): a new one takes its place. Kept, it would be
-        counted as a replica on its way for ever, and the fleet would never grow."""
+        an error in its constructor), or one past ``start_timeout``: a new one takes
+        its place. Kept, it would count as room on its way for ever, and the fleet
+        would never grow."""
         import ray
 
         reason = str(exc).strip().splitlines()
         logger.warning(
-            "a replica of %s is dead for good (%s); starting another",
+            "a replica of %s is given up (%s); starting another",
             self.folder,
             reason[0] if reason else type(exc).__name__,
         )
