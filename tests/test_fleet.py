@@ -309,12 +309,22 @@ def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def echo_with_app(tmp_path: Path, app: str) -> tuple[Path, Path, dict[str, str]]:
+    """A copy of echo_env serving ``app`` (which reads ``$OPENENV_TEST_MARKER``),
+    the marker file's path (not made) and the replicas' environment."""
+    folder = tmp_path / "env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    (folder / "server" / "app.py").write_text(app)
+    marker = tmp_path / "marker"
+    return folder, marker, {"OPENENV_TEST_MARKER": str(marker)}
+
+
 FAILS_ON_RESTART_APP = """
 import os
 
 from echo_env.server.app import app
 
-marker = os.environ["OPENENV_TEST_BROKEN_MARKER"]
+marker = os.environ["OPENENV_TEST_MARKER"]
 if os.path.exists(marker):
     open(marker + ".failed", "w").close()
     raise RuntimeError("a dependency is gone for now")
@@ -328,11 +338,7 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
     # moment) fails its restart: Ray gives up on that actor for good. The fleet
     # replaces it once the app loads again, rather than keep a dead replica
     # that it counts as one on its way (which would block scaling up for ever).
-    folder = tmp_path / "flaky_env"
-    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    (folder / "server" / "app.py").write_text(FAILS_ON_RESTART_APP)
-    marker = tmp_path / "broken"
-    environ = {"OPENENV_TEST_BROKEN_MARKER": str(marker)}
+    folder, marker, environ = echo_with_app(tmp_path, FAILS_ON_RESTART_APP)
     fleet = Fleet(folder, replicas=1, num_cpus=0.25, max_sessions=2, interval=0.2, environ=environ)
     with fleet as url:
         until(lambda: len(healthy(url)) == 1, "a healthy replica")
@@ -371,7 +377,7 @@ import time
 
 from echo_env.server.app import app
 
-marker = os.environ["OPENENV_TEST_HANG_MARKER"]
+marker = os.environ["OPENENV_TEST_MARKER"]
 if os.path.exists(marker):
     open(f"{marker}.{os.getpid()}", "w").close()
     time.sleep(3600)  # as stuck as a start that waits on something that never comes
@@ -384,18 +390,14 @@ def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
     # Ray restarts a killed replica, and this restart hangs in the app's import:
     # counted as room on its way for ever, it would keep the fleet from ever
     # serving again or growing. Past start_timeout it is given up and replaced.
-    folder = tmp_path / "hanging_env"
-    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    (folder / "server" / "app.py").write_text(HANGS_ON_RESTART_APP)
-    marker = tmp_path / "hang"
-    environ = {"OPENENV_TEST_HANG_MARKER": str(marker)}
+    folder, marker, environ = echo_with_app(tmp_path, HANGS_ON_RESTART_APP)
     fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=2, environ=environ)
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a healthy replica")
         victim = healthy(url)[0]["pid"]
         marker.touch()
         os.kill(victim, signal.SIGKILL)
-        until(lambda: len(list(tmp_path.glob("hang.*"))) >= 1, "the replica's restart hanging")
+        until(lambda: any(tmp_path.glob("marker.*")), "the replica's restart hanging")
         marker.unlink()  # the next start goes through
         until(lambda: len(healthy(url)) == 1, "a replica serving again")
         assert victim not in {r["pid"] for r in healthy(url)}
