@@ -369,3 +369,37 @@ def test_a_forked_child_runs_on_worker_processes_of_its_own() -> None:
     assert child.exitcode == 0
     # The parent's own workers still serve it.
     assert {r.status.value for r in Runners.sync_run_task(tasks, config)} == {"ok"}
+
+
+def test_a_run_whose_workers_ray_can_never_place_ends_past_its_start_timeout(
+    ray_cluster: None,
+) -> None:
+    # No node has the resource: Ray queues the actors for good. With start_timeout
+    # the run ends, each task failed with why; and the cluster is left as it was.
+    import ray
+
+    before = ray.available_resources().get("CPU")
+    tasks = [echo_task(f"t{i}", echo_agent) for i in range(3)]
+    config = RunConfig(
+        engine_name="ray",
+        worker_num=2,
+        engine_options={"resources": {"no_such_node": 1}},
+        start_timeout=0.5,
+        progress=False,
+    )
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.task_id for r in results] == ["t0", "t1", "t2"]
+    for result in results:
+        assert result.status.value == "error"
+        assert result.error is not None
+        assert "no worker started within start_timeout (0.5s)" in result.error.message
+    assert ray.available_resources().get("CPU") == before
+
+
+@pytest.mark.parametrize("name", ["processes", "spark"])
+def test_a_start_timeout_that_is_met_changes_nothing(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    tasks = [echo_task(f"t{i}", echo_agent) for i in range(4)]
+    config = RunConfig(**engine(request, name), start_timeout=SLACK, progress=False)
+    assert {r.status.value for r in Runners.sync_run_task(tasks, config)} == {"ok"}

@@ -79,6 +79,7 @@ class BatchSettings:
     sequence_dependent: bool = False
     record: str | None = None
     multiplex: bool = True
+    start_timeout: float | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> BatchSettings:
@@ -90,6 +91,7 @@ class BatchSettings:
             sequence_dependent=config.sequence_dependent,
             record=config.record,
             multiplex=config.multiplex,
+            start_timeout=config.start_timeout,
         )
 
 

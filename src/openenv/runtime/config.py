@@ -70,6 +70,11 @@ class RunConfig(BaseModel):
             session.
         engine_options: Engine-specific settings: Ray ``.options()`` (e.g.
             ``num_cpus``, ``resources``) or Spark configuration entries.
+        start_timeout: Seconds a worker may take to start (a Ray actor to be
+            placed and call in, a Spark job to be scheduled, a process to come
+            up) before that start counts as failed; after three in a row the
+            tasks no worker played fail, saying why. ``None``: wait, as on a
+            cluster that an autoscaler grows.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -88,6 +93,7 @@ class RunConfig(BaseModel):
     engine_options: dict[str, Any] = Field(default_factory=dict)
     record: str | None = None
     multiplex: bool = True
+    start_timeout: float | None = Field(default=None, gt=0)
 
     @field_validator("engine_name", mode="before")
     @classmethod

@@ -333,22 +333,27 @@ async def _start_unless_done(
 ) -> RemoteWorker | None:
     """A started worker, or ``None`` when every task got its result first.
 
-    The start is cancelled then; each engine's ``start`` gives back what it
-    was acquiring (a pending Ray actor, a queued Spark job) when cancelled.
+    The start is cancelled then, or past the run's ``start_timeout`` (a
+    ``TimeoutError``); each engine's ``start`` gives back what it was
+    acquiring (a pending Ray actor, a queued Spark job) when cancelled.
     """
+    limit = dispatcher.settings.start_timeout
     starting = asyncio.ensure_future(start())
     done = asyncio.ensure_future(dispatcher.done.wait())
     try:
-        await asyncio.wait({starting, done}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({starting, done}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         starting.cancel()  # the run itself was cancelled
         raise
     finally:
         done.cancel()
+    late = not starting.done() and not dispatcher.complete
     if not starting.done():
         starting.cancel()
         await asyncio.wait({starting})
     if starting.cancelled():
+        if late:
+            raise TimeoutError(f"no worker started within start_timeout ({limit:g}s)")
         return None
     worker = starting.result()  # a failure to start raises, for supervise to count
     if dispatcher.complete:
