@@ -159,3 +159,27 @@ def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: 
     assert child.exitcode == 0
     assert parent.step(EchoAction(message="still mine")).observation.echoed_message == "still mine"
     parent.close()
+
+
+def test_calls_cancelled_before_they_start_leave_no_coroutine_never_awaited(
+    echo_url: str,
+) -> None:
+    # A gather of steps cancelled at once (a load loop stopped, a timeout): its
+    # calls never start. None may leave a coroutine behind, which Python reports
+    # as "never awaited" when it is collected (an error under -W error).
+    async def scenario() -> None:
+        async with EchoEnv(echo_url) as env:
+            await env.reset()
+            steps = asyncio.gather(*(env.step(EchoAction(message="x")) for _ in range(4)))
+            steps.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await steps
+            assert (
+                await env.step(EchoAction(message="after"))
+            ).observation.echoed_message == "after"
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

@@ -375,10 +375,7 @@ def test_a_run_whose_workers_ray_can_never_place_ends_past_its_start_timeout(
     ray_cluster: None,
 ) -> None:
     # No node has the resource: Ray queues the actors for good. With start_timeout
-    # the run ends, each task failed with why; and the cluster is left as it was.
-    import ray
-
-    before = ray.available_resources().get("CPU")
+    # the run ends, each task failed with why.
     tasks = [echo_task(f"t{i}", echo_agent) for i in range(3)]
     config = RunConfig(
         engine_name="ray",
@@ -393,7 +390,6 @@ def test_a_run_whose_workers_ray_can_never_place_ends_past_its_start_timeout(
         assert result.status.value == "error"
         assert result.error is not None
         assert "no worker started within start_timeout (0.5s)" in result.error.message
-    assert ray.available_resources().get("CPU") == before
 
 
 @pytest.mark.parametrize("name", ["processes", "spark"])

@@ -41,20 +41,23 @@ class HasHomeLoop(Protocol):
 _C = TypeVar("_C", bound=HasHomeLoop)
 
 
-async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T:
-    """Await ``coro`` on the loop that owns ``client``'s connection."""
+async def on_home_loop(client: HasHomeLoop, make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Await ``make()`` on the loop that owns ``client``'s connection.
+
+    The call's coroutine is made here, once this one runs: made by the caller,
+    it was left never awaited (a ``RuntimeWarning`` as it was collected) when
+    the call was cancelled before it started, e.g. one of a ``gather``'s calls.
+    """
     home, here = client.home_loop, asyncio.get_running_loop()
     if home is None or home is here:
-        return await coro
+        return await make()
     if home.is_closed() or not home.is_running():
-        coro.close()
         raise SessionClosedError(
             "this client's connection was opened on an event loop that has stopped; "
             "create a new client"
         )
     if forked_away(home):
         # Its socket is the parent's too: a word on it here would be heard there.
-        coro.close()
         raise SessionClosedError(
             "this client's connection belongs to the process this one was forked from; "
             "create a new client"
@@ -63,13 +66,12 @@ async def on_home_loop(client: HasHomeLoop, coro: Coroutine[Any, Any, _T]) -> _T
         # Its thread waits for this very call (a blocking method called inside
         # the loop that opened the connection): carrying the call there would
         # wait for ever.
-        coro.close()
         raise RuntimeError(
             "this client's connection lives on the event loop that is blocked waiting "
             "for this call; inside that loop, await the client's methods instead of "
             "calling its blocking ones (.sync(), with)"
         )
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), home))
 
 
 def loop_aware(
@@ -83,7 +85,7 @@ def loop_aware(
 
     @functools.wraps(method)
     def call(self: _C, /, *args: _P.args, **kwargs: _P.kwargs) -> Coroutine[Any, Any, _T]:
-        coro = on_home_loop(self, method(self, *args, **kwargs))
+        coro = on_home_loop(self, functools.partial(method, self, *args, **kwargs))
         try:
             asyncio.get_running_loop()
         except RuntimeError:
