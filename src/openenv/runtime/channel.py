@@ -38,8 +38,8 @@ __all__ = [
     "CalledBackWorker",
     "ChannelWorker",
     "Switchboard",
-    "abandon",
     "call_back",
+    "called_in",
     "frame",
     "read_frame",
     "work",
@@ -256,7 +256,7 @@ class Switchboard:
         assert self._server is not None
         self._server.close()
         for future in self._expected.values():
-            abandon(future)
+            _abandon(future)
         # A worker that called in as the run ended (a replacement called off):
         # the server's close leaves accepted connections open (Python < 3.13).
         for writer in self._answering:
@@ -288,7 +288,32 @@ class Switchboard:
         future.set_result((reader, writer))
 
 
-def abandon(accepted: asyncio.Future[Streams]) -> None:
+async def called_in(
+    accepted: asyncio.Future[Streams],
+    outcome: asyncio.Future[str],
+    call_off: Callable[[], None],
+) -> Streams:
+    """The connection of a worker being started (``Switchboard.expect``), or a
+    ``RuntimeError`` with ``outcome``'s reason if its job ended first.
+
+    Cancelled (the run ended first, or the start overran ``start_timeout``),
+    it hangs up a connection that came meanwhile and calls ``call_off`` to
+    give back what the start held (a pending Ray actor, a queued Spark job).
+    """
+    try:
+        waits: set[asyncio.Future[Any]] = {accepted, outcome}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        _abandon(accepted)
+        call_off()
+        raise
+    if not accepted.done():
+        accepted.cancel()
+        raise RuntimeError(outcome.result())
+    return accepted.result()
+
+
+def _abandon(accepted: asyncio.Future[Streams]) -> None:
     """A worker's connection no one will use: closed if it came, else not waited for."""
     if accepted.done() and not accepted.cancelled() and accepted.exception() is None:
         accepted.result()[1].close()

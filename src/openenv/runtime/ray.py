@@ -15,7 +15,7 @@ import ray
 from ray.exceptions import RayError
 
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import CalledBackWorker, Switchboard, abandon, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back, called_in
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.shipping import pack_tasks
@@ -81,21 +81,14 @@ class RayRuntime(RuntimeEngine):
                 outcome = asyncio.ensure_future(
                     _outcome(actor.work.remote(*board.address, board.token, number))
                 )
-                waits: set[asyncio.Future[Any]] = {accepted, outcome}
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                except asyncio.CancelledError:
-                    # Called off (the run ended while Ray found it no room): an
-                    # actor left pending would hold its place in Ray's queue.
-                    abandon(accepted)
+
+                def call_off() -> None:
+                    # An actor left pending would hold its place in Ray's queue.
                     outcome.cancel()
                     with contextlib.suppress(Exception):
                         ray.kill(actor, no_restart=True)
-                    raise
-                if not accepted.done():
-                    accepted.cancel()
-                    raise RuntimeError(outcome.result())
-                reader, writer = accepted.result()
+
+                reader, writer = await called_in(accepted, outcome, call_off)
                 worker = _ActorWorker(actor, reader, writer, outcome, idle)
                 worker.begin(settings, sys_path)
                 return worker

@@ -17,7 +17,7 @@ from pyspark import SparkConf, SparkContext
 
 from openenv.errors import EngineError
 from openenv.runtime.base import BatchSettings, ResultCallback, RuntimeEngine, collect, finish
-from openenv.runtime.channel import CalledBackWorker, Switchboard, abandon, call_back
+from openenv.runtime.channel import CalledBackWorker, Switchboard, call_back, called_in
 from openenv.runtime.config import RunConfig
 from openenv.runtime.dispatch import Dispatcher, serve
 from openenv.runtime.episode import run_coroutine
@@ -64,17 +64,7 @@ class SparkRuntime(RuntimeEngine):
                 number = next(numbers)
                 accepted = board.expect(number)
                 job = _Job(sc, f"openenv-{run_id}-{number}", (*board.address, board.token, number))
-                waits: set[asyncio.Future[Any]] = {accepted, job.outcome}
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                except asyncio.CancelledError:  # called off: the run ended first
-                    abandon(accepted)
-                    job.cancel()
-                    raise
-                if not accepted.done():
-                    accepted.cancel()
-                    raise RuntimeError(job.outcome.result())
-                reader, writer = accepted.result()
+                reader, writer = await called_in(accepted, job.outcome, job.cancel)
                 worker = _SparkWorker(reader, writer, job)
                 worker.begin(settings, sys_path)
                 return worker
