@@ -371,6 +371,11 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
         asyncio.run(one_too_many())
 
 
+# Long enough for a replica's start on a loaded 2-core machine (a healthy start
+# past it is replaced too, for ever), short enough for a test to wait it out.
+START_TIMEOUT = 10
+
+
 HANGS_ON_RESTART_APP = """
 import os
 import time
@@ -391,7 +396,14 @@ def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
     # counted as room on its way for ever, it would keep the fleet from ever
     # serving again or growing. Past start_timeout it is given up and replaced.
     folder, marker, environ = echo_with_app(tmp_path, HANGS_ON_RESTART_APP)
-    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=2, environ=environ)
+    fleet = Fleet(
+        folder,
+        replicas=1,
+        num_cpus=0.25,
+        interval=0.2,
+        start_timeout=START_TIMEOUT,
+        environ=environ,
+    )
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a healthy replica")
         victim = healthy(url)[0]["pid"]
@@ -402,8 +414,51 @@ def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
         until(lambda: len(healthy(url)) == 1, "a replica serving again")
         assert victim not in {r["pid"] for r in healthy(url)}
         assert len(fleet.where()) == 1  # replaced, not one more beside a hung one
-        assert "not up within its start_timeout, 2s" in caplog.text
+        assert f"not up within its start_timeout, {START_TIMEOUT}s" in caplog.text
         with WebSocketEnvClient(url) as env:  # and a session through the fleet's address
+            assert env.reset().observation.echoed_message == ""
+
+
+FREEZES_ON_REQUEST_APP = """
+import os
+import time
+
+from echo_env.server.app import app
+
+
+@app.post("/freeze")
+async def freeze() -> None:
+    open(f"{os.environ['OPENENV_TEST_MARKER']}.{os.getpid()}", "w").close()
+    time.sleep(3600)  # blocks the server's event loop for good; the actor still answers Ray
+"""
+
+
+def test_a_replica_that_stops_serving_is_replaced_after_its_start_timeout(
+    two_nodes: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A replica whose server no longer answers (its event loop blocked by a
+    # misbehaving route or environment) while its actor is alive would count as
+    # room on its way for ever: the fleet would neither serve nor grow again.
+    folder, marker, environ = echo_with_app(tmp_path, FREEZES_ON_REQUEST_APP)
+    fleet = Fleet(
+        folder,
+        replicas=1,
+        num_cpus=0.25,
+        interval=0.2,
+        start_timeout=START_TIMEOUT,
+        environ=environ,
+    )
+    with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+        frozen = healthy(url)[0]
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{frozen['url']}/freeze", timeout=1)
+        assert Path(f"{marker}.{frozen['pid']}").exists()  # its loop is stuck in the route
+        until(lambda: frozen["pid"] not in {r["pid"] for r in healthy(url)}, "a replacement")
+        until(lambda: len(healthy(url)) == 1, "a replica serving again")
+        assert len(fleet.where()) == 1  # replaced, not one more beside the frozen one
+        assert f"not serving for its start_timeout, {START_TIMEOUT}s" in caplog.text
+        with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
 
 

@@ -154,9 +154,10 @@ class Fleet:
         scale_up_at: Occupancy (open / slots) above which a replica is added.
         idle_seconds: Seconds without sessions before a replica is removed.
         interval: Seconds between health checks and scaling decisions.
-        start_timeout: Seconds a replica may take to start or restart before it
-            is replaced (its app hangs, or Ray found no room for it); until then
-            the fleet counts it as room on its way and adds no other.
+        start_timeout: Seconds a replica may go without serving (starting,
+            restarting, or its ``/health`` unanswered: its app hangs, its event
+            loop is blocked, or Ray found no room for it) before it is replaced;
+            until then the fleet counts it as room on its way and adds no other.
     """
 
     def __init__(
@@ -201,9 +202,11 @@ class Fleet:
         self.url = ""
         self._actors: list[Any] = []
         self._views: dict[int, ReplicaView] = {}  # by id() of the actor handle
-        # A replica starting (or restarting) is a where() call not yet answered, and
-        # since when: room on its way, which scaling waits for up to start_timeout.
-        self._pending: dict[int, tuple[Any, float]] = {}
+        # A replica starting (or restarting) is a where() call not yet answered.
+        self._pending: dict[int, Any] = {}
+        # Since when a replica has not served (from its start, or its health's last
+        # failure): room on its way, which scaling waits for up to start_timeout.
+        self._unwell_since: dict[int, float] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
@@ -367,6 +370,7 @@ class Fleet:
             self._actors.remove(actor)
             self._views.pop(id(actor), None)
             self._pending.pop(id(actor), None)
+            self._unwell_since.pop(id(actor), None)
         with contextlib.suppress(Exception):
             ray.get(actor.stop.remote(), timeout=_REPLICA_STOP_TIMEOUT)
         ray.kill(actor, no_restart=True)
@@ -427,8 +431,9 @@ class Fleet:
             for actor in actors:  # a restarted replica listens on a new port: ask again
                 view = self._views.get(id(actor))
                 if (view is None or view.status == "down") and id(actor) not in self._pending:
-                    self._pending[id(actor)] = (actor.where.remote(), time.monotonic())
-            asked = {id(a): self._pending[id(a)][0] for a in actors if id(a) in self._pending}
+                    self._pending[id(actor)] = actor.where.remote()
+                    self._unwell_since.setdefault(id(actor), time.monotonic())
+            asked = {id(a): self._pending[id(a)] for a in actors if id(a) in self._pending}
         dead: list[tuple[Any, Exception]] = []
         # One bounded wait for all of them, so a slow start never holds up the others.
         answered: set[str] = set()
@@ -444,8 +449,7 @@ class Fleet:
                     if ref.hex() not in answered:
                         if view is not None:
                             view.status = "down"
-                        since = self._pending.get(id(actor), (None, time.monotonic()))[1]
-                        if time.monotonic() - since > self.start_timeout:  # hung: replace it
+                        if self._overdue(actor):  # its start hangs: replace it
                             late = f"not up within its start_timeout, {self.start_timeout:g}s"
                             dead.append((actor, TimeoutError(late)))
                         continue
@@ -468,7 +472,12 @@ class Fleet:
                     health = protocol.Health.model_validate_json(answer.content)
                 except (httpx.HTTPError, ValueError):  # a ValidationError too
                     view.status = "down"
+                    self._unwell_since.setdefault(id(actor), time.monotonic())
+                    if self._overdue(actor):  # its loop blocked, its server gone...
+                        late = f"not serving for its start_timeout, {self.start_timeout:g}s"
+                        dead.append((actor, TimeoutError(late)))
                 else:
+                    self._unwell_since.pop(id(actor), None)
                     view.status = health.status
                     if actor is self._retiring and health.status in _SERVING:
                         self._retiring_reported, view.status = health.status, "draining"
@@ -480,6 +489,10 @@ class Fleet:
                         self._views[id(actor)] = view
         for actor, reason in dead:
             self._replace(actor, reason)
+
+    def _overdue(self, actor: Any) -> bool:
+        since = self._unwell_since.get(id(actor))
+        return since is not None and time.monotonic() - since > self.start_timeout
 
     def _replace(self, actor: Any, exc: Exception) -> None:
         """A replica Ray gave up on (killed with ``ray.kill``, or its restart failed:
@@ -500,6 +513,7 @@ class Fleet:
             self._actors.remove(actor)
             self._views.pop(id(actor), None)
             self._pending.pop(id(actor), None)
+            self._unwell_since.pop(id(actor), None)
             # One that was on its way out is not replaced, above the floor.
             retired = actor is self._retiring and len(self._actors) >= self.min_replicas
             if actor is self._retiring:
