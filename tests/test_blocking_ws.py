@@ -89,14 +89,15 @@ async def test_it_offers_subprotocols_and_reports_the_one_chosen() -> None:
 
 @pytest.mark.parametrize("keepalive", [0.02, 3600.0], ids=["answered", "unanswered"])
 async def test_an_idle_connection_answers_the_servers_pings(keepalive: float) -> None:
-    # The server pings every 50 ms and gives up 100 ms later. Idle for a second
-    # (nobody calls recv), the connection lives only if the keepalive thread
-    # answers; with it (in effect) off, the server closes it, as it should.
-    with run_server(echo_app(), ws_ping_interval=0.05, ws_ping_timeout=0.1) as url:
+    # The server pings every 100 ms and gives up 500 ms later (slack for a loaded
+    # machine's scheduling). Idle for 1.5 s (nobody calls recv), the connection
+    # lives only if the keepalive thread answers; with it (in effect) off, the
+    # server closes it, as it should.
+    with run_server(echo_app(), ws_ping_interval=0.1, ws_ping_timeout=0.5) as url:
         ws = BlockingWebSocket(ws_url(url), keepalive=keepalive)
         try:
             exchange(ws, {"type": "reset"})
-            await asyncio.sleep(1.0)  # the scenario: a trainer busy elsewhere (not a sync)
+            await asyncio.sleep(1.5)  # the scenario: a trainer busy elsewhere (not a sync)
             if keepalive < 1:
                 assert exchange(ws, {"type": "step", "data": {"message": "hi"}})["type"] == (
                     "observation"
