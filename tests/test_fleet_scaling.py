@@ -83,10 +83,11 @@ def test_a_replica_on_its_way_out_gets_no_new_session_and_keeps_one_it_got(
         num_cpus=0.5,
         max_sessions=4,
         interval=2.0,  # the retirement lasts two intervals: time to act in it
-        idle_seconds=1.0,
+        idle_seconds=3600.0,  # not yet: on a loaded machine one replica may start far later
     )
     with fleet as url:
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+        fleet.idle_seconds = 1.0  # both up: now let it scale down
         until(lambda: len(draining(url)) == 1, "a replica listed as draining")
         leaving = draining(url)[0]["url"]
 
