@@ -307,7 +307,9 @@ def test_episodes_beside_a_loop_blocking_agent_go_on_with_no_retries(
     # The driver stops the blocker's worker and hands the episodes beside it
     # on; with retries=0 they failed instead ("lost its worker 1 times").
     agent = BlocksItsLoopBesideOthers(str(tmp_path / "blocking"))
-    tasks = [Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=1)]
+    # Its timeout must not run out before it blocks (its reset on a loaded
+    # machine): the others would wait for the flag in vain, none of them beside it.
+    tasks = [Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=5)]
     tasks += echo_tasks(5, agent)
     config = engine_config(request, name, max_concurrency=2, retries=0)
     results = Runners.sync_run_task(tasks, config)
