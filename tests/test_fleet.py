@@ -376,6 +376,20 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
 START_TIMEOUT = 10
 
 
+def one_replica_with_app(tmp_path: Path, app: str) -> tuple[Fleet, Path]:
+    """A fleet of one replica of ``echo_with_app``, given up after START_TIMEOUT."""
+    folder, marker, environ = echo_with_app(tmp_path, app)
+    fleet = Fleet(
+        folder,
+        replicas=1,
+        num_cpus=0.25,
+        interval=0.2,
+        start_timeout=START_TIMEOUT,
+        environ=environ,
+    )
+    return fleet, marker
+
+
 HANGS_ON_RESTART_APP = """
 import os
 import time
@@ -395,15 +409,7 @@ def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
     # Ray restarts a killed replica, and this restart hangs in the app's import:
     # counted as room on its way for ever, it would keep the fleet from ever
     # serving again or growing. Past start_timeout it is given up and replaced.
-    folder, marker, environ = echo_with_app(tmp_path, HANGS_ON_RESTART_APP)
-    fleet = Fleet(
-        folder,
-        replicas=1,
-        num_cpus=0.25,
-        interval=0.2,
-        start_timeout=START_TIMEOUT,
-        environ=environ,
-    )
+    fleet, marker = one_replica_with_app(tmp_path, HANGS_ON_RESTART_APP)
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a healthy replica")
         victim = healthy(url)[0]["pid"]
@@ -439,15 +445,7 @@ def test_a_replica_that_stops_serving_is_replaced_after_its_start_timeout(
     # A replica whose server no longer answers (its event loop blocked by a
     # misbehaving route or environment) while its actor is alive would count as
     # room on its way for ever: the fleet would neither serve nor grow again.
-    folder, marker, environ = echo_with_app(tmp_path, FREEZES_ON_REQUEST_APP)
-    fleet = Fleet(
-        folder,
-        replicas=1,
-        num_cpus=0.25,
-        interval=0.2,
-        start_timeout=START_TIMEOUT,
-        environ=environ,
-    )
+    fleet, marker = one_replica_with_app(tmp_path, FREEZES_ON_REQUEST_APP)
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a healthy replica")
         frozen = healthy(url)[0]
