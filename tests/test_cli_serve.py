@@ -174,21 +174,16 @@ async def open_sessions(url: str, n: int) -> list[tuple[WebSocketEnvClient, int]
     return held
 
 
-async def over_both_workers(
-    url: str, held: list[tuple[WebSocketEnvClient, int]], log: Path
-) -> list[tuple[WebSocketEnvClient, int]]:
-    """``held`` sessions, some on each worker. Which worker accepts a connection
-    is the kernel's choice, and on a loaded machine one may take a whole burst:
-    then half are closed and opened again, a few times at most."""
-    half = len(held) // 2
-    for _ in range(10):
-        if len({pid for _, pid in held}) == 2:
-            break
-        await asyncio.gather(*(client.close() for client, _ in held[half:]))
-        held = held[:half]
-        await eventually(lambda: health(url).get("active_sessions") == half, "slots freed", log)
-        held += await open_sessions(url, half)
-    return held
+async def spread(url: str, held: list[tuple[WebSocketEnvClient, int]]) -> None:
+    """Move sessions (closing one, opening another) until both workers hold some:
+    which worker accepts a connection is the kernel's choice, and on a loaded
+    machine one may take a whole burst."""
+    deadline = time.monotonic() + 30
+    while len({pid for _, pid in held}) < 2:
+        assert time.monotonic() < deadline, "every session kept landing on one worker"
+        client, _ = held.pop(0)
+        await client.close()
+        held.append((await open_sessions(url, 1))[0])
 
 
 def steps_counted(url: str) -> float:
@@ -224,7 +219,7 @@ def test_workers_share_one_cap_and_a_killed_worker_is_replaced(tmp_path: Path) -
         await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
         held = await open_sessions(url, 64)  # all at once: any worker, one cap
         try:
-            held = await over_both_workers(url, held, log)
+            await spread(url, held)
             pids = Counter(pid for _, pid in held)
             assert len(pids) == 2, pids
             assert await open_session(url) is None  # the 65th: the whole server is full

@@ -31,6 +31,7 @@ from test_cli_serve import (
     open_session,
     open_sessions,
     serving,
+    spread,
 )
 
 from openenv import CapacityError, WebSocketEnvClient
@@ -200,16 +201,6 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path
 
     with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))
-
-
-async def spread(url: str, held: list[tuple[WebSocketEnvClient, int]]) -> None:
-    """Move sessions (closing one, opening another) until both workers hold some."""
-    deadline = time.monotonic() + 30
-    while len({pid for _, pid in held}) < 2:
-        assert time.monotonic() < deadline, "every session kept landing on one worker"
-        client, _ = held.pop(0)
-        await client.close()
-        held.append((await open_sessions(url, 1))[0])
 
 
 @pytest.mark.timeout(120)
