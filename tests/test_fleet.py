@@ -372,7 +372,8 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
 
 
 # Long enough for a replica's start on a loaded 2-core machine (a healthy start
-# past it is replaced too, for ever), short enough for a test to wait it out.
+# past it is replaced too, the next given twice as long), short enough for a
+# test to wait it out.
 START_TIMEOUT = 10
 
 
@@ -422,6 +423,31 @@ def test_a_replica_whose_start_hangs_is_replaced_after_its_start_timeout(
         assert len(fleet.where()) == 1  # replaced, not one more beside a hung one
         assert f"not up within its start_timeout, {START_TIMEOUT}s" in caplog.text
         with WebSocketEnvClient(url) as env:  # and a session through the fleet's address
+            assert env.reset().observation.echoed_message == ""
+
+
+SLOW_START_APP = """
+import time
+
+from echo_env.server.app import app
+
+time.sleep(4)  # every start loads something slow: a model, a dataset...
+"""
+
+
+def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
+    two_nodes: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every start takes longer than start_timeout. Given the same time again
+    # and again, each replica was given up before it served, for ever; each
+    # start given up doubles the next one's time, so one comes up.
+    folder, _, environ = echo_with_app(tmp_path, SLOW_START_APP)
+    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=3, environ=environ)
+    with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
+        until(lambda: len(healthy(url)) == 1, "a replica serving", seconds=120)
+        assert "not up within its start_timeout, 3s; the next start is given 6s" in caplog.text
+        assert len(fleet.where()) == 1  # each given up was replaced, none added beside
+        with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
 
 

@@ -30,11 +30,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ import httpx
 
 from openenv import protocol
 from openenv.fleet_directory import Directory
+from openenv.fleet_replica import Replica, ReplicaView, load_problem
 
 __all__ = ["Fleet", "ReplicaView"]
 
@@ -56,59 +55,8 @@ _REPLICA_STOP_TIMEOUT = 60.0
 # in use has seen it leave, and a session one of them placed there meanwhile
 # has shown up in the replica's health and kept it.
 _RETIRE_SECONDS = 2.0
-
-
-@dataclass
-class ReplicaView:
-    """A replica as the directory last saw it."""
-
-    url: str
-    status: str = "starting"  # healthy, draining, down, starting
-    active_sessions: int = 0
-    max_sessions: int = 0
-    queued_sessions: int = 0
-    node: str = ""
-    pid: int = 0
-
-
-class Replica:
-    """One openenv server in a Ray actor's process (``Fleet`` makes the actor class)."""
-
-    def __init__(self, folder: str, environ: Mapping[str, str], host: str | None) -> None:
-        import ray
-
-        from openenv.cli.app_loader import imported_app
-        from openenv.server.runner import GracefulServer, uvicorn_config
-
-        self._stack = contextlib.ExitStack()
-        app = self._stack.enter_context(imported_app(folder, dict(environ)))
-        host = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
-        self._sock = sock
-        self._server = GracefulServer(uvicorn_config(app, log_level="warning"))
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError(f"the server of {folder} failed to start; see its log")
-            self._thread.join(0.01)
-        name = f"[{host}]" if ":" in host else host
-        self._url = f"http://{name}:{sock.getsockname()[1]}"
-        self._node = ray.get_runtime_context().get_node_id()
-
-    def where(self) -> dict[str, Any]:
-        """Its URL, node and process."""
-        return {"url": self._url, "node": self._node, "pid": os.getpid()}
-
-    def stop(self) -> None:
-        """Drain (close 1001 to every session) and stop serving."""
-        self._server.should_exit = True
-        self._thread.join(30)
-        self._sock.close()
+# A start past its allowance doubles the next start's, up to this many start_timeouts.
+_MOST_PATIENCE = 8
 
 
 # The statuses of a replica that takes sessions, in the order they are chosen.
@@ -117,17 +65,6 @@ _SERVING = ("healthy", "degraded")
 
 def _free(view: ReplicaView) -> int:
     return view.max_sessions - view.active_sessions - view.queued_sessions
-
-
-def _load_problem(folder: str, environ: Mapping[str, str]) -> str | None:
-    """Why a replica could not import the folder's app (one line), or ``None``."""
-    from openenv.cli.app_loader import AppLoadError, imported_app
-
-    try:
-        with imported_app(folder, dict(environ)):
-            return None
-    except AppLoadError as exc:
-        return str(exc)
 
 
 class Fleet:
@@ -158,6 +95,9 @@ class Fleet:
             restarting, or its ``/health`` unanswered: its app hangs, its event
             loop is blocked, or Ray found no room for it) before it is replaced;
             until then the fleet counts it as room on its way and adds no other.
+            A start that takes longer doubles the time the next start is given
+            (up to 8 times ``start_timeout``), so replicas that start slower
+            than ``start_timeout`` still come up, an attempt or a few later.
     """
 
     def __init__(
@@ -207,6 +147,11 @@ class Fleet:
         # Since when a replica has not served (from its start, or its health's last
         # failure): room on its way, which scaling waits for up to start_timeout.
         self._unwell_since: dict[int, float] = {}
+        # How long each replica's start may take, and the next one's: start_timeout,
+        # doubled after each start that took longer. Once up, a replica is allowed
+        # start_timeout again (a restart, or its health unanswered).
+        self._allowed: dict[int, float] = {}
+        self._next_allowance = start_timeout
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
@@ -256,7 +201,7 @@ class Fleet:
         options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
         if self.resources:
             options["resources"] = self.resources
-        check = ray.remote(**options)(_load_problem).remote(self.folder, self.environ)
+        check = ray.remote(**options)(load_problem).remote(self.folder, self.environ)
         try:
             problem = ray.get(check, timeout=_CHECK_TIMEOUT)
         except GetTimeoutError:  # no node with room yet: the replicas will wait for one too
@@ -338,6 +283,7 @@ class Fleet:
         )
         with self._lock:
             self._actors.append(actor)
+            self._allowed[id(actor)] = self._next_allowance
 
     def _retire(self) -> None:
         """Begin removing a replica: listed as draining, it gets no new session
@@ -368,9 +314,7 @@ class Fleet:
             if actor not in self._actors or len(self._actors) <= self.min_replicas:
                 return
             self._actors.remove(actor)
-            self._views.pop(id(actor), None)
-            self._pending.pop(id(actor), None)
-            self._unwell_since.pop(id(actor), None)
+            self._forget(actor)
         with contextlib.suppress(Exception):
             ray.get(actor.stop.remote(), timeout=_REPLICA_STOP_TIMEOUT)
         ray.kill(actor, no_restart=True)
@@ -449,9 +393,8 @@ class Fleet:
                     if ref.hex() not in answered:
                         if view is not None:
                             view.status = "down"
-                        if self._overdue(actor):  # its start hangs: replace it
-                            late = f"not up within its start_timeout, {self.start_timeout:g}s"
-                            dead.append((actor, TimeoutError(late)))
+                        if self._overdue(actor):  # its start hangs, or is slower: replace it
+                            dead.append((actor, TimeoutError(self._slow_start(actor))))
                         continue
                     with self._lock:
                         self._pending.pop(id(actor), None)
@@ -478,6 +421,7 @@ class Fleet:
                         dead.append((actor, TimeoutError(late)))
                 else:
                     self._unwell_since.pop(id(actor), None)
+                    self._allowed[id(actor)] = self.start_timeout
                     view.status = health.status
                     if actor is self._retiring and health.status in _SERVING:
                         self._retiring_reported, view.status = health.status, "draining"
@@ -492,7 +436,27 @@ class Fleet:
 
     def _overdue(self, actor: Any) -> bool:
         since = self._unwell_since.get(id(actor))
-        return since is not None and time.monotonic() - since > self.start_timeout
+        allowed = self._allowed.get(id(actor), self.start_timeout)
+        return since is not None and time.monotonic() - since > allowed
+
+    def _slow_start(self, actor: Any) -> str:
+        """Why a replica not up in time is given up; the next start gets twice as
+        long (a start this slow may be this machine's usual one, not a hang)."""
+        allowed = self._allowed.get(id(actor), self.start_timeout)
+        doubled = min(2 * allowed, _MOST_PATIENCE * self.start_timeout)
+        self._next_allowance = max(self._next_allowance, doubled)  # a restart's is less
+        if allowed == self.start_timeout:
+            late = f"not up within its start_timeout, {allowed:g}s"
+        else:
+            late = f"not up within {allowed:g}s (start_timeout {self.start_timeout:g}s, doubled)"
+        return f"{late}; the next start is given {self._next_allowance:g}s"
+
+    def _forget(self, actor: Any) -> None:
+        """Drop what is kept about a replica that is gone (with the lock held)."""
+        self._views.pop(id(actor), None)
+        self._pending.pop(id(actor), None)
+        self._unwell_since.pop(id(actor), None)
+        self._allowed.pop(id(actor), None)
 
     def _replace(self, actor: Any, exc: Exception) -> None:
         """A replica Ray gave up on (killed with ``ray.kill``, or its restart failed:
@@ -511,9 +475,7 @@ class Fleet:
             if actor not in self._actors or self._stopping.is_set():
                 return
             self._actors.remove(actor)
-            self._views.pop(id(actor), None)
-            self._pending.pop(id(actor), None)
-            self._unwell_since.pop(id(actor), None)
+            self._forget(actor)
             # One that was on its way out is not replaced, above the floor.
             retired = actor is self._retiring and len(self._actors) >= self.min_replicas
             if actor is self._retiring:
