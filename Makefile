@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test venvs test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-v2-path bench-callgrind clean chromium sandbox-python \
+	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-mux-turns bench-v2-path bench-callgrind clean chromium sandbox-python \
 	openreward-sdk openenv-peer
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -105,7 +105,8 @@ pytest: $(STAMP) chromium sandbox-python $(OR_STAMP) $(PEER_STAMP)
 
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz test-pythons bench-tools bench-coding bench-spawn \
-	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-v2-path
+	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-mux-turns \
+	bench-v2-path
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -142,9 +143,13 @@ bench-straggler: $(STAMP)
 # Protocol v2 against v1, RemoteVectorEnv against SyncVectorEnv, 16,384 sessions; v2 and the
 # vector session also as they were at MUX_BASELINE, the previous session's main
 # (MUX_BASELINE= leaves them out).
-MUX_BASELINE ?= 12cefae
+MUX_BASELINE ?= 99e26c6
 bench-multiplex: $(STAMP)
 	$(BIN)/python benchmarks/multiplex.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
+
+# The echo v2/v1 ratio over many short turns of both loads on one server: median and spread.
+bench-mux-turns: $(STAMP)
+	$(BIN)/python benchmarks/mux_turns.py
 
 # The loop thread's CPU per v2 step without sockets, this tree against MUX_BASELINE.
 bench-v2-path: $(STAMP)
