@@ -431,7 +431,7 @@ import time
 
 from echo_env.server.app import app
 
-time.sleep(4)  # every start loads something slow: a model, a dataset...
+time.sleep(5)  # every start loads something slow: a model, a dataset...
 """
 
 
@@ -442,10 +442,12 @@ def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
     # and again, each replica was given up before it served, for ever; each
     # start given up doubles the next one's time, so one comes up.
     folder, _, environ = echo_with_app(tmp_path, SLOW_START_APP)
-    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=3, environ=environ)
+    # Given 4, 8, 16, then 32 s (the most), a start may take up to 32 s on a
+    # loaded machine: until() waits for all of them.
+    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=4, environ=environ)
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a replica serving", seconds=120)
-        assert "not up within its start_timeout, 3s; the next start is given 6s" in caplog.text
+        assert "not up within its start_timeout, 4s; the next start is given 8s" in caplog.text
         assert len(fleet.where()) == 1  # each given up was replaced, none added beside
         with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
