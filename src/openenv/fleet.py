@@ -151,7 +151,7 @@ class Fleet:
         # doubled after each start that took longer. Once up, a replica is allowed
         # start_timeout again (a restart, or its health unanswered).
         self._allowed: dict[int, float] = {}
-        self._next_allowance = start_timeout
+        self._raised_allowance: float | None = None  # None: start_timeout
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle_since: float | None = None
@@ -283,7 +283,7 @@ class Fleet:
         )
         with self._lock:
             self._actors.append(actor)
-            self._allowed[id(actor)] = self._next_allowance
+            self._allowed[id(actor)] = self._raised_allowance or self.start_timeout
 
     def _retire(self) -> None:
         """Begin removing a replica: listed as draining, it gets no new session
@@ -444,12 +444,13 @@ class Fleet:
         long (a start this slow may be this machine's usual one, not a hang)."""
         allowed = self._allowed.get(id(actor), self.start_timeout)
         doubled = min(2 * allowed, _MOST_PATIENCE * self.start_timeout)
-        self._next_allowance = max(self._next_allowance, doubled)  # a restart's is less
+        # A restart's allowance may be below one a new replica got earlier.
+        self._raised_allowance = max(self._raised_allowance or 0.0, doubled)
         if allowed == self.start_timeout:
             late = f"not up within its start_timeout, {allowed:g}s"
         else:
             late = f"not up within {allowed:g}s (start_timeout {self.start_timeout:g}s, doubled)"
-        return f"{late}; the next start is given {self._next_allowance:g}s"
+        return f"{late}; the next start is given {self._raised_allowance:g}s"
 
     def _forget(self, actor: Any) -> None:
         """Drop what is kept about a replica that is gone (with the lock held)."""
