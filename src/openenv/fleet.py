@@ -145,7 +145,7 @@ class Fleet:
         # A replica starting (or restarting) is a where() call not yet answered.
         self._pending: dict[int, Any] = {}
         # Since when a replica has not served (from its start, or its health's last
-        # failure): room on its way, which scaling waits for up to start_timeout.
+        # failure): room on its way, which scaling waits for up to its allowance (below).
         self._unwell_since: dict[int, float] = {}
         # How long each replica's start may take, and the next one's: start_timeout,
         # doubled after each start that took longer. Once up, a replica is allowed
