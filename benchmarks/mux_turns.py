@@ -39,9 +39,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from run import PY, ROOT, Running, Server, load_argv  # noqa: E402
-
-ECHO_STEP = json.dumps({"message": "hello"})
+from run import ECHO_ACTION, PY, ROOT, Running, Server, load_argv  # noqa: E402
 
 
 def steps_served(url: str) -> float:
@@ -66,7 +64,7 @@ def turns(pairs: int, turn: float, settle: float) -> dict[str, Any]:
     # Long enough for every turn; both are stopped (killed) once the turns are done.
     lasting = str(60 + 2 * pairs * turn * 2)
     v1 = subprocess.Popen(
-        load_argv(url, 512, ECHO_STEP, "--duration", lasting),
+        load_argv(url, 512, ECHO_ACTION, "--duration", lasting),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

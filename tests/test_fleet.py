@@ -377,15 +377,17 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
 START_TIMEOUT = 10
 
 
-def one_replica_with_app(tmp_path: Path, app: str) -> tuple[Fleet, Path]:
-    """A fleet of one replica of ``echo_with_app``, given up after START_TIMEOUT."""
+def one_replica_with_app(
+    tmp_path: Path, app: str, start_timeout: float = START_TIMEOUT
+) -> tuple[Fleet, Path]:
+    """A fleet of one replica of ``echo_with_app``, given up after ``start_timeout``."""
     folder, marker, environ = echo_with_app(tmp_path, app)
     fleet = Fleet(
         folder,
         replicas=1,
         num_cpus=0.25,
         interval=0.2,
-        start_timeout=START_TIMEOUT,
+        start_timeout=start_timeout,
         environ=environ,
     )
     return fleet, marker
@@ -441,10 +443,9 @@ def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
     # Every start takes longer than start_timeout. Given the same time again
     # and again, each replica was given up before it served, for ever; each
     # start given up doubles the next one's time, so one comes up.
-    folder, _, environ = echo_with_app(tmp_path, SLOW_START_APP)
     # Given 4, 8, 16, then 32 s (the most), a start may take up to 32 s on a
     # loaded machine: until() waits for all of them.
-    fleet = Fleet(folder, replicas=1, num_cpus=0.25, interval=0.2, start_timeout=4, environ=environ)
+    fleet, _ = one_replica_with_app(tmp_path, SLOW_START_APP, start_timeout=4)
     with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
         until(lambda: len(healthy(url)) == 1, "a replica serving", seconds=120)
         assert "not up within its start_timeout, 4s; the next start is given 8s" in caplog.text
