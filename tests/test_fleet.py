@@ -438,20 +438,44 @@ time.sleep(5)  # every start loads something slow: a model, a dataset...
 
 
 def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
-    two_nodes: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    two_nodes: list[str], tmp_path: Path
 ) -> None:
     # Every start takes longer than start_timeout. Given the same time again
     # and again, each replica was given up before it served, for ever; each
-    # start given up doubles the next one's time, so one comes up.
+    # start given up doubles the next one's time, so one comes up. Through
+    # `openenv serve --ray --start-timeout`, as a user with a slow app sets it.
     # Given 4, 8, 16, then 32 s (the most), a start may take up to 32 s on a
     # loaded machine: until() waits for all of them.
-    fleet, _ = one_replica_with_app(tmp_path, SLOW_START_APP, start_timeout=4)
-    with caplog.at_level(logging.WARNING, logger="openenv"), fleet as url:
+    import ray
+
+    folder, _, _ = echo_with_app(tmp_path, SLOW_START_APP)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [
+                *(OPENENV, "serve", str(folder), "--ray", "--start-timeout", "4"),
+                *("--num-cpus", "0.25", "--port", "0"),
+            ],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+            start_new_session=True,
+        )
+    try:
+        until(lambda: "clients: ServerPool(" in out.read_text(), "the banner", 120)
+        url = re.search(r"ServerPool\('(\S+)'\)", out.read_text()).group(1)  # type: ignore[union-attr]
         until(lambda: len(healthy(url)) == 1, "a replica serving", seconds=120)
-        assert "not up within its start_timeout, 4s; the next start is given 8s" in caplog.text
-        assert len(fleet.where()) == 1  # each given up was replaced, none added beside
+        said = out.read_text()
+        assert "not up within its start_timeout, 4s; the next start is given 8s" in said, said
+        # Each given up was replaced, none added beside it.
+        assert len(httpx.get(f"{url}/replicas").json()["replicas"]) == 1
         with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 FREEZES_ON_REQUEST_APP = """

@@ -228,6 +228,14 @@ def serve_command(
     num_cpus: Annotated[
         float, typer.Option(min=0.0, help="--ray: CPUs Ray reserves for each replica.")
     ] = 1.0,
+    start_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="--ray: seconds a replica may go without serving before it is replaced "
+            "(a start given up doubles the next one's, up to 8 times this).",
+        ),
+    ] = 300.0,
 ) -> None:
     """Serve the environment in PATH (default: this folder) over WebSocket sessions."""
     if ray:
@@ -243,6 +251,7 @@ def serve_command(
                 max_replicas=max_replicas,
                 max_sessions=max_sessions,
                 num_cpus=num_cpus,
+                start_timeout=start_timeout,
             )
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
