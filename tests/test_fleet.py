@@ -5,6 +5,7 @@ Scaling is in ``test_fleet_scaling.py``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -280,33 +282,37 @@ def test_a_fleet_whose_app_cannot_load_refuses_to_start(
     assert re.search(f"^error: {said}$", done.stderr, re.MULTILINE), done.stderr
 
 
-def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
-    two_nodes: list[str], tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def openenv_serve_ray(folder: Path, out: Path, *flags: str) -> Iterator[str]:
+    """``openenv serve FOLDER --ray FLAGS`` on the test's cluster, its output in
+    ``out``; the fleet's address once its banner is out. Interrupted (SIGINT) at
+    the end, it must exit 0."""
     import ray
 
-    address = ray.get_runtime_context().gcs_address
-    out = tmp_path / "serve.out"
     with out.open("wb") as stdout:
         proc = subprocess.Popen(
-            [
-                *(OPENENV, "serve", str(ECHO), "--ray", "--replicas", "2"),
-                *("--num-cpus", "0.25", "--port", "0", "--max-sessions", "4"),
-            ],
+            [OPENENV, "serve", str(folder), "--ray", "--port", "0", *flags],
             stdout=stdout,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "RAY_ADDRESS": address},
+            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
             start_new_session=True,
         )
     try:
         until(lambda: "clients: ServerPool(" in out.read_text(), "the banner", 120)
-        url = re.search(r"ServerPool\('(\S+)'\)", out.read_text()).group(1)  # type: ignore[union-attr]
-        until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+        yield re.search(r"ServerPool\('(\S+)'\)", out.read_text()).group(1)  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, out.read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    flags = ("--replicas", "2", "--num-cpus", "0.25", "--max-sessions", "4")
+    with openenv_serve_ray(ECHO, tmp_path / "serve.out", *flags) as url:
+        until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
 
 
 def echo_with_app(tmp_path: Path, app: str) -> tuple[Path, Path, dict[str, str]]:
@@ -446,24 +452,9 @@ def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
     # `openenv serve --ray --start-timeout`, as a user with a slow app sets it.
     # Given 4, 8, 16, then 32 s (the most), a start may take up to 32 s on a
     # loaded machine: until() waits for all of them.
-    import ray
-
     folder, _, _ = echo_with_app(tmp_path, SLOW_START_APP)
     out = tmp_path / "serve.out"
-    with out.open("wb") as stdout:
-        proc = subprocess.Popen(
-            [
-                *(OPENENV, "serve", str(folder), "--ray", "--start-timeout", "4"),
-                *("--num-cpus", "0.25", "--port", "0"),
-            ],
-            stdout=stdout,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
-            start_new_session=True,
-        )
-    try:
-        until(lambda: "clients: ServerPool(" in out.read_text(), "the banner", 120)
-        url = re.search(r"ServerPool\('(\S+)'\)", out.read_text()).group(1)  # type: ignore[union-attr]
+    with openenv_serve_ray(folder, out, "--start-timeout", "4", "--num-cpus", "0.25") as url:
         until(lambda: len(healthy(url)) == 1, "a replica serving", seconds=120)
         said = out.read_text()
         assert "not up within its start_timeout, 4s; the next start is given 8s" in said, said
@@ -471,11 +462,6 @@ def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
         assert len(httpx.get(f"{url}/replicas").json()["replicas"]) == 1
         with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0, out.read_text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 FREEZES_ON_REQUEST_APP = """
