@@ -56,6 +56,11 @@ def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None
         time.sleep(0.1)
 
 
+def replicas(url: str) -> list[dict[str, Any]]:
+    """Every replica a fleet's directory lists, whatever its status."""
+    listed: list[dict[str, Any]] = httpx.get(f"{url}/replicas").json()["replicas"]
+    return listed
+
+
 def healthy(url: str) -> list[dict[str, Any]]:
-    replicas: list[dict[str, Any]] = httpx.get(f"{url}/replicas").json()["replicas"]
-    return [r for r in replicas if r["status"] == "healthy"]
+    return [r for r in replicas(url) if r["status"] == "healthy"]

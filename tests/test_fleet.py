@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fleet_kit import COUNTER, ECHO, healthy, until
+from fleet_kit import COUNTER, ECHO, healthy, replicas, until
 
 from echo_env.models import EchoAction
 from openenv import (
@@ -107,8 +107,8 @@ class KillsItsReplica:
         for n in range(5):
             if n == 2 and session.task.id == self.victim and self._first():
                 where = urlsplit(session.client.url).netloc
-                replicas = await asyncio.to_thread(healthy, self.fleet_url)
-                pid = next(r["pid"] for r in replicas if urlsplit(r["url"]).netloc == where)
+                up = await asyncio.to_thread(healthy, self.fleet_url)
+                pid = next(r["pid"] for r in up if urlsplit(r["url"]).netloc == where)
                 self.marker.write_text(str(pid))
                 os.kill(pid, signal.SIGKILL)
             await session.step(EchoAction(message=f"{session.task.id}/{n}"))
@@ -246,9 +246,7 @@ def test_a_degraded_replica_still_serves_through_the_fleets_address(
         assert asyncio.run(step("block")) == "block"
 
         def degraded() -> bool:
-            return [r["status"] for r in httpx.get(f"{url}/replicas").json()["replicas"]] == [
-                "degraded"
-            ]
+            return [r["status"] for r in replicas(url)] == ["degraded"]
 
         until(degraded, "the replica's /health saying degraded")
         # Slowed, not down: sessions still go there, and the address says so.
@@ -383,17 +381,15 @@ def test_a_replica_that_cannot_restart_is_replaced_and_scaling_goes_on(
 START_TIMEOUT = 10
 
 
-def one_replica_with_app(
-    tmp_path: Path, app: str, start_timeout: float = START_TIMEOUT
-) -> tuple[Fleet, Path]:
-    """A fleet of one replica of ``echo_with_app``, given up after ``start_timeout``."""
+def one_replica_with_app(tmp_path: Path, app: str) -> tuple[Fleet, Path]:
+    """A fleet of one replica of ``echo_with_app``, given up after START_TIMEOUT."""
     folder, marker, environ = echo_with_app(tmp_path, app)
     fleet = Fleet(
         folder,
         replicas=1,
         num_cpus=0.25,
         interval=0.2,
-        start_timeout=start_timeout,
+        start_timeout=START_TIMEOUT,
         environ=environ,
     )
     return fleet, marker
@@ -459,7 +455,7 @@ def test_replicas_slower_to_start_than_start_timeout_come_up_with_more_time(
         said = out.read_text()
         assert "not up within its start_timeout, 4s; the next start is given 8s" in said, said
         # Each given up was replaced, none added beside it.
-        assert len(httpx.get(f"{url}/replicas").json()["replicas"]) == 1
+        assert len(replicas(url)) == 1
         with WebSocketEnvClient(url) as env:
             assert env.reset().observation.echoed_message == ""
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
-from fleet_kit import ECHO, healthy, until
+from fleet_kit import ECHO, healthy, replicas, until
 
 from echo_env.models import EchoAction
 from openenv import ServerPool, WebSocketEnvClient
@@ -65,8 +64,7 @@ def test_the_fleet_adds_one_replica_and_waits_for_it_before_adding_another(
 
 
 def draining(url: str) -> list[dict[str, Any]]:
-    replicas: list[dict[str, Any]] = httpx.get(f"{url}/replicas").json()["replicas"]
-    return [r for r in replicas if r["status"] == "draining"]
+    return [r for r in replicas(url) if r["status"] == "draining"]
 
 
 def test_a_replica_on_its_way_out_gets_no_new_session_and_keeps_one_it_got(
