@@ -144,6 +144,33 @@ async def test_foreign_origin_cannot_open_sessions() -> None:
     assert len(tracker.created) == 2
 
 
+def test_a_foreign_page_cannot_act_over_http_either() -> None:
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PingEnvironment, tracker),
+        Ping,
+        Pong,
+        allowed_origins=("https://trusted.example",),
+    )
+    with run_server(app) as url, httpx.Client(base_url=url) as http:
+        evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+        # A form or fetch() with a text/plain body: what a page may send any
+        # origin without asking first (only the answer is kept from it).
+        for path, body in (("/reset", b"{}"), ("/step", b'{"action": {}}'), ("/create", b"{}")):
+            refused = http.post(path, content=body, headers=evil)
+            assert refused.status_code == 403, path
+            assert refused.json() == {"detail": "origin http://evil.example may not open sessions"}
+        assert tracker.created == []
+        assert http.get("/schema", headers=evil).status_code == 200  # reads stay open
+        host = url.removeprefix("http://")
+        for origin in (None, f"http://{host}", "https://trusted.example"):
+            headers = {} if origin is None else {"Origin": origin}
+            assert http.post("/reset", json={}, headers=headers).status_code == 200, origin
+            stepped = http.post("/step", json={"action": {}}, headers=headers)
+            assert stepped.json()["observation"]["count"] == 1, origin
+    assert len(tracker.created) == 6
+
+
 async def test_v2_clients_need_the_key_too(keyed_url: tuple[str, Tracker]) -> None:
     url, tracker = keyed_url
     with pytest.raises(AuthenticationError):

@@ -45,9 +45,13 @@ KEY_SUBPROTOCOL_PREFIX = "openenv.key."
 # The web page's own files are public (a browser cannot attach a key to
 # <script src>); what it loads from the server, and its sessions, are not.
 PUBLIC_PATHS = frozenset({"/health", "/web"})
-# Routes a page could use to act, not just read: a browser's Origin is checked there.
-# (/create and /call are OpenReward's: server/openreward.py checks them by these names.)
-_ORIGIN_CHECKED_PATHS = frozenset({"/mcp", "/create", "/call"})
+# A browser's Origin is checked wherever a page could act, not just read: on
+# WebSockets, on every method but these (a foreign page may send a POST without
+# asking, and only its answer is kept from it), and on /mcp whatever the method
+# (its GET opens a session's event stream). OpenReward's routes check the same
+# way through ``refusal`` (server/openreward.py).
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_ORIGIN_CHECKED_PATHS = frozenset({"/mcp"})
 # Host values whose answer HostAllowList keeps; past this many it starts over.
 _SEEN_HOSTS = 64
 
@@ -129,7 +133,8 @@ class HostAllowList:
 
 class AccessGuard:
     """Check the ``Host`` on every request, the API key (when set) on every
-    non-public route, and a trusted ``Origin`` on WebSockets and ``/mcp``."""
+    non-public route, and a trusted ``Origin`` on WebSockets, ``/mcp`` and every
+    request that may act (any method but GET, HEAD and OPTIONS)."""
 
     def __init__(
         self,
@@ -162,7 +167,9 @@ class AccessGuard:
         if host is not None and not self._hosts.allows(host):
             return 403, _host_refusal(host)
         if (
-            scope["type"] == "websocket" or path in _ORIGIN_CHECKED_PATHS
+            scope["type"] == "websocket"
+            or scope["method"] not in _SAFE_METHODS
+            or path in _ORIGIN_CHECKED_PATHS
         ) and not self._origin_allowed(headers):
             return 403, f"origin {headers.get('origin')} may not open sessions"
         if self._key is not None and not is_public(path):
