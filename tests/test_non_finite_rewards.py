@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium
+import httpx
 import numpy as np
 import orjson
 import pytest
@@ -126,6 +127,13 @@ async def test_a_v2_batch_returns_each_sessions_reward(url: str) -> None:
         assert all(math.isnan(r.reward or 0.0) for r in await mux.reset(sessions))
         results = await mux.step(sessions, [Pick(reward=k) for k in kinds])
     assert [same(r.reward, REWARDS[k]) for r, k in zip(results, kinds, strict=True)] == [True] * 4
+
+
+def test_openenvs_http_calls_write_the_reward_as_text(url: str) -> None:
+    reset = orjson.loads(httpx.post(f"{url}/reset", json={}).content)  # strict JSON
+    step = orjson.loads(httpx.post(f"{url}/step", json={"action": {"reward": "inf"}}).content)
+    assert (reset["reward"], step["reward"]) == ("NaN", "Infinity")
+    assert step["observation"]["seen"] == 1.0
 
 
 async def test_the_frame_is_json_with_the_reward_as_text(url: str) -> None:

@@ -197,6 +197,41 @@ def test_bodies_that_are_too_big_or_not_json_are_refused_and_hold_nothing() -> N
         assert call(url, "POST", "/reset", {})[0] == 200  # and the one slot is free
 
 
+@pytest.mark.parametrize("path", ["/reset", "/step", "/tasks"])
+async def test_a_client_that_leaves_mid_body_is_answered_and_nothing_is_raised(path: str) -> None:
+    # What uvicorn hands the app when a client sends part of its body and hangs
+    # up; whatever the app raises, uvicorn logs as a traceback, for every such client.
+    app = create_app(_Counter, _Bump, _Count, env_name="c", max_concurrent_envs=1)
+    arriving = iter(
+        [{"type": "http.request", "body": b'{"act', "more_body": True}, {"type": "http.disconnect"}]
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(arriving)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1:8000"), (b"content-length", b"100")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert b"left before sending its whole body" in sent[1]["body"]
+
+
 class _Bump(Action):
     pass
 

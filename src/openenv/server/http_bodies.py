@@ -1,4 +1,5 @@
-"""HTTP request bodies read up to a limit, for the routes that take one (MCP, OpenReward).
+"""HTTP request bodies read up to a limit, for the routes that take one (MCP,
+OpenReward, OpenEnv's ``POST /reset`` and ``/step``).
 
 Neither uvicorn nor Starlette bounds a request body, so a route that reads
 one whole would hold whatever a client sends. ``read_body`` refuses a body
@@ -10,12 +11,13 @@ announces a gigabyte, or streams for ever, costs the server ``limit`` bytes.
 from __future__ import annotations
 
 from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope
 
 from openenv.errors import OpenEnvError
 
-__all__ = ["BodyTooLarge", "read_body", "replay"]
+__all__ = ["BodyTooLarge", "read_body", "replay", "route_body"]
 
 
 class BodyTooLarge(OpenEnvError):
@@ -45,6 +47,18 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             raise BodyTooLarge(limit)
         if not message.get("more_body", False):
             return bytes(body)
+
+
+async def route_body(request: Request, limit: int) -> bytes:
+    """``read_body`` for a route: past the limit a 413, and a 400 for a client that
+    left before its whole body came, which Starlette answers quietly (the client
+    is gone) instead of logging a traceback for each."""
+    try:
+        return await read_body(request.scope, request.receive, limit)
+    except BodyTooLarge as exc:
+        raise HTTPException(413, str(exc)) from None
+    except ClientDisconnect:
+        raise HTTPException(400, "the client left before sending its whole body") from None
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from openenv.server import openreward_wire as wire
-from openenv.server.http_bodies import BodyTooLarge, read_body
+from openenv.server.http_bodies import route_body
 from openenv.server.service import EnvService
 from openenv.tasks import unknown_split_message
 
@@ -40,10 +40,7 @@ def session_id(request: Request) -> str:
 
 async def body(request: Request, model: type[_B], service: EnvService) -> _B:
     """The JSON body as ``model``: 413 past ``max_message_size``, 422 when it does not fit."""
-    try:
-        raw = await read_body(request.scope, request.receive, service.settings.max_message_size)
-    except BodyTooLarge as exc:
-        fail(413, str(exc))
+    raw = await route_body(request, service.settings.max_message_size)
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:

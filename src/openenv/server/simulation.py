@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute
 from openenv import protocol
 from openenv.protocol import ErrorCode
 from openenv.server import calls
-from openenv.server.http_bodies import BodyTooLarge, read_body
+from openenv.server.http_bodies import route_body
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session
 from openenv.types import EnvironmentMetadata
@@ -55,10 +55,7 @@ def _service(request: Request) -> EnvService:
 
 
 async def _body(request: Request, service: EnvService) -> dict[str, Any]:
-    try:
-        raw = await read_body(request.scope, request.receive, service.settings.max_message_size)
-    except BodyTooLarge as exc:
-        raise HTTPException(413, str(exc)) from None
+    raw = await route_body(request, service.settings.max_message_size)
     try:
         value = orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError:
@@ -132,7 +129,7 @@ def _observation(message: protocol.ServerMessage) -> Response:
     # OpenEnv's shape: the metadata inside the observation, and beside it when any.
     body = {
         "observation": {"metadata": data.metadata, **data.observation},
-        "reward": data.reward,
+        "reward": protocol.reward_value(data.reward),  # a NaN as "NaN", as on /ws
         "done": data.done,
         "metadata": data.metadata or None,
     }
