@@ -44,6 +44,8 @@ def test_valid_client_frames_decode(frame: str | bytes, kind: type) -> None:
         ('{"type": "step", "id": "s"}', ErrorCode.VALIDATION_ERROR, "s"),
         ('{"type": "step", "data": []}', ErrorCode.VALIDATION_ERROR, None),
         ('{"type": "state", "data": {}, "extra": 1}', ErrorCode.VALIDATION_ERROR, None),
+        ('{"type": "state", "id": true}', ErrorCode.VALIDATION_ERROR, None),  # not id 1
+        ('{"type": "state", "id": 2.0}', ErrorCode.VALIDATION_ERROR, None),
     ],
 )
 def test_bad_client_frames_name_the_problem(
@@ -222,5 +224,6 @@ def test_plain_step_takes_exactly_the_steps_validation_takes_unchanged(frame: di
         assert (message.data, message.id) == step  # type: ignore[union-attr]
         assert set(frame) <= {"type", "data", "id"}
     elif is_step and set(frame) <= {"type", "data", "id"}:
-        # Validation may coerce what plain_step leaves to it (a bool id): never a dict data.
-        assert type(frame.get("data")) is not dict or type(frame.get("id")) not in (int, str)
+        # Validation may coerce what plain_step leaves to it (a mapping that is
+        # not a dict), never an id: a bool id is refused by both.
+        assert type(frame.get("data")) is not dict

@@ -22,9 +22,9 @@ answer a frame with an error.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Strict, ValidationError
 
 from openenv.errors import ServerSideError
 
@@ -39,7 +39,9 @@ __all__ = [
     "wire_errors",
 ]
 
-RequestId = int | str
+# Strict: a ``true`` id is refused, not answered as ``1`` (pydantic's lax int),
+# as the paths that check an id by hand (``type(id) is int``) refuse it too.
+RequestId = Annotated[int, Strict()] | str
 
 
 class ErrorCode(StrEnum):
