@@ -348,10 +348,24 @@ class AsyncExitingLater(PingEnvironment):
         raise SystemExit(3)
 
 
+class AwaitsACancelledFuture(PingEnvironment):
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        # Its own CancelledError (some other code cancelled what it awaited),
+        # not a cancellation of the server's task.
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        return await future  # type: ignore[no-any-return]
+
+
+class RaisesCancelled(PingEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        raise asyncio.CancelledError
+
+
 @pytest.mark.parametrize(
     "env_cls",
-    [Exiting, AsyncExiting, AsyncExitingLater],
-    ids=["def", "async", "async-after-suspending"],
+    [Exiting, AsyncExiting, AsyncExitingLater, AwaitsACancelledFuture, RaisesCancelled],
+    ids=["def", "async", "async-after-suspending", "async-cancelled", "def-cancelled"],
 )
 @pytest.mark.parametrize("ws_protocol", [OURS, STOCK])
 async def test_a_step_that_raises_a_base_exception_ends_only_its_session(

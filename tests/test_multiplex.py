@@ -188,6 +188,80 @@ async def test_a_fatal_error_closes_only_its_session() -> None:
             assert (await sessions[2].step(Ping())).observation.count == 2
 
 
+async def test_what_waited_behind_a_step_past_its_deadline_is_answered_at_once() -> None:
+    tracker, gate = Tracker(), threading.Event()
+    with run_server(ping_app(tracker, max_envs=2, gate=gate, step_timeout=0.2)) as url:
+        ws = await raw_v2(url)
+        try:
+            await open_sessions(ws, 1)
+            await send(
+                ws,
+                [
+                    {"session": 0, "type": "step", "data": {"block": True}, "id": 1},
+                    {"session": 0, "type": "state", "id": 2},
+                    {"session": 0, "type": "open", "id": 3},
+                    {"session": 0, "type": "step", "data": {}, "id": 4},
+                ],
+            )
+            # All of it while the first step's thread is still blocked on the gate:
+            # nothing waits for close(), which waits for that thread.
+            got = await replies(ws, 5)
+            assert [(r.get("id"), r["type"]) for r in got] == [
+                (1, "error"),
+                (None, "closed"),
+                (2, "error"),
+                (3, "opened"),
+                (4, "observation"),
+            ]
+            assert got[0]["data"]["code"] == "TIMEOUT"
+            assert got[2]["data"]["code"] == "SESSION_ERROR"
+            assert got[4]["data"]["observation"]["count"] == 1  # a new environment
+        finally:
+            gate.set()
+            await ws.close()
+        await tracker.until_closed(2)
+        await slots_free(url)
+
+
+async def test_close_then_open_of_one_name_is_served_in_order() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=1)) as url:  # the open needs the close's slot
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": 0, "type": "open", "id": 1}])
+            (first,) = await replies(ws, 1)
+            await send(
+                ws,
+                [
+                    {"session": 0, "type": "step", "data": {}, "id": 2},
+                    {"session": 0, "type": "close", "id": 3},
+                    {"session": 0, "type": "open", "id": 4},
+                    {"session": 0, "type": "step", "data": {}, "id": 5},
+                    {"session": 0, "type": "open", "id": 6},
+                ],
+            )
+            got = await replies(ws, 5)
+            assert [(r["id"], r["type"]) for r in got] == [
+                (2, "observation"),
+                (3, "closed"),
+                (4, "opened"),
+                (5, "observation"),
+                (6, "error"),
+            ]
+            assert got[2]["data"]["session_id"] != first["data"]["session_id"]
+            assert got[3]["data"]["observation"]["count"] == 1  # a new environment
+            assert "already open" in got[4]["data"]["message"]
+            # The same in two frames, sent before any reply is read.
+            await send(ws, [{"session": 0, "type": "close", "id": 7}])
+            await send(ws, [{"session": 0, "type": "open", "id": 8}])
+            got = await replies(ws, 2)
+            assert [(r["id"], r["type"]) for r in got] == [(7, "closed"), (8, "opened")]
+        finally:
+            await ws.close()
+        await tracker.until_closed(3)
+        await slots_free(url)
+
+
 async def test_a_slow_session_delays_only_its_own_reply() -> None:
     tracker, gate = Tracker(), threading.Event()
     with run_server(ping_app(tracker, gate=gate)) as url:
@@ -441,7 +515,27 @@ class Exiting(PingEnvironment):
         return super().step(action)
 
 
-@pytest.mark.parametrize("env_cls", [AsyncExiting, Exiting])
+class AsyncCancelled(AsyncPingEnvironment):
+    """An ``async def`` step that awaits a future some other code cancelled."""
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        if action.fail:
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            await future
+        return await super().step(action)
+
+
+class Cancelled(PingEnvironment):
+    """A plain ``def`` step that raises ``CancelledError`` when asked to fail."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        if action.fail:
+            raise asyncio.CancelledError
+        return super().step(action)
+
+
+@pytest.mark.parametrize("env_cls", [AsyncExiting, Exiting, AsyncCancelled, Cancelled])
 async def test_a_step_raising_a_base_exception_ends_only_its_session(
     env_cls: type[PingEnvironment],
 ) -> None:

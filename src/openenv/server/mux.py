@@ -268,10 +268,9 @@ class MuxConnection:
         )
 
     def _start(self, key: SessionKey, item: dict[str, Any], lane: Lane | None) -> None:
-        if item.get("type") == "open":
-            if lane is not None:
-                self._reply(key, self._error(ErrorCode.VALIDATION_ERROR, _already_open(key), item))
-                return
+        # An ``open`` of a name in use waits its turn like any request of it: a
+        # ``close`` before it frees the name (``_hand_on``), else it is refused then.
+        if lane is None and item.get("type") == "open":
             lane = self.lanes[key] = Lane(self, key)
         elif lane is None:
             self._reply(key, self._error(ErrorCode.SESSION_ERROR, _not_open(key), item))
@@ -309,14 +308,24 @@ class MuxConnection:
                     self._reply(lane.key, reply)
                 if self.lanes.get(lane.key) is not lane:
                     break
-            while lane.queue:  # the session is gone: refuse what waited for it
-                left = lane.queue.popleft()
-                self._answered()
-                self._reply(
-                    lane.key, self._error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left)
-                )
+            self._hand_on(lane)  # the session is gone; anything left waited for it
         finally:
             lane.task = None
+
+    def _hand_on(self, lane: Lane) -> None:
+        """``lane``'s session has ended and its name is free: refuse what waited
+        for it, up to an ``open`` of the name, which begins a new lane with the
+        rest, in order (``close`` then ``open`` may come in one frame)."""
+        queue = lane.queue
+        while queue:
+            if queue[0].get("type") == "open" and lane.key not in self.lanes and not self._gone:
+                successor = self.lanes[lane.key] = Lane(self, lane.key)
+                successor.queue, lane.queue = queue, deque()
+                successor.task = self._spawn(self._serve(successor))
+                return
+            left = queue.popleft()
+            self._answered()
+            self._reply(lane.key, self._error(ErrorCode.SESSION_ERROR, _not_open(lane.key), left))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task of this connection's, which ``_end_all`` waits for."""
@@ -342,6 +351,8 @@ class MuxConnection:
         kind = item.get("type")
         request_id = _request_id(item)
         if kind == "open":
+            if lane.session is not None:
+                return self._error(ErrorCode.VALIDATION_ERROR, _already_open(lane.key), item)
             return await self._open(lane, request_id)
         session = lane.session
         assert session is not None
@@ -376,6 +387,9 @@ class MuxConnection:
                 reason, session.close_code, "the session ended after the error above"
             ),
         )
+        # What waited for it is answered now, not once close() is done: that
+        # waits for a call still running on a thread, which may never return.
+        self._hand_on(lane)
         return reason
 
     async def _open(self, lane: Lane, request_id: protocol.RequestId | None) -> str:
@@ -396,10 +410,14 @@ class MuxConnection:
         return protocol_v2.opened_frame(session.id, request_id)
 
     async def _close_lane(self, lane: Lane, reason: str) -> None:
-        if self.lanes.get(lane.key) is lane:
-            del self.lanes[lane.key]
-        if lane.session is not None:
-            await lane.session.aclose(reason)
+        """Close ``lane``'s session. Its name stays taken until it has closed, so
+        what is sent for the name meanwhile waits its turn behind the close."""
+        try:
+            if lane.session is not None:
+                await lane.session.aclose(reason)
+        finally:
+            if self.lanes.get(lane.key) is lane:
+                del self.lanes[lane.key]
 
     def _reply(self, key: SessionKey, frame: str) -> None:
         self.outbox.reply(key, frame)
@@ -411,7 +429,8 @@ class MuxConnection:
         self._gone = True
         lanes = list(self.lanes.values())
         for lane in lanes:
-            if lane.session is not None:
+            # One the client is closing keeps its close() call.
+            if lane.session is not None and lane.session.state is OPEN:
                 lane.session.cancel_queued("the connection closed")
             lane.queue.clear()
         running = list(self._tasks)  # lanes serving requests, and sessions closing
@@ -431,7 +450,8 @@ class MuxConnection:
         self._ending = reason
         message = "server shutting down"
         for lane in list(self.lanes.values()):
-            if lane.session is not None:
+            # A session the client is closing gets the reply to its close instead.
+            if lane.session is not None and lane.session.state is OPEN:
                 lane.session.cancel_queued(message)
                 self._reply(
                     lane.key, protocol_v2.closed_frame(reason, CloseCode.GOING_AWAY, message)
@@ -462,13 +482,16 @@ class MuxConnection:
         ):
             return  # it got work (or closed) since the sweep
         logger.info("session %s idle over its limit; closing", session.id)
-        await self._close_lane(lane, "idle_timeout")
+        # The name is free once the notice is out, as after an error: what the
+        # client sends for it after the notice must not wait on close().
+        del self.lanes[lane.key]
         self._reply(
             lane.key,
             protocol_v2.closed_frame(
                 "idle_timeout", CloseCode.GOING_AWAY, "session closed after being idle too long"
             ),
         )
+        await session.aclose("idle_timeout")
 
     def describe(self, task: asyncio.Task[Any]) -> str | None:
         for lane in list(self.lanes.values()):
@@ -480,7 +503,7 @@ class MuxConnection:
     def abort(self) -> None:
         """Drop the connection now; ``run``'s ``finally`` frees every slot."""
         for lane in list(self.lanes.values()):
-            if lane.session is not None:
+            if lane.session is not None and lane.session.state is OPEN:
                 lane.session.abandon()
         for task in list(self._tasks):  # lanes, and sessions that ended and are closing
             task.cancel()

@@ -119,11 +119,12 @@ class Session(SessionCore, DirectStepping):
             else:
                 reply = self.finish(work, True, value)
             return reply
-        except asyncio.CancelledError:
-            raise
         except BaseException as exc:
-            # SystemExit or the like out of an environment's coroutine: it ends
-            # this session, never the server (as on the direct path).
+            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                raise  # this task is: a shutdown, or the connection went away
+            # SystemExit or the like out of an environment's coroutine, or a
+            # CancelledError of its own (a future it awaited was cancelled): it
+            # ends this session, never the server (as on the direct path).
             reply = self.internal_error(exc, request.get("id") if request is not None else None)
             return reply
         finally:
@@ -160,14 +161,14 @@ class Session(SessionCore, DirectStepping):
         call = self.tool_call(name, arguments, request_id)
         try:
             value = await self._perform(call)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             failure = self.failure(call, exc)
             if failure.fatal:
                 self.refusal(failure)  # ends the session
             raise failure from None
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                raise
             # Out of the transport's task, a SystemExit would stop the whole
             # server (MCP's task group): it ends this session, as in ``handle``.
             self.internal_error(exc, request_id)
@@ -234,3 +235,10 @@ class Session(SessionCore, DirectStepping):
 
 
 _NOTHING_TO_CLOSE = Environment.close
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task has been asked to cancel (rather than some
+    coroutine it awaited raising ``CancelledError`` on its own)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
