@@ -114,6 +114,47 @@ async def test_a_reply_frame_that_is_not_the_protocol_fails_every_waiting_call(
         await mux.close()
 
 
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        ("error", {"code": "RATE_LIMITED", "message": "slow down"}),  # a code it does not know
+        ("error", {"message": "no code"}),
+        ("closed", {}),  # no reason
+    ],
+)
+async def test_a_malformed_reply_to_a_waiting_call_fails_it_at_once(
+    kind: str, data: dict[str, Any]
+) -> None:
+    def answer(requests: list[dict[str, Any]]) -> str:
+        replies = [
+            {"session": r["session"], "id": r["id"], "type": kind, "data": data} for r in requests
+        ]
+        return orjson.dumps(replies).decode()
+
+    async with fake_v2_server(opens_then(answer)) as url:
+        mux = client(url, message_timeout=None)  # only the reply can end the wait
+        sessions = await mux.open(2)
+        async with asyncio.timeout(30):
+            with pytest.raises(SessionClosedError, match="the connection failed"):
+                await mux.step(sessions, [Hold()] * 2)
+        assert mux.closed
+        await mux.close()
+
+
+async def test_an_opened_reply_without_its_session_id_fails_the_open_at_once() -> None:
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            opened = [{**r, "type": "opened", "data": {}} for r in orjson.loads(frame)]
+            await ws.send(orjson.dumps(opened).decode())
+
+    async with fake_v2_server(handler) as url:
+        mux = client(url, message_timeout=None)
+        async with asyncio.timeout(30):
+            with pytest.raises(SessionClosedError, match="the connection failed"):
+                await mux.open(2)
+        await mux.close()
+
+
 async def test_replies_for_no_waiting_request_are_passed_over() -> None:
     def answer(requests: list[dict[str, Any]]) -> str:
         stray = [

@@ -117,6 +117,22 @@ class MuxWire:
         key = item.pop("session", None)
         request_id = item.get("id")
         waiting = self._waiting.pop(request_id, None) if request_id is not None else None
+        try:
+            self._take(item, key, waiting)
+        except Exception:
+            # Not a reply this client can read: the reader loses the connection,
+            # and the call it answered fails with the rest, at once.
+            if waiting is not None and request_id is not None and not waiting[0].done():
+                self._waiting[request_id] = waiting
+            raise
+
+    def _take(
+        self,
+        item: dict[str, Any],
+        key: protocol_v2.SessionKey | None,
+        waiting: tuple[asyncio.Future[dict[str, Any]], MuxSession] | None,
+    ) -> None:
+        request_id = item.get("id")
         if item.get("type") == "closed":
             session = self.sessions.pop(key, None) if key is not None else None
             if session is not None:
