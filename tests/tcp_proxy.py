@@ -15,8 +15,10 @@ class TcpProxy:
     """Forward ``127.0.0.1:<port>`` to ``target``; ``cut()`` resets every open connection.
 
     Use as a context manager; ``url`` is the proxy's ``http://`` base URL,
-    ``accepted`` counts the connections it took, and ``retarget(url)`` sends
-    the next ones elsewhere (a server that came back on another port).
+    ``accepted`` counts the connections it took, ``retarget(url)`` sends
+    the next ones elsewhere (a server that came back on another port), and
+    ``stop_reading()`` makes the server look hung: nothing clients send is
+    taken any more, so once the buffers are full their writes wait.
     """
 
     def __init__(self, target_url: str) -> None:
@@ -28,7 +30,10 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy")
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.BaseTransport] = set()
+        self._clients: set[asyncio.BaseTransport] = set()  # the clients' side of each pair
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reading = threading.Event()
+        self._reading.set()
         self.url = ""
         self.accepted = 0
 
@@ -56,6 +61,11 @@ class TcpProxy:
         assert parts.port is not None
         self._target = (parts.hostname, parts.port)
 
+    def stop_reading(self) -> None:
+        """Take nothing more from the clients (what the server sends still flows)."""
+        self._reading.clear()
+        self._call(self._pause_clients())
+
     def cut(self) -> int:
         """Reset every connection open now (both sides see an abrupt close); keep listening."""
         return self._call(self._cut())
@@ -78,25 +88,44 @@ class TcpProxy:
             return
         pair = (writer.transport, up_writer.transport)
         self._transports.update(pair)
+        self._clients.add(writer.transport)
         try:
             await asyncio.gather(
-                self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+                self._pipe(reader, up_writer, self._reading),
+                self._pipe(up_reader, writer),
+                return_exceptions=True,
             )
         finally:
             for transport in pair:
                 transport.abort()
                 self._transports.discard(transport)
+            self._clients.discard(writer.transport)
             self._tasks.discard(task)
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        reading: threading.Event | None = None,
+    ) -> None:
         try:
-            while data := await reader.read(65536):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if reading is not None and not reading.is_set():
+                    await asyncio.Event().wait()  # stopped for good: until cut or closed
                 writer.write(data)
                 await writer.drain()
         finally:
             # Either side finishing ends the pair: HTTP/1.1 and WebSocket need no half-close.
             writer.transport.abort()
+
+    async def _pause_clients(self) -> None:
+        # Not even into the kernel's buffer: as if the server's process were stopped.
+        for transport in self._clients:
+            assert isinstance(transport, asyncio.ReadTransport)
+            transport.pause_reading()
 
     async def _cut(self) -> int:
         transports = list(self._transports)

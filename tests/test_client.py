@@ -13,6 +13,7 @@ from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, slots_free
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
+from tcp_proxy import TcpProxy
 
 from echo_env import EchoAction, EchoEnv
 from openenv import (
@@ -98,6 +99,32 @@ async def test_message_timeout_raises_instead_of_hanging() -> None:
             await client.step(Ping(block=True))
         gate.set()
         await client.close()
+
+
+async def test_a_server_that_stops_reading_times_out_the_call_and_close_is_bounded() -> None:
+    # An action larger than every buffer on the way (loopback's grow to 32 MiB):
+    # its send waits on the server.
+    big = Ping(message="x" * 64_000_000)
+    # No pings either way: only the client's own limits can end its waits.
+    with run_server(create_app(PingEnvironment, Ping, Pong), ws_ping_interval=None) as url:
+        with TcpProxy(url) as proxy:
+            client = WebSocketEnvClient(
+                proxy.url,
+                action_cls=Ping,
+                observation_cls=Pong,
+                message_timeout=0.5,
+                connect_timeout=1,
+                ping_interval=None,
+            )
+            await client.reset()
+            proxy.stop_reading()
+            async with asyncio.timeout(60):  # a guard: without the limits both wait for ever
+                with pytest.raises(EnvTimeoutError, match=r"no reply to 'step' within 0\.5s"):
+                    await client.step(big)
+                await client.close()
+            with pytest.raises(SessionClosedError):
+                await client.step(Ping())
+        await slots_free(url)  # the proxy cut the server's side on exit
 
 
 @pytest.mark.parametrize("given_up", ["timed out", "cancelled"])

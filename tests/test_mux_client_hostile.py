@@ -215,6 +215,33 @@ async def test_closing_while_a_step_hangs_returns_and_the_server_frees_the_slots
         await slots_free(url)
 
 
+async def test_closing_when_the_server_stopped_reading_is_bounded_by_connect_timeout() -> None:
+    tracker = Tracker()
+    app = create_app(functools.partial(PingEnvironment, tracker), Ping, Pong)
+    # No pings either way: only the client's own limits can end its waits.
+    with run_server(app, ws_ping_interval=None) as url:
+        with TcpProxy(url) as proxy:
+            mux = MuxClient(
+                proxy.url,
+                action_cls=Ping,
+                observation_cls=Pong,
+                message_timeout=0.5,
+                connect_timeout=1,
+                ping_interval=None,
+            )
+            (session,) = await mux.open(1)
+            await session.reset()
+            proxy.stop_reading()
+            async with asyncio.timeout(60):  # a guard: without the limit close() waits for ever
+                with pytest.raises(EnvTimeoutError):
+                    # Larger than every buffer on the way (loopback's grow to 32 MiB).
+                    await session.step(Ping(message="x" * 64_000_000))
+                await mux.close()
+            assert mux.closed
+        await tracker.until_closed(1)  # the proxy cut the server's side on exit
+        await slots_free(url)
+
+
 async def test_a_session_opened_after_its_caller_gave_up_is_closed_again() -> None:
     tracker = Tracker()
     one_slot = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)

@@ -25,7 +25,7 @@ from openenv.client._base import (
 )
 from openenv.client.loop_aware import close_when_dropped, loop_aware
 from openenv.client.pool import ServerPool, as_pool
-from openenv.client.sockets import closed_error, open_socket
+from openenv.client.sockets import close_by, closed_error, deadline_in, open_socket
 from openenv.client.sync import run_sync
 from openenv.errors import (
     AuthenticationError,
@@ -282,8 +282,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         self._forget_drop()
         if ws is None:
             return
+        deadline = deadline_in(self.connect_timeout)  # one limit for all of closing
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout_at(deadline):
                 async with self._lock:  # after a call in flight, not inside its reply
                     await ws.send(protocol.request_frame("close"))
                 # The server closes the socket after freeing the slot; starting the
@@ -293,7 +294,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         except (ConnectionClosed, TimeoutError):
             pass
         finally:
-            await ws.close()
+            await close_by(ws, deadline)
 
     def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking client with the same methods, for code that is not async."""
@@ -379,19 +380,22 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Owed from here: websockets writes a whole frame before its first
             # await, so even a call cancelled inside send() has asked.
             self._owed += 1
+            sent = False
             try:
-                await ws.send(frame)
-            except ConnectionClosed as exc:
-                # The server may have said why (e.g. at capacity) before closing.
-                return await self._last_words(ws, exc)
-            try:
+                # The send too: a server that stopped reading never takes a frame
+                # larger than the socket's buffers. Given up on, it is still
+                # whole in the buffer; a later call skips its reply (_owed).
                 async with asyncio.timeout(self.message_timeout):
+                    await ws.send(frame)
+                    sent = True
                     return await self._reply(ws)
             except TimeoutError:
                 raise EnvTimeoutError(
                     f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
                 ) from None
             except ConnectionClosed as exc:
+                if not sent:  # the server may have said why (e.g. at capacity) before closing
+                    return await self._last_words(ws, exc)
                 raise closed_error(exc) from None
 
     async def _reply(self, ws: ClientConnection) -> str | bytes:

@@ -32,7 +32,7 @@ from openenv.client._base import (
 )
 from openenv.client.loop_aware import close_when_dropped
 from openenv.client.mux_wire import Kind, MuxWire
-from openenv.client.sockets import open_socket
+from openenv.client.sockets import close_by, deadline_in, open_socket
 from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
@@ -195,14 +195,15 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             return
         if self._on_drop is not None:
             self._on_drop.detach()
+        deadline = deadline_in(self.connect_timeout)  # one limit for all of closing
         try:
             if self.sessions and wire.lost is None:
-                async with asyncio.timeout(self.connect_timeout):
+                async with asyncio.timeout_at(deadline):
                     await self.close_sessions(list(self.sessions.values()))
         except (SessionClosedError, TimeoutError):  # EnvTimeoutError included
             pass
         finally:
-            await wire.ws.close()
+            await close_by(wire.ws, deadline)
             await asyncio.wait([wire.reader])
 
     async def __aenter__(self) -> Self:

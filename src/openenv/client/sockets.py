@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from openenv.errors import (
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
-__all__ = ["closed_error", "open_socket"]
+__all__ = ["close_by", "closed_error", "deadline_in", "open_socket"]
 
 
 def _body(exc: InvalidStatus) -> dict[str, Any]:
@@ -41,6 +42,23 @@ def closed_error(exc: ConnectionClosed) -> SessionClosedError:
         return SessionClosedError("the connection dropped without a close frame")
     reason = close.reason or _CLOSE_NAMES.get(close.code, "closed by the server")
     return SessionClosedError(reason, close_code=close.code)
+
+
+async def close_by(ws: ClientConnection, deadline: float | None) -> None:
+    """``ws.close()``, the TCP connection aborted if it is not done by ``deadline``
+    (the loop's clock; ``None``: no limit). websockets' close() first waits for
+    what is queued to be written, without a limit, and a server that stopped
+    reading never takes it."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await ws.close()
+    except TimeoutError:
+        ws.transport.abort()
+
+
+def deadline_in(seconds: float | None) -> float | None:
+    """The running loop's time ``seconds`` from now (``None``: none)."""
+    return None if seconds is None else asyncio.get_running_loop().time() + seconds
 
 
 async def open_socket(
