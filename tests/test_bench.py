@@ -56,6 +56,20 @@ def test_sessions_spread_over_several_servers_by_their_room(client: str) -> None
     assert [len(t.closed) for t in trackers] == [3, 5]
 
 
+def test_a_server_of_several_that_is_down_is_passed_over() -> None:
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PingEnvironment, tracker),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=4),
+    )
+    with run_server(app) as url:
+        report = run_bench(f"{url},http://127.0.0.1:9", sessions=4, steps=5, action={})
+    assert (report.steps, report.sessions_ok, dict(report.errors)) == (20, 4, {})
+    assert len(tracker.created) == 4
+
+
 def test_errors_are_counted_by_code_and_refused_sessions_fail() -> None:
     app = create_app(PingEnvironment, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2))
     with run_server(app) as url:

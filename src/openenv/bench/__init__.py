@@ -176,15 +176,18 @@ async def bench(
 async def _look_first(
     urls: str | tuple[str, ...], timeout: float
 ) -> tuple[int | None, dict[str, Any] | None]:
-    """The servers' total session cap and the action's JSON Schema, before any load.
+    """The session cap of the servers that answer and the action's JSON Schema, before any load.
 
     Raises ``ConnectionFailedError`` when nothing answers, so a run against a
-    wrong address is one line of error, not a table of failed sessions.
+    wrong address is one line of error, not a table of failed sessions. Of
+    several servers (a pool), those down are passed over, as the pool does.
     """
     import httpx
 
     roots = [http_url(u) for u in ((urls,) if isinstance(urls, str) else urls)]
     caps: list[int] = []
+    answered = 0
+    down: ConnectionFailedError | None = None
     schema: dict[str, Any] | None = None
     headers = auth_headers()
     async with httpx.AsyncClient(timeout=timeout, verify=False, headers=headers) as http:
@@ -194,7 +197,9 @@ async def _look_first(
                 # /health is open to all; /schema needs the key the sessions will send.
                 answer = await http.get(f"{root}/schema")
             except httpx.HTTPError as exc:
-                raise ConnectionFailedError(root, str(exc) or type(exc).__name__) from None
+                down = down or ConnectionFailedError(root, str(exc) or type(exc).__name__)
+                continue
+            answered += 1
             if answer.status_code == 401:
                 raise AuthenticationError(
                     root, f"{http_detail(answer)}; set OPENENV_API_KEY to the server's key"
@@ -205,7 +210,10 @@ async def _look_first(
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     found = answer.json()["action"]
                     schema = found if isinstance(found, dict) else None
-    return (sum(caps) if len(caps) == len(roots) else None), schema
+    if not answered:
+        assert down is not None
+        raise down
+    return (sum(caps) if len(caps) == answered else None), schema
 
 
 def run_bench(url: str, **options: Any) -> BenchReport:
