@@ -44,3 +44,11 @@ def test_run_says_a_bad_url_in_one_unwrapped_line() -> None:
         "error: 'localhost:8000/[env]' isn't a valid environment URL; "
         "use http://host:port, https://..., ws://... or wss://...\n"
     )
+
+
+def test_demo_refuses_an_app_dir_that_is_not_there(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    result = openenv("demo", "--app-dir", str(missing), "--sessions", "1", "--steps", "1")
+    assert result.returncode == 2, result.stderr
+    assert "does not exist" in result.stderr
+    assert result.stdout == ""  # refused before any server started

@@ -49,7 +49,12 @@ def demo(
         str, typer.Option("--app", help="The ASGI app to serve, as module:attribute.")
     ] = "echo_env.server.app:app",
     app_dir: Annotated[
-        Path | None, typer.Option(help="Folder to import the app from (uvicorn --app-dir).")
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="Folder to import the app from (uvicorn --app-dir).",
+        ),
     ] = None,
     sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 256,
     steps: Annotated[int, typer.Option(min=1, help="Steps per session.")] = 50,
