@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -202,6 +204,17 @@ class BlockingActor:
     def act(self, observation: Any) -> EchoAction:
         time.sleep(60)
         return EchoAction(message="too late")
+
+
+async def thread_stuck_agent(session: EpisodeSession) -> None:
+    """Blocks in ``asyncio.to_thread`` (as the docs advise for a blocking call) for good."""
+    await asyncio.to_thread(_stuck)
+
+
+def _stuck() -> None:
+    # The test waits for this line: the call is blocking its thread from now on.
+    print("stuck in a thread", file=sys.stderr, flush=True)
+    threading.Event().wait()
 
 
 async def held_echo(session: EpisodeSession) -> str:
