@@ -217,6 +217,24 @@ def _stuck() -> None:
     threading.Event().wait()
 
 
+class Gated:
+    """Resets, touches ``ready`` (if given), waits for the file ``gate``, then plays ``echo_agent``.
+
+    The test changes the world meanwhile (stops the server answering, say).
+    """
+
+    def __init__(self, gate: str, ready: str | None = None) -> None:
+        self.gate = gate
+        self.ready = ready
+
+    async def __call__(self, session: EpisodeSession) -> list[str]:
+        await session.reset()
+        if self.ready is not None:
+            append_line(self.ready, session.task.id)
+        assert await wait_for_file(self.gate)
+        return await echo_agent(session)
+
+
 async def held_echo(session: EpisodeSession) -> str:
     """For ``openenv run``: journals to ``$OPENENV_TEST_JOURNAL``; with ``$OPENENV_TEST_HOLD=k``
     episodes ``task-k`` and later wait forever (until the run is killed)."""

@@ -188,7 +188,7 @@ async def _attempt(
                 if record is not None and session.requests:
                     record.close(reason)  # may raise (the disk): the client goes back anyway
             finally:
-                await pool.release(task, client, reusable=reason == "ok")
+                pool.release(task, client, reusable=reason == "ok")
         client, reused = await pool.acquire(task, fresh=True)
 
 
