@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -202,6 +204,35 @@ class BlockingActor:
     def act(self, observation: Any) -> EchoAction:
         time.sleep(60)
         return EchoAction(message="too late")
+
+
+async def thread_stuck_agent(session: EpisodeSession) -> None:
+    """Blocks in ``asyncio.to_thread`` (as the docs advise for a blocking call) for good."""
+    await asyncio.to_thread(_stuck)
+
+
+def _stuck() -> None:
+    # The test waits for this line: the call is blocking its thread from now on.
+    print("stuck in a thread", file=sys.stderr, flush=True)
+    threading.Event().wait()
+
+
+class Gated:
+    """Resets, touches ``ready`` (if given), waits for the file ``gate``, then plays ``echo_agent``.
+
+    The test changes the world meanwhile (stops the server answering, say).
+    """
+
+    def __init__(self, gate: str, ready: str | None = None) -> None:
+        self.gate = gate
+        self.ready = ready
+
+    async def __call__(self, session: EpisodeSession) -> list[str]:
+        await session.reset()
+        if self.ready is not None:
+            append_line(self.ready, session.task.id)
+        assert await wait_for_file(self.gate)
+        return await echo_agent(session)
 
 
 async def held_echo(session: EpisodeSession) -> str:

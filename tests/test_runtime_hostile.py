@@ -4,7 +4,8 @@ An agent whose sync ``act()``, or an in-process environment whose ``def``
 method, blocks past its task's timeout keeps its thread (Python cannot stop
 it), but no later episode may wait behind that thread; an
 agent that calls ``sys.exit()`` is that task's error, not the end of the run
-or of a worker.
+or of a worker. Nor may a blocking call an agent put in ``asyncio.to_thread``
+hold up the end of a run, or keep a worker process whose driver is gone.
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_agents import BlockingActor, Shouter, blocking_async_agent, echo_agent
+from runtime_agents import (
+    BlockingActor,
+    Shouter,
+    blocking_async_agent,
+    echo_agent,
+    thread_stuck_agent,
+)
 
 from echo_env.models import EchoAction
 from echo_env.server.environment import EchoEnvironment
 from openenv.runtime import EpisodeSession, ParallelizableAgent, RunConfig, Runners, Task
+from openenv.runtime.base import BatchSettings
+from openenv.runtime.channel import frame
+from openenv.runtime.shipping import Parcel, pack_tasks
 
 ENGINES = {
     "local": {"worker_num": 1},
@@ -128,6 +138,82 @@ def test_in_process_environments_stuck_past_their_timeout_hold_up_no_later_episo
         StuckEcho.release.set()
     statuses = [r.status.value for r in results]
     assert statuses == ["timeout"] * 6 + ["ok"] * 3, [r.error for r in results]
+
+
+class ThreadHeldAgent:
+    """Blocks in ``asyncio.to_thread``, as the docs advise, until the test releases it."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+    async def __call__(self, session: EpisodeSession) -> None:
+        await asyncio.to_thread(self._block)
+
+    def _block(self) -> None:
+        self.entered.set()
+        self.release.wait(SLACK)
+        self.returned.set()
+
+
+async def _run_task_inside_a_loop(tasks: list[Task], config: RunConfig) -> Any:
+    return Runners.sync_run_task(tasks, config)
+
+
+@pytest.mark.parametrize("call", ["sync_run_task", "sync_stream", "inside a running loop"])
+def test_a_to_thread_call_stuck_past_its_timeout_does_not_hold_the_run(call: str) -> None:
+    # Closing the run's loop waited for the loop's default executor, so the
+    # run, its `timeout` result long known, returned only once the call did.
+    agent = ThreadHeldAgent()
+    tasks = [Task(id="stuck", agent=agent, timeout=0.5)]
+    config = RunConfig(progress=False)
+    try:
+        if call == "sync_run_task":
+            results = list(Runners.sync_run_task(tasks, config))
+        elif call == "sync_stream":
+            results = list(Runners.sync_stream(tasks, config))
+        else:
+            results = list(asyncio.run(_run_task_inside_a_loop(tasks, config)))
+        assert agent.entered.is_set()
+        assert not agent.returned.is_set()  # the run is over; the call still blocks
+    finally:
+        agent.release.set()
+    assert [r.status.value for r in results] == ["timeout"], results
+
+
+def test_a_worker_process_exits_once_its_driver_is_gone_though_an_agent_thread_blocks() -> None:
+    # The worker's loop, closing, waited for the agent's to_thread call: the
+    # process outlived its driver until the call returned (here: never).
+    (blob,) = pack_tasks([Task(id="stuck", agent=thread_stuck_agent)])
+    settings = BatchSettings.from_config(RunConfig())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "openenv.runtime.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert worker.stdin is not None
+    assert worker.stderr is not None
+    try:
+        worker.stdin.write(frame(("begin", settings, sys.path)))
+        worker.stdin.write(frame(("play", Parcel(index=0, task_id="stuck", blob=blob))))
+        worker.stdin.flush()
+        for line in worker.stderr:
+            if b"stuck in a thread" in line:
+                break
+        else:
+            raise AssertionError(f"the worker exited with {worker.wait()} before the agent ran")
+        worker.stdin.close()  # the driver is gone
+        assert worker.wait(SLACK) == 0
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stderr.close()
+        if worker.stdout is not None:
+            worker.stdout.close()
 
 
 async def exiting_agent(session: EpisodeSession) -> None:

@@ -224,6 +224,10 @@ async def work(
     finally:
         for task in running:
             task.cancel()
+        if running:
+            # Their sessions go back to the run's pool as they stop: let them,
+            # so that end() closes those sessions too.
+            await asyncio.wait(running)
         await worker.end()
 
 

@@ -13,6 +13,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
@@ -187,7 +188,7 @@ async def _attempt(
                 if record is not None and session.requests:
                     record.close(reason)  # may raise (the disk): the client goes back anyway
             finally:
-                await pool.release(task, client, reusable=reason == "ok")
+                pool.release(task, client, reusable=reason == "ok")
         client, reused = await pool.acquire(task, fresh=True)
 
 
@@ -199,9 +200,30 @@ def _record(task: Task, settings: BatchSettings, attempt: int) -> EpisodeRecord 
 
 
 def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine on a new event loop (uvloop's where installed); for workers."""
+    """Run a coroutine on a new event loop (uvloop's where installed); for workers.
+
+    It returns without waiting for threads of the loop's default executor
+    (``asyncio.to_thread``) still running: a blocking call past its task's
+    timeout cannot be stopped, and its answer is dropped.
+    """
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        # Runner.close waits for the default executor's threads with no bound
+        # (Python 3.11): a to_thread call stuck past its task's timeout held the
+        # run, and a worker process whose driver was gone, until it returned.
+        runner.get_loop().set_default_executor(_UnwaitedExecutor(thread_name_prefix="asyncio"))
         return runner.run(coro)
+
+
+class _UnwaitedExecutor(ThreadPoolExecutor):
+    """A loop's default executor whose shutdown never waits for its threads.
+
+    The loop shuts it down as it closes, once every task is done: nothing
+    awaits a call still running or queued then, so the queued ones are
+    dropped and the running ones left to finish on their own.
+    """
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=True)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -2,7 +2,9 @@
 
 A session that ended its episode cleanly is handed to the next task for the
 same environment, which starts with ``reset``: no new handshake, no new
-environment instance. A session that saw any failure is closed instead.
+environment instance. A session that saw any failure is closed instead, in
+the background: its episode's result does not wait for a server that stopped
+answering.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class ClientPool:
         # One per server: its sessions share a few connections (protocol v2).
         self._muxes: dict[str, Multiplexer] = {}
         self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
+        self._closing: defaultdict[Hashable, set[asyncio.Task[None]]] = defaultdict(set)
         self._executor: ThreadPoolExecutor | None = None
         self._threads: ThreadPoolExecutor | None = None
 
@@ -58,9 +61,15 @@ class ClientPool:
 
     async def acquire(self, task: Task, *, fresh: bool = False) -> tuple[SessionClient, bool]:
         """A connected session for ``task``, and whether it was used before."""
-        idle = self._idle.get(_key(task))
+        key = _key(task)
+        idle = self._idle.get(key)
         if idle and not fresh:
             return idle.pop(), True
+        closing = self._closing.get(key)
+        if closing:
+            # A session still being closed may hold the server's last free slot:
+            # the new one opens after it (as it did when release waited for the close).
+            await asyncio.wait(closing)
         if self.multiplex and task.client_cls is None:
             session = None
             pool = _pool_of(task)
@@ -75,7 +84,7 @@ class ClientPool:
         try:
             await client.connect()
         except BaseException:
-            await _close(client)
+            self._close_later(key, client)
             raise
         return client, False
 
@@ -111,8 +120,15 @@ class ClientPool:
             session.on_close = functools.partial(pool.ended, url)
             return session
 
-    async def release(self, task: Task, client: SessionClient, *, reusable: bool) -> None:
-        idle = self._idle[_key(task)]
+    def release(self, task: Task, client: SessionClient, *, reusable: bool) -> None:
+        """Keep a session for the next task, or close it in the background.
+
+        Never waits: closing a session on a server that stopped answering
+        takes up to ``_CLOSE_TIMEOUT``, and the episode's result (its
+        timeout, say) must not wait for that. ``aclose`` waits for it.
+        """
+        key = _key(task)
+        idle = self._idle[key]
         # An idle session holds a server slot: while sessions wait for room in
         # the task's ServerPool, hand the slot over instead of keeping it.
         pool = _pool_of(task)
@@ -120,12 +136,21 @@ class ClientPool:
         if reusable and len(idle) < self.max_idle and not crowded:
             idle.append(client)
         else:
-            await _close(client)
+            self._close_later(key, client)
+
+    def _close_later(self, key: Hashable, client: SessionClient) -> None:
+        closing = self._closing[key]
+        job = asyncio.create_task(_close(client))
+        closing.add(job)
+        job.add_done_callback(closing.discard)
 
     async def aclose(self) -> None:
-        clients = [c for idle in self._idle.values() for c in idle]
+        for key, idle in self._idle.items():
+            for client in idle:
+                self._close_later(key, client)
         self._idle.clear()
-        await asyncio.gather(*(_close(c) for c in clients))
+        while closing := {job for jobs in self._closing.values() for job in jobs}:
+            await asyncio.wait(closing)
         muxes, self._muxes = list(self._muxes.values()), {}
         await asyncio.gather(*(m.aclose() for m in muxes))
         if self._executor is not None:

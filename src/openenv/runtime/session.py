@@ -131,7 +131,7 @@ class EpisodeSession:
             self.requests += own.requests
             if record is not None:
                 record.close(reason)
-            await self._pool.release(self.task, client, reusable=reason == "ok")
+            self._pool.release(self.task, client, reusable=reason == "ok")
 
     @property
     def input(self) -> Any:
