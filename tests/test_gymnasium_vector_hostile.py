@@ -10,23 +10,32 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import gymnasium
 import numpy as np
+import orjson
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 from test_gymnasium_vector_sessions import LateFailure
 from test_shutdown import free_port, wait_healthy
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 
 from openenv import (
+    AuthenticationError,
+    CapacityError,
     ConcurrencyConfig,
+    ConnectionFailedError,
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
+    OpenEnvError,
     SessionClosedError,
 )
 from openenv.adapters.gymnasium import (
@@ -34,6 +43,9 @@ from openenv.adapters.gymnasium import (
     create_gymnasium_app,
     create_gymnasium_vector_app,
 )
+from openenv.adapters.gymnasium.environment import SPACES_ROUTE
+from openenv.adapters.gymnasium.spaces import describe
+from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
 APPS = Path(__file__).parent / "apps"
@@ -343,3 +355,88 @@ def test_a_reset_that_raises_leaves_the_environments_playable(server: Any) -> No
         finally:
             here.close()
             remote.close()
+
+
+# -- servers that are not openenv's, for what openenv's never does ------------------
+
+Handler = Callable[[ServerConnection], Awaitable[None]]
+Handshake = Callable[[ServerConnection], Response | None]
+
+
+def json_response(status: int, body: Any) -> Response:
+    content = orjson.dumps(body)
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(content)))]
+    return Response(status, "", Headers(headers), content)
+
+
+async def reads_on(ws: ServerConnection) -> None:
+    async for _ in ws:
+        pass
+
+
+@asynccontextmanager
+async def fake_gymnasium_server(
+    vector: bool, handler: Handler = reads_on, handshake: Handshake | None = None
+) -> AsyncIterator[str]:
+    """A server that describes CartPole's spaces (a ``create_gymnasium_vector_app``'s
+    with ``vector``, else a ``create_gymnasium_app``'s), answers a WebSocket
+    handshake with ``handshake(connection)`` (``None``: accepted), and runs
+    ``handler`` on each connection."""
+    cartpole = gymnasium.make("CartPole-v1")
+    described = {
+        "name": "CartPole-v1",
+        "action_space": describe(cartpole.action_space),
+        "observation_space": describe(cartpole.observation_space),
+        **({"vector": {"max_envs": 64}} if vector else {}),
+    }
+    cartpole.close()
+
+    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == SPACES_ROUTE:
+            return json_response(200, described)
+        return None if handshake is None else handshake(connection)
+
+    subprotocols = None if vector else [SUBPROTOCOL]
+    async with serve(
+        handler,
+        "127.0.0.1",
+        0,
+        subprotocols=subprotocols,  # type: ignore[arg-type]
+        process_request=process_request,
+    ) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+
+
+def cut(connection: ServerConnection) -> Response:
+    connection.transport.abort()  # the handshake's answer never comes
+    return connection.respond(500, "")
+
+
+REFUSALS: dict[str, tuple[Handshake, type[OpenEnvError], str]] = {
+    "a refused key": (
+        lambda _: json_response(401, {"detail": "invalid API key"}),
+        AuthenticationError,
+        "invalid API key",
+    ),
+    "a full server": (
+        lambda _: json_response(503, {"detail": "full", "code": "CAPACITY_REACHED"}),
+        CapacityError,
+        "full",
+    ),
+    "a proxy's error": (lambda c: c.respond(502, "Bad Gateway"), ConnectionFailedError, "502"),
+    "a cut handshake": (cut, ConnectionFailedError, "did not receive a valid HTTP response"),
+}
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["sessions", "vector"])
+@pytest.mark.parametrize("refusal", REFUSALS.values(), ids=REFUSALS.keys())
+async def test_a_refused_handshake_is_openenvs_error_as_for_the_other_clients(
+    vector: bool, refusal: tuple[Handshake, type[OpenEnvError], str]
+) -> None:
+    handshake, error, said = refusal
+    async with fake_gymnasium_server(vector, handshake=handshake) as url:
+        with pytest.raises(error, match=said) as refused:
+            await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=30)
+    if error is not CapacityError:  # a capacity error is the server's, for no URL in particular
+        assert url.removeprefix("http://") in str(refused.value)

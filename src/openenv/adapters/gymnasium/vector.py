@@ -58,6 +58,7 @@ from openenv.client._base import (
     ws_url,
 )
 from openenv.client.blocking_ws import BlockingWebSocket
+from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -150,8 +151,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
             )
-        except OSError as exc:
-            raise ConnectionFailedError(url, str(exc)) from None
+        except CONNECT_FAILURES as exc:
+            raise connect_error(url, exc, timeout) from None
         if ws.subprotocol != protocol_v2.SUBPROTOCOL:
             ws.close()
             raise ConnectionFailedError(url, "the server does not speak protocol v2")

@@ -21,8 +21,8 @@ from openenv import protocol
 from openenv.adapters.gymnasium.spaces import from_json
 from openenv.client._base import error_from, ws_url
 from openenv.client.blocking_ws import BlockingWebSocket
+from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
-    ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
 )
@@ -61,8 +61,8 @@ class VectorLink:
                 open_timeout=timeout,
                 busy_poll=busy_poll,
             )
-        except OSError as exc:
-            raise ConnectionFailedError(url, str(exc)) from None
+        except CONNECT_FAILURES as exc:
+            raise connect_error(url, exc, timeout) from None
         try:
             self._call("state", None)  # a server at capacity says so now, not at reset
         except BaseException:
