@@ -5,6 +5,7 @@ CartPole's empty ones."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ from test_gymnasium_vector_sessions import LateFailure
 from test_shutdown import free_port, wait_healthy
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from openenv import (
@@ -440,3 +442,70 @@ async def test_a_refused_handshake_is_openenvs_error_as_for_the_other_clients(
             await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=30)
     if error is not CapacityError:  # a capacity error is the server's, for no URL in particular
         assert url.removeprefix("http://") in str(refused.value)
+
+
+def observation(vector: bool) -> dict[str, Any]:
+    """A reply's ``data`` to a reset or step of two CartPoles (or one, without ``vector``)."""
+    if vector:
+        batch = {
+            "observations": [[0.0] * 4] * 2,
+            "rewards": [1.0] * 2,
+            "terminations": [False] * 2,
+            "truncations": [False] * 2,
+            "infos": {},
+        }
+        return {"observation": batch, "reward": None, "done": False}
+    one = {"observation": [0.0] * 4, "terminated": False, "truncated": False, "info": {}}
+    return {"observation": one, "reward": 1.0, "done": False}
+
+
+Answer = Callable[[ServerConnection, list[dict[str, Any]]], Awaitable[None]]
+
+
+def serves_until_a_step(vector: bool, step: Answer) -> Handler:
+    """A handler that opens, resets and closes as openenv's servers do, and answers
+    a frame with a step in it by ``step(connection, its requests)``."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            requests = orjson.loads(frame)
+            requests = [requests] if vector else requests
+            if any(r["type"] == "step" for r in requests):
+                await step(ws, requests)
+                continue
+            if vector and requests[0]["type"] == "close":
+                return  # a vector session's close has no reply: the server hangs up
+            replies = []
+            for r in requests:
+                kind = {"open": "opened", "close": "closed", "state": "state"}.get(r["type"])
+                data = {"session_id": "s", "reason": "closed"} if kind else observation(vector)
+                replies.append({**r, "type": kind or "observation", "data": data})
+            await ws.send(orjson.dumps(replies[0] if vector else replies).decode())
+
+    return handler
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["sessions", "vector"])
+async def test_frames_for_nobody_do_not_put_off_a_calls_timeout(vector: bool) -> None:
+    # Late replies of calls given up on (ids before this one) come more often
+    # than the timeout; the step's own never comes.
+    async def late_replies_only(ws: ServerConnection, requests: list[dict[str, Any]]) -> None:
+        late = [
+            {**r, "id": -1, "type": "observation", "data": observation(vector)} for r in requests
+        ]
+        frame = orjson.dumps(late[0] if vector else late).decode()
+        with contextlib.suppress(ConnectionClosed):  # the client hung up
+            for _ in range(300):
+                await ws.send(frame)
+                await asyncio.sleep(0.1)  # the server's pace: well within the timeout
+            # Thirty times the timeout: a client still waiting would wait for ever.
+            await ws.close()
+
+    async with fake_gymnasium_server(vector, serves_until_a_step(vector, late_replies_only)) as url:
+        envs = await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=1.0)
+        try:
+            await asyncio.to_thread(envs.reset, seed=0)
+            with pytest.raises(EnvTimeoutError):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+        finally:
+            await asyncio.to_thread(envs.close)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
@@ -47,6 +48,7 @@ from openenv.adapters.gymnasium.vector_link import (
     VectorLink,
     decode_infos,
     final_observations,
+    seconds_until,
     stack_lists,
 )
 from openenv.client._base import (
@@ -315,12 +317,16 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         replies: list[dict[str, Any] | None] = [None] * len(requests)
         left = len(items)
         error: Exception | None = None
+        # One bound for the whole call: frames for nobody (late replies, notices)
+        # must not put it off, however often they come.
+        deadline = time.monotonic() + self.timeout
         try:
             # The server may have said why before closing: read on after a failed send.
             with contextlib.suppress(ConnectionClosed):
                 ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
             while left:
-                left, error = self._read(ws, first, replies, left, error)
+                frame = ws.recv(timeout=seconds_until(deadline))
+                left, error = self._read(frame, first, replies, left, error)
         except ConnectionClosed as exc:
             self._broken = True
             raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
@@ -333,14 +339,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _read(
         self,
-        ws: Any,
+        frame: str | bytes,
         first: int,
         replies: list[dict[str, Any] | None],
         left: int,
         error: Exception | None,
     ) -> tuple[int, Exception | None]:
         """Take one frame of replies to the call ``first``: how many are left, the first error."""
-        for reply in orjson.loads(ws.recv(timeout=self.timeout)):
+        for reply in orjson.loads(frame):
             if reply.get("id") != first:
                 if reply.get("type") == "closed":
                     error = error or SessionClosedError(str(reply["data"].get("message")))

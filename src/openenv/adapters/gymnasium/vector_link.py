@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from typing import Any, Literal
 
 import gymnasium
@@ -27,7 +28,13 @@ from openenv.errors import (
     SessionClosedError,
 )
 
-__all__ = ["VectorLink", "decode_infos", "final_observations", "stack_lists"]
+__all__ = [
+    "VectorLink",
+    "decode_infos",
+    "final_observations",
+    "seconds_until",
+    "stack_lists",
+]
 
 
 class VectorLink:
@@ -106,12 +113,14 @@ class VectorLink:
         if ws is None:
             raise SessionClosedError("this vector env is closed")
         request_id = next(self._ids)
+        # One bound for the whole call, however many late replies come first.
+        deadline = time.monotonic() + self.timeout
         try:
             # The server may have said why (at capacity) before closing: read on.
             with contextlib.suppress(ConnectionClosed):
                 ws.send(protocol.request_frame(kind, data, request_id))
             while True:
-                reply = orjson.loads(ws.recv(timeout=self.timeout))
+                reply = orjson.loads(ws.recv(timeout=seconds_until(deadline)))
                 # Another id: the late reply of a call given up on. An error with
                 # none answers no request in particular (the server at capacity).
                 reply_id = reply.get("id")
@@ -132,6 +141,15 @@ class VectorLink:
     def _fields(data: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = data["observation"]
         return fields
+
+
+def seconds_until(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``); ``TimeoutError`` if none
+    are: a frame already in would be handed out by ``recv`` however late."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
 
 
 def decode_infos(value: Any) -> Any:
