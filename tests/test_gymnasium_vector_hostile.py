@@ -509,3 +509,103 @@ async def test_frames_for_nobody_do_not_put_off_a_calls_timeout(vector: bool) ->
                 await asyncio.to_thread(envs.step, np.array([0, 1]))
         finally:
             await asyncio.to_thread(envs.close)
+
+
+def sessions_reply(
+    change: Callable[[list[dict[str, Any]]], Any],
+) -> Callable[[list[dict[str, Any]]], str]:
+    """A v2 frame of replies to a step's requests, as ``change`` makes it of the right ones."""
+
+    def frame(requests: list[dict[str, Any]]) -> str:
+        right = [{**r, "type": "observation", "data": observation(False)} for r in requests]
+        return orjson.dumps(change(right)).decode()
+
+    return frame
+
+
+def vector_reply(change: Callable[[dict[str, Any]], Any]) -> Callable[[list[dict[str, Any]]], str]:
+    """A vector session's reply to a step, as ``change`` makes it of the right one."""
+
+    def frame(requests: list[dict[str, Any]]) -> str:
+        right = {"id": requests[0]["id"], "type": "observation", "data": observation(True)}
+        return orjson.dumps(change(right)).decode()
+
+    return frame
+
+
+def without(reply: dict[str, Any], field: str) -> dict[str, Any]:
+    """``reply`` with ``field`` gone from its observation (its data's, if there)."""
+    data = reply["data"]
+    payload = {k: v for k, v in data["observation"].items() if k != field}
+    rest = {k: v for k, v in data.items() if k != field}
+    return {**reply, "data": {**rest, "observation": payload}}
+
+
+UNKNOWN = {"code": "RATE_LIMITED", "message": "slow down"}  # an error code it does not know
+NOT_THE_PROTOCOL: dict[str, tuple[bool, Callable[[list[dict[str, Any]]], str]]] = {
+    "sessions: not JSON": (False, lambda _: "not json"),
+    "sessions: an object": (False, sessions_reply(lambda right: right[0])),
+    "sessions: items that are not replies": (False, lambda _: "[1, 2]"),
+    "sessions: a session out of range": (
+        False,
+        sessions_reply(lambda right: [{**right[0], "session": 7}, right[1]]),
+    ),
+    "sessions: a session before the first": (
+        False,
+        sessions_reply(lambda right: [{**right[0], "session": -1}, right[1]]),
+    ),
+    "sessions: one session twice": (False, sessions_reply(lambda right: [right[0], right[0]])),
+    "sessions: a session that is a flag": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "session": True}]),
+    ),
+    "sessions: an observation without its flags": (
+        False,
+        sessions_reply(lambda right: [right[0], without(right[1], "terminated")]),
+    ),
+    "sessions: a step without its reward": (
+        False,
+        sessions_reply(lambda right: [right[0], without(right[1], "reward")]),
+    ),
+    "sessions: an opened for a step": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "type": "opened"}]),
+    ),
+    "sessions: an error code it does not know": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "type": "error", "data": UNKNOWN}]),
+    ),
+    "vector: not JSON": (True, lambda _: "not json"),
+    "vector: a list": (True, lambda _: "[1]"),
+    "vector: a batch without rewards": (
+        True,
+        vector_reply(lambda right: without(right, "rewards")),
+    ),
+    "vector: an error code it does not know": (
+        True,
+        vector_reply(lambda right: {**right, "type": "error", "data": UNKNOWN}),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("vector", "reply"), NOT_THE_PROTOCOL.values(), ids=NOT_THE_PROTOCOL.keys()
+)
+async def test_a_reply_that_is_not_the_protocol_is_a_failed_connection(
+    vector: bool, reply: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # As MuxClient reads such a reply: the call fails at once, and so does every
+    # later one, since nothing more the server says can be trusted.
+    async def answer(ws: ServerConnection, requests: list[dict[str, Any]]) -> None:
+        await ws.send(reply(requests))
+
+    async with fake_gymnasium_server(vector, serves_until_a_step(vector, answer)) as url:
+        envs = await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=30)
+        try:
+            await asyncio.to_thread(envs.reset, seed=0)
+            with pytest.raises(SessionClosedError, match="the connection failed"):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+            with pytest.raises(SessionClosedError):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+        finally:
+            await asyncio.to_thread(envs.close)  # and raises nothing

@@ -29,6 +29,7 @@ from openenv.errors import (
 )
 
 __all__ = [
+    "UNREADABLE",
     "VectorLink",
     "decode_infos",
     "final_observations",
@@ -120,11 +121,15 @@ class VectorLink:
             with contextlib.suppress(ConnectionClosed):
                 ws.send(protocol.request_frame(kind, data, request_id))
             while True:
-                reply = orjson.loads(ws.recv(timeout=seconds_until(deadline)))
-                # Another id: the late reply of a call given up on. An error with
-                # none answers no request in particular (the server at capacity).
-                reply_id = reply.get("id")
-                if reply_id == request_id or (reply_id is None and reply.get("type") == "error"):
+                frame = ws.recv(timeout=seconds_until(deadline))
+                try:
+                    answer = _answer(frame, kind, request_id)
+                except UNREADABLE as exc:
+                    # As MuxClient: the connection can be trusted no further.
+                    self._ws = None
+                    ws.close()
+                    raise SessionClosedError(f"the connection failed: {exc!r}") from None
+                if answer is not None:
                     break
         except ConnectionClosed as exc:
             close = exc.rcvd or exc.sent
@@ -132,15 +137,46 @@ class VectorLink:
             raise SessionClosedError(f"the server closed the vector session ({why})") from None
         except TimeoutError:
             raise EnvTimeoutError(f"no reply to {kind!r} within {self.timeout}s") from None
-        if reply["type"] == "error":
-            raise error_from(reply["data"])
-        answer: dict[str, Any] = reply["data"]
+        if isinstance(answer, Exception):
+            raise answer
         return answer
 
     @staticmethod
     def _fields(data: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = data["observation"]
         return fields
+
+
+# What reading a reply that is not the protocol raises (orjson's errors are ValueErrors).
+UNREADABLE = (ValueError, LookupError, TypeError, AttributeError)
+# What RemoteVectorEnv reads of the batch a reset or a step answers with.
+_BATCH = {
+    "reset": ("observations",),
+    "step": ("observations", "rewards", "terminations", "truncations"),
+    "state": (),
+}
+
+
+def _answer(frame: str | bytes, kind: str, request_id: int) -> dict[str, Any] | Exception | None:
+    """The reply ``frame`` to the request ``request_id`` (a ``kind``): its data, or
+    its error; ``None`` if it answers another. Raises one of ``UNREADABLE`` if the
+    frame is not the protocol."""
+    reply = orjson.loads(frame)
+    # Another id: the late reply of a call given up on. An error with none
+    # answers no request in particular (the server at capacity).
+    reply_id = reply.get("id")
+    if reply_id != request_id and not (reply_id is None and reply.get("type") == "error"):
+        return None
+    if reply["type"] == "error":
+        return error_from(reply["data"])
+    data: dict[str, Any] = reply["data"]
+    if kind != "state":
+        if reply["type"] != "observation":
+            raise ValueError(f"a {reply['type']!r} in reply to {kind!r}")
+        missing = [name for name in _BATCH[kind] if name not in data["observation"]]
+        if missing:
+            raise KeyError(f"a batch without {', '.join(missing)}")
+    return data
 
 
 def seconds_until(deadline: float) -> float:
