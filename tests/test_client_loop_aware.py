@@ -21,7 +21,13 @@ import pytest
 from echo_env import EchoAction, EchoEnv
 from echo_env.models import EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import AuthenticationError, SessionClosedError, StepResult, create_app
+from openenv import (
+    AuthenticationError,
+    ConnectionFailedError,
+    SessionClosedError,
+    StepResult,
+    create_app,
+)
 from openenv.testing import run_server
 
 KEY = "sesame-sesame-sesame"
@@ -89,6 +95,38 @@ def test_a_client_opened_on_a_loop_that_stopped_says_so(echo_url: str) -> None:
         warnings.simplefilter("ignore", ResourceWarning)
         clients.clear()
         gc.collect()
+
+
+def test_a_client_whose_first_connect_failed_connects_from_a_new_loop() -> None:
+    # The server not up yet, then retried under a new asyncio.run: no connection
+    # was opened on the first loop, so nothing ties the client to it; not even
+    # the first loop's calls that waited for one another to connect.
+    refused: list[object] = []
+    echo = create_app(EchoEnvironment, EchoAction, EchoObservation)
+
+    async def refusing_the_first_two_handshakes(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and len(refused) < 2:
+            refused.append(scope)
+            await receive()  # the handshake's request
+            await send({"type": "websocket.close"})  # refused: HTTP 403
+            return
+        await echo(scope, receive, send)
+
+    with run_server(refusing_the_first_two_handshakes) as url:
+        env = EchoEnv(url)
+
+        async def too_soon() -> list[Any]:
+            return await asyncio.gather(env.reset(), env.reset(), return_exceptions=True)
+
+        async def play() -> str:
+            try:
+                await asyncio.gather(env.reset(), env.state())
+                return (await env.step(EchoAction(message="again"))).observation.echoed_message
+            finally:
+                await env.close()
+
+        assert [type(failure) for failure in asyncio.run(too_soon())] == [ConnectionFailedError] * 2
+        assert asyncio.run(play()) == "again"
 
 
 def test_each_thread_of_a_thread_pool_drives_its_own_client(echo_url: str) -> None:

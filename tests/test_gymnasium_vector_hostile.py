@@ -5,28 +5,39 @@ CartPole's empty ones."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import gymnasium
 import numpy as np
+import orjson
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 from test_gymnasium_vector_sessions import LateFailure
 from test_shutdown import free_port, wait_healthy
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from openenv import (
+    AuthenticationError,
+    CapacityError,
     ConcurrencyConfig,
+    ConnectionFailedError,
     EnvExecutionError,
     EnvTimeoutError,
     EnvValidationError,
+    OpenEnvError,
     SessionClosedError,
 )
 from openenv.adapters.gymnasium import (
@@ -34,6 +45,9 @@ from openenv.adapters.gymnasium import (
     create_gymnasium_app,
     create_gymnasium_vector_app,
 )
+from openenv.adapters.gymnasium.environment import SPACES_ROUTE
+from openenv.adapters.gymnasium.spaces import describe
+from openenv.protocol_v2 import SUBPROTOCOL
 from openenv.testing import run_server
 
 APPS = Path(__file__).parent / "apps"
@@ -343,3 +357,255 @@ def test_a_reset_that_raises_leaves_the_environments_playable(server: Any) -> No
         finally:
             here.close()
             remote.close()
+
+
+# -- servers that are not openenv's, for what openenv's never does ------------------
+
+Handler = Callable[[ServerConnection], Awaitable[None]]
+Handshake = Callable[[ServerConnection], Response | None]
+
+
+def json_response(status: int, body: Any) -> Response:
+    content = orjson.dumps(body)
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(content)))]
+    return Response(status, "", Headers(headers), content)
+
+
+async def reads_on(ws: ServerConnection) -> None:
+    async for _ in ws:
+        pass
+
+
+@asynccontextmanager
+async def fake_gymnasium_server(
+    vector: bool, handler: Handler = reads_on, handshake: Handshake | None = None
+) -> AsyncIterator[str]:
+    """A server that describes CartPole's spaces (a ``create_gymnasium_vector_app``'s
+    with ``vector``, else a ``create_gymnasium_app``'s), answers a WebSocket
+    handshake with ``handshake(connection)`` (``None``: accepted), and runs
+    ``handler`` on each connection."""
+    cartpole = gymnasium.make("CartPole-v1")
+    described = {
+        "name": "CartPole-v1",
+        "action_space": describe(cartpole.action_space),
+        "observation_space": describe(cartpole.observation_space),
+        **({"vector": {"max_envs": 64}} if vector else {}),
+    }
+    cartpole.close()
+
+    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == SPACES_ROUTE:
+            return json_response(200, described)
+        return None if handshake is None else handshake(connection)
+
+    subprotocols = None if vector else [SUBPROTOCOL]
+    async with serve(
+        handler,
+        "127.0.0.1",
+        0,
+        subprotocols=subprotocols,  # type: ignore[arg-type]
+        process_request=process_request,
+    ) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+
+
+def cut(connection: ServerConnection) -> Response:
+    connection.transport.abort()  # the handshake's answer never comes
+    return connection.respond(500, "")
+
+
+REFUSALS: dict[str, tuple[Handshake, type[OpenEnvError], str]] = {
+    "a refused key": (
+        lambda _: json_response(401, {"detail": "invalid API key"}),
+        AuthenticationError,
+        "invalid API key",
+    ),
+    "a full server": (
+        lambda _: json_response(503, {"detail": "full", "code": "CAPACITY_REACHED"}),
+        CapacityError,
+        "full",
+    ),
+    "a proxy's error": (lambda c: c.respond(502, "Bad Gateway"), ConnectionFailedError, "502"),
+    "a cut handshake": (cut, ConnectionFailedError, "did not receive a valid HTTP response"),
+}
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["sessions", "vector"])
+@pytest.mark.parametrize("refusal", REFUSALS.values(), ids=REFUSALS.keys())
+async def test_a_refused_handshake_is_openenvs_error_as_for_the_other_clients(
+    vector: bool, refusal: tuple[Handshake, type[OpenEnvError], str]
+) -> None:
+    handshake, error, said = refusal
+    async with fake_gymnasium_server(vector, handshake=handshake) as url:
+        with pytest.raises(error, match=said) as refused:
+            await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=30)
+    if error is not CapacityError:  # a capacity error is the server's, for no URL in particular
+        assert url.removeprefix("http://") in str(refused.value)
+
+
+def observation(vector: bool) -> dict[str, Any]:
+    """A reply's ``data`` to a reset or step of two CartPoles (or one, without ``vector``)."""
+    if vector:
+        batch = {
+            "observations": [[0.0] * 4] * 2,
+            "rewards": [1.0] * 2,
+            "terminations": [False] * 2,
+            "truncations": [False] * 2,
+            "infos": {},
+        }
+        return {"observation": batch, "reward": None, "done": False}
+    one = {"observation": [0.0] * 4, "terminated": False, "truncated": False, "info": {}}
+    return {"observation": one, "reward": 1.0, "done": False}
+
+
+Answer = Callable[[ServerConnection, list[dict[str, Any]]], Awaitable[None]]
+
+
+def serves_until_a_step(vector: bool, step: Answer) -> Handler:
+    """A handler that opens, resets and closes as openenv's servers do, and answers
+    a frame with a step in it by ``step(connection, its requests)``."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            requests = orjson.loads(frame)
+            requests = [requests] if vector else requests
+            if any(r["type"] == "step" for r in requests):
+                await step(ws, requests)
+                continue
+            if vector and requests[0]["type"] == "close":
+                return  # a vector session's close has no reply: the server hangs up
+            replies = []
+            for r in requests:
+                kind = {"open": "opened", "close": "closed", "state": "state"}.get(r["type"])
+                data = {"session_id": "s", "reason": "closed"} if kind else observation(vector)
+                replies.append({**r, "type": kind or "observation", "data": data})
+            await ws.send(orjson.dumps(replies[0] if vector else replies).decode())
+
+    return handler
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["sessions", "vector"])
+async def test_frames_for_nobody_do_not_put_off_a_calls_timeout(vector: bool) -> None:
+    # Late replies of calls given up on (ids before this one) come more often
+    # than the timeout; the step's own never comes.
+    async def late_replies_only(ws: ServerConnection, requests: list[dict[str, Any]]) -> None:
+        late = [
+            {**r, "id": -1, "type": "observation", "data": observation(vector)} for r in requests
+        ]
+        frame = orjson.dumps(late[0] if vector else late).decode()
+        with contextlib.suppress(ConnectionClosed):  # the client hung up
+            for _ in range(300):
+                await ws.send(frame)
+                await asyncio.sleep(0.1)  # the server's pace: well within the timeout
+            # Thirty times the timeout: a client still waiting would wait for ever.
+            await ws.close()
+
+    async with fake_gymnasium_server(vector, serves_until_a_step(vector, late_replies_only)) as url:
+        envs = await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=1.0)
+        try:
+            await asyncio.to_thread(envs.reset, seed=0)
+            with pytest.raises(EnvTimeoutError):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+        finally:
+            await asyncio.to_thread(envs.close)
+
+
+def sessions_reply(
+    change: Callable[[list[dict[str, Any]]], Any],
+) -> Callable[[list[dict[str, Any]]], str]:
+    """A v2 frame of replies to a step's requests, as ``change`` makes it of the right ones."""
+
+    def frame(requests: list[dict[str, Any]]) -> str:
+        right = [{**r, "type": "observation", "data": observation(False)} for r in requests]
+        return orjson.dumps(change(right)).decode()
+
+    return frame
+
+
+def vector_reply(change: Callable[[dict[str, Any]], Any]) -> Callable[[list[dict[str, Any]]], str]:
+    """A vector session's reply to a step, as ``change`` makes it of the right one."""
+
+    def frame(requests: list[dict[str, Any]]) -> str:
+        right = {"id": requests[0]["id"], "type": "observation", "data": observation(True)}
+        return orjson.dumps(change(right)).decode()
+
+    return frame
+
+
+def without(reply: dict[str, Any], field: str) -> dict[str, Any]:
+    """``reply`` with ``field`` gone from its observation (its data's, if there)."""
+    data = reply["data"]
+    payload = {k: v for k, v in data["observation"].items() if k != field}
+    rest = {k: v for k, v in data.items() if k != field}
+    return {**reply, "data": {**rest, "observation": payload}}
+
+
+UNKNOWN = {"code": "RATE_LIMITED", "message": "slow down"}  # an error code it does not know
+NOT_THE_PROTOCOL: dict[str, tuple[bool, Callable[[list[dict[str, Any]]], str]]] = {
+    "sessions: not JSON": (False, lambda _: "not json"),
+    "sessions: an object": (False, sessions_reply(lambda right: right[0])),
+    "sessions: items that are not replies": (False, lambda _: "[1, 2]"),
+    "sessions: a session out of range": (
+        False,
+        sessions_reply(lambda right: [{**right[0], "session": 7}, right[1]]),
+    ),
+    "sessions: a session before the first": (
+        False,
+        sessions_reply(lambda right: [{**right[0], "session": -1}, right[1]]),
+    ),
+    "sessions: one session twice": (False, sessions_reply(lambda right: [right[0], right[0]])),
+    "sessions: a session that is a flag": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "session": True}]),
+    ),
+    "sessions: an observation without its flags": (
+        False,
+        sessions_reply(lambda right: [right[0], without(right[1], "terminated")]),
+    ),
+    "sessions: a step without its reward": (
+        False,
+        sessions_reply(lambda right: [right[0], without(right[1], "reward")]),
+    ),
+    "sessions: an opened for a step": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "type": "opened"}]),
+    ),
+    "sessions: an error code it does not know": (
+        False,
+        sessions_reply(lambda right: [right[0], {**right[1], "type": "error", "data": UNKNOWN}]),
+    ),
+    "vector: not JSON": (True, lambda _: "not json"),
+    "vector: a list": (True, lambda _: "[1]"),
+    "vector: a batch without rewards": (
+        True,
+        vector_reply(lambda right: without(right, "rewards")),
+    ),
+    "vector: an error code it does not know": (
+        True,
+        vector_reply(lambda right: {**right, "type": "error", "data": UNKNOWN}),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("vector", "reply"), NOT_THE_PROTOCOL.values(), ids=NOT_THE_PROTOCOL.keys()
+)
+async def test_a_reply_that_is_not_the_protocol_is_a_failed_connection(
+    vector: bool, reply: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # As MuxClient reads such a reply: the call fails at once, and so does every
+    # later one, since nothing more the server says can be trusted.
+    async def answer(ws: ServerConnection, requests: list[dict[str, Any]]) -> None:
+        await ws.send(reply(requests))
+
+    async with fake_gymnasium_server(vector, serves_until_a_step(vector, answer)) as url:
+        envs = await asyncio.to_thread(RemoteVectorEnv, url, num_envs=2, timeout=30)
+        try:
+            await asyncio.to_thread(envs.reset, seed=0)
+            with pytest.raises(SessionClosedError, match="the connection failed"):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+            with pytest.raises(SessionClosedError):
+                await asyncio.to_thread(envs.step, np.array([0, 1]))
+        finally:
+            await asyncio.to_thread(envs.close)  # and raises nothing

@@ -358,3 +358,41 @@ def test_the_pool_sends_the_api_key_from_the_environment(monkeypatch: pytest.Mon
             asyncio.run(ServerPool([url], wait=0).place())
         monkeypatch.setenv("OPENENV_API_KEY", "k")
         assert asyncio.run(ServerPool([url], wait=0).place()) == ws_url(url)
+
+
+def test_one_pool_places_sessions_from_two_event_loops_checking_at_once() -> None:
+    """A pool is one per process for its URLs (``shared``, ``"url1,url2"``), and
+    sync clients, Runners' wrappers and threads each run their own event loop:
+    two loops' first health checks under way together must each end in their
+    own loop, and a second placement in a loop must wait for that loop's."""
+    # Each /health answers only once two are under way: the loops' rounds overlap.
+    both_asking = threading.Barrier(2)
+
+    async def health(request: Request) -> Response:
+        await asyncio.to_thread(both_asking.wait, 30)
+        return Response(b'{"status": "healthy", "max_sessions": 8}', media_type="application/json")
+
+    with run_server(Starlette(routes=[Route("/health", health)])) as url:
+        pool = ServerPool([url], wait=5)
+        placed: dict[str, list[str] | BaseException] = {}
+
+        def in_own_loop(name: str, sessions: int) -> None:
+            async def place() -> list[str]:
+                async with asyncio.timeout(60):  # a waiter whose round never ends: for ever
+                    return list(await asyncio.gather(*(pool.place() for _ in range(sessions))))
+
+            try:
+                placed[name] = asyncio.run(place())
+            except BaseException as exc:  # the test reads it below
+                placed[name] = exc
+
+        threads = [
+            threading.Thread(target=in_own_loop, args=("two", 2)),
+            threading.Thread(target=in_own_loop, args=("one", 1)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert placed == {"two": [ws_url(url)] * 2, "one": [ws_url(url)]}
+        assert [view.placed for view in pool.servers()] == [3]

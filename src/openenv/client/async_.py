@@ -143,8 +143,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # The loop the connection lives on; calls from elsewhere are carried to it.
         self.home_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
-        # One connection however many calls make the first one at once.
+        # One connection however many calls make the first one at once; a lock
+        # of the loop connecting (a lock waited on is bound to its loop, and a
+        # failed first connect may be retried from another).
         self._connecting = asyncio.Lock()
+        self._connecting_loop: asyncio.AbstractEventLoop | None = None
         # Replies the server still owes on this connection: one per request sent,
         # less those read. More than one means calls given up on (timed out,
         # cancelled) whose replies are still to come: v1 replies carry no id.
@@ -169,6 +172,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         # Calls that find no connection wait for the first one's: each opening
         # its own would split the session in two (a reset on one, steps on the
         # other) and leave one holding a slot no one closes.
+        loop = asyncio.get_running_loop()
+        if self._connecting_loop is not loop:
+            # Connected nowhere and connecting nowhere (or on_home_loop would
+            # have carried this call there): a new loop's calls need a lock of it.
+            self._connecting, self._connecting_loop = asyncio.Lock(), loop
         async with self._connecting:
             if self._ws is None:
                 await self._connect_once()
@@ -177,7 +185,18 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
     async def _connect_once(self) -> None:
         if self._closed:
             raise SessionClosedError("this client was closed; create a new one")
+        # Home from the start: a call from another loop meanwhile waits for this
+        # connection here rather than opening its own.
         self.home_loop = asyncio.get_running_loop()
+        try:
+            await self._open_connection()
+        finally:
+            if self._ws is None:
+                # Nothing was opened on this loop: a retry may come from another
+                # (a new asyncio.run once the server is up) and must be let in.
+                self.home_loop = None
+
+    async def _open_connection(self) -> None:
         self._owed = 0  # a new connection owes no reply
         if self.pool is None:
             self._ws = await self._opened(self.url)

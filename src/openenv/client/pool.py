@@ -100,8 +100,10 @@ class ServerPool:
         self._servers: dict[str, ServerView] = {}
         self._checked = -float("inf")
         self.waiting = 0  # placements waiting for room, in this process
-        self._refreshing: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The round of health checks under way in each event loop: a future
+        # belongs to one loop, and one pool serves several (``shared`` makes one
+        # per process; sync clients, Runners and threads each run their own).
+        self._refreshing: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -199,23 +201,26 @@ class ServerPool:
 
     def _refresh_soon(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._refreshing is None or self._loop is not loop or self._refreshing.done():
+        if loop not in self._refreshing:
             task = loop.create_task(self._refresh())
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
     async def _refresh(self) -> None:
-        # Concurrent placements in one loop share one round of health checks.
+        # Concurrent placements in one loop share one round of health checks;
+        # another loop's round is no future this one may await or settle.
         loop = asyncio.get_running_loop()
-        if self._refreshing is not None and self._loop is loop and not self._refreshing.done():
-            await asyncio.shield(self._refreshing)
+        under_way = self._refreshing.get(loop)
+        if under_way is not None:
+            await asyncio.shield(under_way)
             return
-        self._loop, self._refreshing = loop, loop.create_future()
+        done = self._refreshing[loop] = loop.create_future()
         try:
             await self._check_all()
         finally:
             self._checked = time.monotonic()
-            self._refreshing.set_result(None)
+            del self._refreshing[loop]
+            done.set_result(None)
 
     async def _check_all(self) -> None:
         import httpx  # the pool's only HTTP; imported when a pool is first used

@@ -14,13 +14,21 @@ from openenv.errors import (
     AuthenticationError,
     CapacityError,
     ConnectionFailedError,
+    OpenEnvError,
     SessionClosedError,
 )
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
-__all__ = ["close_by", "closed_error", "deadline_in", "open_socket"]
+__all__ = [
+    "CONNECT_FAILURES",
+    "close_by",
+    "closed_error",
+    "connect_error",
+    "deadline_in",
+    "open_socket",
+]
 
 
 def _body(exc: InvalidStatus) -> dict[str, Any]:
@@ -61,36 +69,47 @@ def deadline_in(seconds: float | None) -> float | None:
     return None if seconds is None else asyncio.get_running_loop().time() + seconds
 
 
+# What opening a WebSocket raises when it fails: nothing listens, a timeout
+# (an OSError too), a refused or cut handshake, an address that is not one.
+CONNECT_FAILURES = (OSError, InvalidHandshake, InvalidURI)
+
+
 async def open_socket(
     url: str, connect_timeout: float, options: Mapping[str, Any]
 ) -> ClientConnection:
     """Open a WebSocket to a session route; its failures as openenv's errors."""
     try:
         return await _connect(url, **options)
-    except TimeoutError:
-        raise ConnectionFailedError(url, f"no answer within {connect_timeout}s") from None
-    except InvalidURI as exc:
-        raise ConnectionFailedError(url, str(exc)) from None
-    except InvalidStatus as exc:
+    except CONNECT_FAILURES as exc:
+        raise connect_error(url, exc, connect_timeout) from None
+
+
+def connect_error(url: str, exc: BaseException, connect_timeout: float) -> OpenEnvError:
+    """Why opening the WebSocket at ``url`` failed (one of ``CONNECT_FAILURES``),
+    as openenv's error; for the clients that open theirs without ``open_socket``."""
+    if isinstance(exc, TimeoutError):
+        return ConnectionFailedError(url, f"no answer within {connect_timeout}s")
+    if isinstance(exc, InvalidURI):
+        return ConnectionFailedError(url, str(exc))
+    if isinstance(exc, InvalidStatus):
         status, body = exc.response.status_code, _body(exc)
         said = str(body.get("detail") or "")
         if status == 503 and body.get("code") == protocol.ErrorCode.CAPACITY_REACHED.value:
             # A fleet's directory with every replica full: a full server, to retry later.
             details = {k: v for k, v in body.items() if k not in ("detail", "code")}
-            raise CapacityError(protocol.ErrorCode.CAPACITY_REACHED, said, details) from None
+            return CapacityError(protocol.ErrorCode.CAPACITY_REACHED, said, details)
         if status == 401 or (status == 403 and said):
-            raise AuthenticationError(url, said or f"HTTP {status}") from None
+            return AuthenticationError(url, said or f"HTTP {status}")
         if status in (403, 404):
             # What a server (ours or not) answers an upgrade to a path with no
             # WebSocket route: the URL is wrong, not the key.
-            raise ConnectionFailedError(
+            return ConnectionFailedError(
                 url,
                 f"no openenv session endpoint there (HTTP {status}); "
                 f"is this the server's root URL?",
-            ) from None
-        raise ConnectionFailedError(url, f"HTTP {status}: {said or 'refused'}") from None
-    except (OSError, InvalidHandshake) as exc:
-        raise ConnectionFailedError(url, str(exc) or type(exc).__name__) from None
+            )
+        return ConnectionFailedError(url, f"HTTP {status}: {said or 'refused'}")
+    return ConnectionFailedError(url, str(exc) or type(exc).__name__)
 
 
 async def _connect(url: str, **options: Any) -> ClientConnection:

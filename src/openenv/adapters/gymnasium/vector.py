@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
@@ -44,9 +45,11 @@ from openenv import protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
 from openenv.adapters.gymnasium.vector_link import (
+    UNREADABLE,
     VectorLink,
     decode_infos,
     final_observations,
+    seconds_until,
     stack_lists,
 )
 from openenv.client._base import (
@@ -58,6 +61,7 @@ from openenv.client._base import (
     ws_url,
 )
 from openenv.client.blocking_ws import BlockingWebSocket
+from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -76,6 +80,12 @@ DEFAULT_BUSY_POLL = 0.002
 
 class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
     """``num_envs`` remote environments behind Gymnasium's vector API.
+
+    It fails as the other clients do: a refused handshake is a
+    ``ConnectionFailedError`` (``AuthenticationError``, ``CapacityError``), a
+    call without its replies within ``timeout`` an ``EnvTimeoutError``, and a
+    dropped connection, or a reply that is not the protocol (which closes the
+    connection), a ``SessionClosedError``.
 
     Args:
         base_url: A server running ``create_gymnasium_app`` (or ``envs/gymnasium_env``).
@@ -150,8 +160,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
             )
-        except OSError as exc:
-            raise ConnectionFailedError(url, str(exc)) from None
+        except CONNECT_FAILURES as exc:
+            raise connect_error(url, exc, timeout) from None
         if ws.subprotocol != protocol_v2.SUBPROTOCOL:
             ws.close()
             raise ConnectionFailedError(url, "the server does not speak protocol v2")
@@ -312,14 +322,26 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 item["data"] = data
             items.append(item)
         replies: list[dict[str, Any] | None] = [None] * len(requests)
-        left = len(items)
+        unanswered = {item["session"]: item["type"] for item in items}
         error: Exception | None = None
+        # One bound for the whole call: frames for nobody (late replies, notices)
+        # must not put it off, however often they come.
+        deadline = time.monotonic() + self.timeout
         try:
             # The server may have said why before closing: read on after a failed send.
             with contextlib.suppress(ConnectionClosed):
                 ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
-            while left:
-                left, error = self._read(ws, first, replies, left, error)
+            while unanswered:
+                frame = ws.recv(timeout=seconds_until(deadline))
+                try:
+                    error = self._read(frame, first, unanswered, replies, error)
+                except UNREADABLE as exc:
+                    # As MuxClient: the connection can be trusted no further.
+                    self._broken = True
+                    if self._ws is ws:
+                        self._ws = None
+                    ws.close()
+                    raise SessionClosedError(f"the connection failed: {exc!r}") from None
         except ConnectionClosed as exc:
             self._broken = True
             raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
@@ -332,24 +354,39 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _read(
         self,
-        ws: Any,
+        frame: str | bytes,
         first: int,
+        unanswered: dict[int, str],
         replies: list[dict[str, Any] | None],
-        left: int,
         error: Exception | None,
-    ) -> tuple[int, Exception | None]:
-        """Take one frame of replies to the call ``first``: how many are left, the first error."""
-        for reply in orjson.loads(ws.recv(timeout=self.timeout)):
+    ) -> Exception | None:
+        """Take one frame of replies to the call ``first`` (``unanswered``: each
+        session still owed a reply, and what it asked); the first error. Raises
+        one of ``UNREADABLE`` if the frame is not the protocol."""
+        items = orjson.loads(frame)
+        if not isinstance(items, list):
+            raise TypeError(f"a frame of replies that is not a list: {items!r:.80}")
+        for reply in items:
             if reply.get("id") != first:
                 if reply.get("type") == "closed":
                     error = error or SessionClosedError(str(reply["data"].get("message")))
                 continue  # a notice, or a reply the caller gave up on
-            left -= 1
-            if reply["type"] == "error":
-                error = error or error_from(reply["data"])
+            session = reply.get("session")
+            # (An int, not a bool: True would pass for session 1.)
+            kind = unanswered.pop(session, None) if type(session) is int else None
+            if kind is None:
+                raise LookupError(f"a reply for session {session!r}, which is owed none")
+            reply_type, data = reply.get("type"), reply["data"]
+            if reply_type == "error":
+                error = error or error_from(data)
+            elif reply_type == "closed" and kind != "close":  # ended before it answered
+                error = error or SessionClosedError(str(data.get("message") or data["reason"]))
+            elif reply_type != _ANSWERS[kind]:
+                raise ValueError(f"a {reply_type!r} in reply to {kind!r}")
             else:
-                replies[reply["session"]] = reply
-        return left, error
+                _check_fields(kind, data)
+                replies[session] = reply
+        return error
 
     def _checked(self, actions: Any) -> list[Any]:
         """Every environment's action as JSON, each checked as the server will check it:
@@ -389,6 +426,23 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         values = np.asarray(fields["observations"], dtype=space.dtype)
         self._observations = values.reshape(self.observation_space.shape)
         return self._out(), final_observations(decode_infos(fields.get("infos") or {}), space)
+
+
+# The reply each request is answered with (else an error, or a session's end).
+_ANSWERS = {"open": "opened", "close": "closed", "reset": "observation", "step": "observation"}
+
+
+def _check_fields(kind: str, data: dict[str, Any]) -> None:
+    """``KeyError`` if a reply to ``kind`` lacks what ``reset`` or ``step`` reads of it."""
+    if kind not in ("reset", "step"):
+        return
+    payload = data["observation"]
+    needed = ["observation"] if kind == "reset" else ["observation", "terminated", "truncated"]
+    missing = [name for name in needed if name not in payload]
+    if kind == "step" and "reward" not in data:
+        missing.append("reward")
+    if missing:
+        raise KeyError(f"an observation without {', '.join(missing)}")
 
 
 def _refused(exc: ValidationError, envs: list[int]) -> Exception:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from typing import Any, Literal
 
 import gymnasium
@@ -21,13 +22,20 @@ from openenv import protocol
 from openenv.adapters.gymnasium.spaces import from_json
 from openenv.client._base import error_from, ws_url
 from openenv.client.blocking_ws import BlockingWebSocket
+from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
-    ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
 )
 
-__all__ = ["VectorLink", "decode_infos", "final_observations", "stack_lists"]
+__all__ = [
+    "UNREADABLE",
+    "VectorLink",
+    "decode_infos",
+    "final_observations",
+    "seconds_until",
+    "stack_lists",
+]
 
 
 class VectorLink:
@@ -61,8 +69,8 @@ class VectorLink:
                 open_timeout=timeout,
                 busy_poll=busy_poll,
             )
-        except OSError as exc:
-            raise ConnectionFailedError(url, str(exc)) from None
+        except CONNECT_FAILURES as exc:
+            raise connect_error(url, exc, timeout) from None
         try:
             self._call("state", None)  # a server at capacity says so now, not at reset
         except BaseException:
@@ -106,16 +114,22 @@ class VectorLink:
         if ws is None:
             raise SessionClosedError("this vector env is closed")
         request_id = next(self._ids)
+        # One bound for the whole call, however many late replies come first.
+        deadline = time.monotonic() + self.timeout
         try:
             # The server may have said why (at capacity) before closing: read on.
             with contextlib.suppress(ConnectionClosed):
                 ws.send(protocol.request_frame(kind, data, request_id))
             while True:
-                reply = orjson.loads(ws.recv(timeout=self.timeout))
-                # Another id: the late reply of a call given up on. An error with
-                # none answers no request in particular (the server at capacity).
-                reply_id = reply.get("id")
-                if reply_id == request_id or (reply_id is None and reply.get("type") == "error"):
+                frame = ws.recv(timeout=seconds_until(deadline))
+                try:
+                    answer = _answer(frame, kind, request_id)
+                except UNREADABLE as exc:
+                    # As MuxClient: the connection can be trusted no further.
+                    self._ws = None
+                    ws.close()
+                    raise SessionClosedError(f"the connection failed: {exc!r}") from None
+                if answer is not None:
                     break
         except ConnectionClosed as exc:
             close = exc.rcvd or exc.sent
@@ -123,15 +137,55 @@ class VectorLink:
             raise SessionClosedError(f"the server closed the vector session ({why})") from None
         except TimeoutError:
             raise EnvTimeoutError(f"no reply to {kind!r} within {self.timeout}s") from None
-        if reply["type"] == "error":
-            raise error_from(reply["data"])
-        answer: dict[str, Any] = reply["data"]
+        if isinstance(answer, Exception):
+            raise answer
         return answer
 
     @staticmethod
     def _fields(data: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = data["observation"]
         return fields
+
+
+# What reading a reply that is not the protocol raises (orjson's errors are ValueErrors).
+UNREADABLE = (ValueError, LookupError, TypeError, AttributeError)
+# What RemoteVectorEnv reads of the batch a reset or a step answers with.
+_BATCH = {
+    "reset": ("observations",),
+    "step": ("observations", "rewards", "terminations", "truncations"),
+    "state": (),
+}
+
+
+def _answer(frame: str | bytes, kind: str, request_id: int) -> dict[str, Any] | Exception | None:
+    """The reply ``frame`` to the request ``request_id`` (a ``kind``): its data, or
+    its error; ``None`` if it answers another. Raises one of ``UNREADABLE`` if the
+    frame is not the protocol."""
+    reply = orjson.loads(frame)
+    # Another id: the late reply of a call given up on. An error with none
+    # answers no request in particular (the server at capacity).
+    reply_id = reply.get("id")
+    if reply_id != request_id and not (reply_id is None and reply.get("type") == "error"):
+        return None
+    if reply["type"] == "error":
+        return error_from(reply["data"])
+    data: dict[str, Any] = reply["data"]
+    if kind != "state":
+        if reply["type"] != "observation":
+            raise ValueError(f"a {reply['type']!r} in reply to {kind!r}")
+        missing = [name for name in _BATCH[kind] if name not in data["observation"]]
+        if missing:
+            raise KeyError(f"a batch without {', '.join(missing)}")
+    return data
+
+
+def seconds_until(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``); ``TimeoutError`` if none
+    are: a frame already in would be handed out by ``recv`` however late."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
 
 
 def decode_infos(value: Any) -> Any:
