@@ -211,6 +211,27 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
     return key, cert
 
 
+async def test_a_message_larger_than_the_socket_buffer_goes_after_a_busy_polled_recv() -> None:
+    # Busy polling leaves the socket non-blocking; a send must still write it all.
+    app = create_app(
+        EchoEnvironment,
+        EchoAction,
+        EchoObservation,
+        ConcurrencyConfig(max_concurrent_envs=1),
+        max_message_size=2**26,
+    )
+    with run_server(app, ws_max_size=2**26) as url:
+        ws = BlockingWebSocket(ws_url(url), busy_poll=0.5)
+        try:
+            assert exchange(ws, {"type": "reset"})["type"] == "observation"
+            message = "x" * 32_000_000
+            reply = exchange(ws, {"type": "step", "data": {"message": message}})
+            assert reply["data"]["observation"]["message_length"] == len(message)
+        finally:
+            ws.close()
+        await slots_free(url)
+
+
 async def test_it_speaks_tls(certificate: tuple[Path, Path]) -> None:
     key, cert = certificate
     trusted = ssl.create_default_context(cafile=str(cert))

@@ -63,6 +63,9 @@ class BlockingWebSocket:
             reply comes (tens of microseconds on a VM), at the cost of that
             core while it waits.
         ssl_context: For ``wss://`` (default: the clients' shared one, httpx's CA bundle).
+        send_timeout: Seconds a message may take to be written (a server that stopped
+            reading); past it the connection is dropped, as a frame cut short
+            leaves it unusable (``None``: no limit).
 
     Raises ``OSError`` (``TimeoutError`` included) if it cannot connect, and
     websockets' ``InvalidHandshake`` errors if the server refuses the handshake.
@@ -79,6 +82,7 @@ class BlockingWebSocket:
         keepalive: float = 5.0,
         busy_poll: float = 0.0,
         ssl_context: ssl.SSLContext | None = None,
+        send_timeout: float | None = 60.0,
     ) -> None:
         uri = parse_uri(url)
         self._protocol = ClientProtocol(
@@ -87,6 +91,7 @@ class BlockingWebSocket:
             subprotocols=[Subprotocol(s) for s in subprotocols] if subprotocols else None,
         )
         self._busy_poll = busy_poll
+        self._send_timeout = send_timeout
         self._typical = 0.0  # how long recv waited for a message, smoothed
         self._buffer = bytearray(_READ)
         self._view = memoryview(self._buffer)
@@ -230,18 +235,28 @@ class BlockingWebSocket:
         self._flush()
 
     def _flush(self) -> None:
-        for chunk in self._protocol.data_to_send():
-            try:
+        chunks = self._protocol.data_to_send()
+        if not chunks:
+            return
+        # The socket has a read's timeout on it: none left, or 0 while recv
+        # busy-polls, which would fail a send larger than the socket's buffer.
+        left = self._sock.gettimeout()
+        if left != self._send_timeout:
+            self._sock.settimeout(self._send_timeout)
+        try:
+            for chunk in chunks:
                 if chunk:
                     self._sock.sendall(chunk)
                 else:  # the protocol's end of stream: half-close
                     self._sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                # The peer is gone: as the end of the stream, which the next
-                # send or recv reports as ConnectionClosed.
-                self._protocol.receive_eof()
-                self._protocol.data_to_send()
-                return
+        except OSError:
+            # The peer is gone (or takes nothing, past send_timeout): as the end
+            # of the stream, which the next send or recv reports as ConnectionClosed.
+            self._protocol.receive_eof()
+            self._protocol.data_to_send()
+        finally:
+            if left != self._send_timeout:
+                self._sock.settimeout(left)
 
     def _closed(self) -> ConnectionClosed:
         protocol = self._protocol

@@ -157,6 +157,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 url,
                 headers=headers,
                 open_timeout=timeout,
+                send_timeout=timeout,
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
             )

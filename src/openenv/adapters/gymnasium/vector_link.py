@@ -67,6 +67,7 @@ class VectorLink:
                 url,
                 headers=headers,
                 open_timeout=timeout,
+                send_timeout=timeout,
                 busy_poll=busy_poll,
             )
         except CONNECT_FAILURES as exc:
