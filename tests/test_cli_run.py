@@ -190,6 +190,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         ("import not_installed_dependency_xyz\n", "ModuleNotFoundError: No module named"),
         ("def play(:\n", "SyntaxError: invalid syntax"),
         ("\nraise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+        ("import sys; sys.exit(0)\n", "SystemExit: 0"),
+        ("\nimport sys; sys.exit('usage: my_agent URL')\n", "SystemExit: usage: my_agent URL"),
     ],
 )
 def test_an_agent_module_that_fails_to_import_is_one_line(

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import pytest
 from pydantic import BaseModel, Field
@@ -427,6 +427,40 @@ def test_a_result_the_driver_cannot_unpickle_fails_alone(tmp_path: Path) -> None
     assert results[0].error is not None
     assert results[0].error.type == "ResultUnpicklingError"
     assert "worker_only_mod" in results[0].error.message
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+class Raises:
+    """A value whose unpickling raises ``exc``: a ``__reduce__`` runs code where it is loaded."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_raise, (self.exc,))
+
+
+@pytest.mark.timeout(60)  # the old failure was a run that never ended
+@pytest.mark.parametrize("exc", [SystemExit("unpickled"), KeyboardInterrupt("unpickled")])
+def test_a_result_whose_unpickling_raises_a_base_exception_fails_alone(
+    exc: BaseException,
+) -> None:
+    # It escaped into the driver's background loop and killed it: this run,
+    # and every later one in the program, waited for ever.
+    async def returns_it(session: EpisodeSession) -> Raises:
+        return Raises(exc)
+
+    tasks = [factory_task("t0", returns_it), factory_task("t1", echo_agent)]
+    results = Runners.sync_run_task(tasks, PROCESSES)
+    assert [r.status.value for r in results] == ["error", "ok"]
+    assert results[0].error is not None
+    assert results[0].error.type == "ResultUnpicklingError"
+    assert f"{type(exc).__name__}: unpickled" in results[0].error.message
+    later = Runners.sync_run_task([factory_task("t2", echo_agent)], PROCESSES)
+    assert [r.status.value for r in later] == ["ok"]
 
 
 def test_a_broken_custom_engine_is_caught() -> None:

@@ -10,8 +10,11 @@ the others.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import functools
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -132,6 +135,68 @@ def test_a_task_that_kills_every_worker_it_plays_on_fails_alone(
     assert "lost its worker 3 times (retries=2)" in killer.error.message
     assert [r.task_id for r in results if not r.ok] == ["killer"], [r.error for r in results]
     assert all(1 <= r.attempts <= 3 for r in results)
+
+
+# Longer than any test here: the test kills the child when it is done.
+HELPER_LIFE = 600
+
+
+def fork_child(how: str, pid_file: str) -> None:
+    """Fork a child that outlives this process, and write its pid to ``pid_file``.
+
+    ``how``: ``"multiprocessing"``, a helper process as an agent may start;
+    ``"libc"``, a fork from C, as a native library may do, which runs none
+    of Python's at-fork hooks.
+    """
+    if how == "multiprocessing":
+        helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(HELPER_LIFE,))
+        helper.start()
+        pid = helper.pid
+    else:
+        pid = ctypes.PyDLL(None).fork()  # PyDLL: the child wakes holding the GIL
+        if pid == 0:
+            time.sleep(HELPER_LIFE)
+            os._exit(0)
+    Path(pid_file).write_text(str(pid))
+
+
+class ForksThenDies:
+    """Forks a child that outlives its worker process (``fork_child``), then kills the worker."""
+
+    def __init__(self, pid_file: str, how: str) -> None:
+        self.pid_file = pid_file
+        self.how = how
+
+    async def __call__(self, session: EpisodeSession) -> None:
+        await session.reset()
+        fork_child(self.how, self.pid_file)
+        os._exit(1)  # as a crash would
+
+
+@pytest.mark.parametrize("how", ["multiprocessing", "libc"])
+async def test_a_worker_that_dies_is_noticed_though_a_child_it_forked_lives_on(
+    tmp_path: Path, how: str
+) -> None:
+    # The driver learned of a worker's death only from the end of its stdout,
+    # and the child held a copy of that pipe: the run waited for the child to
+    # exit, and with a timeout it reported `timeout`, not the crash.
+    pid_file = tmp_path / "child.pid"
+    tasks = [
+        Task(id="crasher", env=EchoEnvironment, agent=ForksThenDies(str(pid_file), how)),
+        *echo_tasks(3, echo_agent),
+    ]
+    config = RunConfig(worker_num=2, max_concurrency=1, retries=0, timeout=30, progress=False)
+    try:
+        async with asyncio.timeout(60):  # a guard: the old failure never ended
+            results = await Runners.run_task(tasks, config)
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"], results[0]
+    assert results[0].error is not None
+    assert results[0].error.message == (
+        "the worker process exited with code 1; the task lost its worker 1 times (retries=0)"
+    )
 
 
 @pytest.mark.parametrize("name", list(REMOTE))

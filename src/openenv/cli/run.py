@@ -61,7 +61,9 @@ def _agent(spec: str) -> Any:
         return load_agent(spec)
     except ValueError:
         raise
-    except Exception as exc:  # the user's code: its file, line and error, not a traceback
+    # The user's code: its file, line and error, not a traceback; a sys.exit() in it
+    # (a script's usage check) must not end this process as if the run had gone well.
+    except (Exception, SystemExit) as exc:
         where = ""
         if isinstance(exc, SyntaxError) and exc.filename:
             where = f"{Path(exc.filename).name}:{exc.lineno}: "

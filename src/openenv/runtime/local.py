@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Coroutine, Sequence
@@ -88,29 +89,31 @@ class _Process(ChannelWorker):
 
     what = "the worker process"
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        self.proc = proc
-        super().__init__(proc.stdout)
+    def __init__(self, transport: asyncio.SubprocessTransport, pipes: _Pipes) -> None:
+        self.transport = transport
+        self.pipes = pipes
+        super().__init__(pipes.stdout)
 
     @classmethod
     async def spawn(cls) -> _Process:
         # The worker imports what this process can: openenv itself may come from
         # a path added at run time rather than from an installed package.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        proc = await asyncio.create_subprocess_exec(
+        transport, pipes = await asyncio.get_running_loop().subprocess_exec(
+            _Pipes,
             sys.executable,
             "-m",
             "openenv.runtime.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
             env=env,
         )
-        return cls(proc)
+        return cls(transport, pipes)
 
     def _write(self, data: bytes) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
+        stdin = self.transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
         if stdin.is_closing():
             raise BrokenPipeError("the worker's stdin is closed")
         stdin.write(data)
@@ -120,19 +123,78 @@ class _Process(ChannelWorker):
 
     def abort(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+            self.transport.kill()
 
     async def _gone(self) -> str:
         # Not kill() at once: on a process that already exited, it reaps it
         # (Popen.poll) before asyncio's child watcher can read its exit code.
         try:
-            code = await asyncio.wait_for(asyncio.shield(self.proc.wait()), 5)
+            await asyncio.wait_for(asyncio.shield(self.pipes.exited), 5)
         except TimeoutError:
             self.abort()
-            code = await self.proc.wait()
+            await self.pipes.exited
+        code = self.transport.get_returncode()
+        self.transport.close()  # its stdin, which a child it forked may still hold open
         with contextlib.suppress(ValueError):
             _idle.remove(self)
         return f"the worker process exited with code {code}"
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    """A worker process's stdout as a stream that ends when the process does.
+
+    A child the worker forked (an agent's multiprocessing helper, or a C
+    library's fork) holds a copy of the pipe's writing end, and may outlive
+    the worker: the pipe would not end until that child exits, and the
+    worker's death would go unnoticed all that time. So once the process has
+    exited, what it wrote is read at once and the stream ended here.
+    """
+
+    def __init__(self) -> None:
+        self.stdout = asyncio.StreamReader()
+        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._ended = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._transport = transport
+        stdout = transport.get_pipe_transport(1)
+        assert stdout is not None
+        self.stdout.set_transport(stdout)  # it pauses the pipe while its buffer is full
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.stdout.feed_data(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd != 1 or self._ended:
+            return
+        if exc is None:
+            self.stdout.feed_eof()
+        else:
+            self.stdout.set_exception(exc)
+
+    def process_exited(self) -> None:
+        self.exited.set_result(None)
+        assert self._transport is not None
+        stdout = self._transport.get_pipe_transport(1)
+        if stdout is None or stdout.is_closing():
+            return
+        # All the process wrote is in the pipe by now, or already read from it
+        # and on its way here: each read is handed on with call_soon, so ours
+        # goes after them. Once closed, the pipe's transport reads no more.
+        fd = stdout.get_extra_info("pipe").fileno()
+        rest = bytearray()
+        with contextlib.suppress(BlockingIOError):  # all there is, without waiting
+            while data := os.read(fd, 1 << 16):
+                rest += data
+        asyncio.get_running_loop().call_soon(self._end, bytes(rest))
+        stdout.close()
+
+    def _end(self, rest: bytes) -> None:
+        self._ended = True
+        self.stdout.feed_data(rest)
+        self.stdout.feed_eof()
 
 
 _loop: asyncio.AbstractEventLoop | None = None

@@ -14,6 +14,7 @@ a Ray actor or a Spark task alike.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -175,7 +176,17 @@ def decode_result(data: bytes) -> tuple[int, TaskResult]:
     index, task_id, blob = cloudpickle.loads(data)
     try:
         result: TaskResult = cloudpickle.loads(blob)
-    except Exception as exc:
+    except BaseException as exc:
+        # Unpickling runs the result's own code (a __reduce__ may call sys.exit):
+        # what it raises is this task's failure. Raised on, a SystemExit killed
+        # the driver's loop, and this run and every later one waited for ever.
+        # A KeyboardInterrupt on the main thread may be the user's Ctrl-C
+        # (signals arrive only there): that one is not ours to keep.
+        if (
+            isinstance(exc, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            raise
         message = (
             f"the worker's result could not be unpickled here "
             f"(is the agent's return type importable?): {type(exc).__name__}: {exc}"
