@@ -9,8 +9,10 @@ tuple:
   ``("play", parcel)`` hands over one task, ``("rest",)`` says nothing more
   is coming for now (the worker closes its idle sessions), ``("end",)``
   ends the run;
-- worker to driver: ``("result", index, data)`` the moment an episode is
-  over, ``("ended",)`` once a run's sessions are closed.
+- worker to driver: ``("started", index)`` as the episode of a task with a
+  timeout starts its clock (the driver's watch over the worker counts from
+  then), ``("result", index, data)`` the moment an episode is over,
+  ``("ended",)`` once a run's sessions are closed.
 
 ``ChannelWorker`` is the driver's end (what ``dispatch.serve`` drives);
 ``work`` is the worker's.
@@ -71,6 +73,7 @@ class ChannelWorker:
         self.died = asyncio.Event()
         self._stream = reader
         self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._started: dict[int, Callable[[], None]] = {}
         self._ended: asyncio.Future[None] | None = None
         self._reader = asyncio.create_task(self._read())
 
@@ -96,20 +99,21 @@ class ChannelWorker:
     def begin(self, settings: BatchSettings, sys_path: list[str]) -> None:
         self._write(frame(("begin", settings, sys_path)))
 
-    async def play(self, parcel: Parcel) -> bytes:
+    async def play(self, parcel: Parcel, started: Callable[[], None]) -> bytes:
         if self.died.is_set():
             raise WorkerLost(f"{self.what} is gone", sent=False)
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._pending[parcel.index] = future
+        self._started[parcel.index] = started
         try:
             self._write(frame(("play", parcel)))
         except (ConnectionError, RuntimeError) as exc:
-            self._pending.pop(parcel.index, None)
             raise WorkerLost(f"{self.what} is gone: {exc}", sent=False) from exc
-        try:
+        else:
             return await future
         finally:
             self._pending.pop(parcel.index, None)
+            self._started.pop(parcel.index, None)
 
     async def finish(self) -> None:
         self._ended = asyncio.get_running_loop().create_future()
@@ -133,6 +137,10 @@ class ChannelWorker:
                     future = self._pending.get(message[1])
                     if future is not None and not future.done():
                         future.set_result(message[2])
+                elif message[0] == "started":
+                    started = self._started.pop(message[1], None)
+                    if started is not None:
+                        started()
                 elif message[0] == "ended" and self._ended is not None and not self._ended.done():
                     self._ended.set_result(None)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -199,7 +207,10 @@ async def work(
     running: set[asyncio.Task[None]] = set()
 
     async def play(parcel: Parcel) -> None:
-        emit(frame(("result", parcel.index, await worker.play(parcel))))
+        def started() -> None:
+            emit(frame(("started", parcel.index)))
+
+        emit(frame(("result", parcel.index, await worker.play(parcel, started))))
 
     try:
         while True:

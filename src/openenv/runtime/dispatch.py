@@ -18,6 +18,7 @@ find room, and the run must not wait for it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,9 @@ __all__ = ["Dispatcher", "RemoteWorker", "WorkerLost", "serve"]
 
 # How long past a task's timeout the driver waits for its worker to say so,
 # before it reports the timeout itself (the worker's loop may be stalled).
+# The timeout counts from the handout, or from when the worker says the
+# episode started: a fresh process, or an agent's module slow to import,
+# starts the worker's own clock seconds after the handout.
 OVERDUE_GRACE = 0.5
 
 # Workers started in a row that died without a single result: then give up.
@@ -56,8 +60,12 @@ class RemoteWorker(Protocol):
 
     died: asyncio.Event
 
-    async def play(self, parcel: Parcel) -> bytes:
-        """Play a parcel; its encoded result. Raises ``WorkerLost``."""
+    async def play(self, parcel: Parcel, started: Callable[[], None]) -> bytes:
+        """Play a parcel; its encoded result. Raises ``WorkerLost``.
+
+        ``started`` is called when the worker starts the episode's clock
+        (tasks with a timeout only).
+        """
         ...
 
     async def finish(self) -> None:
@@ -168,9 +176,7 @@ class Dispatcher:
             if time_left <= 0:
                 self._record(index, self._timeout(index))
                 return None
-            loop = asyncio.get_running_loop()
-            handle = loop.call_later(time_left + OVERDUE_GRACE, self._overdue, index)
-            self._timers[index] = handle
+            self._watch(index, time_left)
         previous = None
         if self.settings.sequence_dependent and index > 0:
             previous = self.results[index - 1]
@@ -182,6 +188,16 @@ class Dispatcher:
             time_left=time_left,
             previous=previous,
         )
+
+    def started(self, parcel: Parcel) -> None:
+        """The worker started ``parcel``'s episode: its timeout runs from now there."""
+        if parcel.index in self._timers and parcel.time_left is not None:
+            self._cancel_timer(parcel.index)
+            self._watch(parcel.index, parcel.time_left)
+
+    def _watch(self, index: int, time_left: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._timers[index] = loop.call_later(time_left + OVERDUE_GRACE, self._overdue, index)
 
     def finish(self, data: bytes) -> None:
         """A worker's encoded result; kept unless the task has one already."""
@@ -376,7 +392,7 @@ async def _slot(
     while (parcel := await dispatcher.take(until=worker.died, worker=worker)) is not None:
         holders[parcel.index] = worker
         try:
-            data = await worker.play(parcel)
+            data = await worker.play(parcel, functools.partial(dispatcher.started, parcel))
         except WorkerLost as exc:
             worker.died.set()
             if exc.sent:

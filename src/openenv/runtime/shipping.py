@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import cloudpickle
@@ -115,21 +115,27 @@ class EpisodeWorker:
         """Some parcel is being played."""
         return self._playing > 0
 
-    async def play(self, parcel: Parcel) -> bytes:
-        """Play one parcel; its result, encoded."""
+    async def play(self, parcel: Parcel, started: Callable[[], None] | None = None) -> bytes:
+        """Play one parcel; its result, encoded.
+
+        ``started`` is called as the episode's clock starts, if the task has a
+        timeout: the task is unpickled (its agent's module imported) by then.
+        """
         self._playing += 1
         try:
-            return await self._play(parcel)
+            return await self._play(parcel, started)
         finally:
             self._playing -= 1
 
-    async def _play(self, parcel: Parcel) -> bytes:
+    async def _play(self, parcel: Parcel, started: Callable[[], None] | None) -> bytes:
         try:
             task: Task = cloudpickle.loads(parcel.blob)
         except Exception as exc:
             message = f"the worker could not unpickle the task: {type(exc).__name__}: {exc}"
             result = failed_result(parcel.task_id, "WorkerError", message, time.time())
             return encode_result(parcel.index, result)
+        if started is not None and parcel.time_left is not None:
+            started()
         result = await run_one(
             task,
             self.settings,
