@@ -199,6 +199,32 @@ async def test_a_worker_that_dies_is_noticed_though_a_child_it_forked_lives_on(
     )
 
 
+@pytest.mark.parametrize("name", ["ray", "spark"])
+async def test_a_remote_worker_that_dies_is_noticed_though_a_child_it_forked_lives_on(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> None:
+    # The child held a copy of the worker's connection to the driver, which so
+    # never ended; and Ray reports no death while the child lives. With no
+    # timeout, the run waited for as long as the child lived.
+    pid_file = tmp_path / "child.pid"
+    tasks = [
+        Task(
+            id="crasher", env=EchoEnvironment, agent=ForksThenDies(str(pid_file), "multiprocessing")
+        ),
+        *echo_tasks(3, echo_agent),
+    ]
+    config = engine_config(request, name, max_concurrency=1, retries=0)
+    try:
+        async with asyncio.timeout(120):  # a guard: the old failure never ended
+            results = await Runners.run_task(tasks, config)
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert [r.status.value for r in results] == ["error", "ok", "ok", "ok"], results[0]
+    assert results[0].error is not None
+    assert results[0].error.message.endswith("the task lost its worker 1 times (retries=0)")
+
+
 @pytest.mark.parametrize("name", list(REMOTE))
 def test_workers_pull_work_as_they_free_up(
     request: pytest.FixtureRequest, name: str, tmp_path: Path

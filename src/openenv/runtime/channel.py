@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import pickle
 import secrets
 import struct
@@ -43,12 +44,43 @@ __all__ = [
     "call_back",
     "called_in",
     "frame",
+    "keep_from_forks",
     "read_frame",
     "work",
 ]
 
 FRAME_HEADER = struct.Struct(">I")
 _TOKEN_BYTES = 16
+# How long a remote worker's lost connection waits for the engine to say why.
+_ENGINE_REASON_WAIT = 10.0
+
+# The fds of this process's channel to the driver.
+_channel_fds: set[int] = set()
+
+
+def keep_from_forks(fd: int, *, keep: bool = True) -> None:
+    """Point ``fd`` at /dev/null in every child this process forks (``keep=False``: stop).
+
+    A child an agent forks (a multiprocessing helper) gets a copy of every fd,
+    inheritable or not. Its copy of the channel would keep the stream open
+    after this worker dies, for as long as the child lives: the driver would
+    wait for the worker's results all that time. A fork from C skips this.
+    """
+    if keep:
+        _channel_fds.add(fd)
+    else:
+        _channel_fds.discard(fd)
+
+
+def _let_go_in_child() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in _channel_fds:
+        os.dup2(null, fd, inheritable=False)
+    os.close(null)
+    _channel_fds.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 def frame(message: tuple[Any, ...]) -> bytes:
@@ -189,8 +221,10 @@ class CalledBackWorker(ChannelWorker):
     async def _gone(self) -> str:
         self.writer.close()
         try:
-            # A remote call fails a moment after its worker dies: wait for the engine's reason.
-            return await asyncio.wait_for(asyncio.shield(self.outcome), 30)
+            # A remote call fails a moment after its worker dies: wait for the engine's
+            # reason. Not for long: Ray reports no death while a child the worker
+            # forked lives on (it holds Ray's sockets too), and the lost episodes wait.
+            return await asyncio.wait_for(asyncio.shield(self.outcome), _ENGINE_REASON_WAIT)
         except TimeoutError:
             self._stop()
             return f"the connection to {self.what} was lost"
@@ -338,10 +372,13 @@ def _abandon(accepted: asyncio.Future[Streams]) -> None:
 async def call_back(host: str, port: int, token: bytes, number: int) -> None:
     """The remote worker's end: call the driver back, then ``work`` until the run ends."""
     reader, writer = await asyncio.open_connection(host, port)
+    fd = writer.get_extra_info("socket").fileno()
+    keep_from_forks(fd)
     writer.write(token + number.to_bytes(8, "big"))
     try:
         await work(reader, writer.write, once=True)
     finally:
+        keep_from_forks(fd, keep=False)
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()

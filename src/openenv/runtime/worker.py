@@ -12,12 +12,11 @@ for agents' threads.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import sys
 from typing import BinaryIO
 
-from openenv.runtime.channel import work
+from openenv.runtime.channel import keep_from_forks, work
 from openenv.runtime.episode import run_coroutine
 
 __all__ = ["main"]
@@ -34,13 +33,8 @@ def main() -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, sys.stdin.fileno())
     os.close(null)
-    # A child an agent forks (a multiprocessing helper) gets copies of every fd,
-    # inheritable or not: its copy of the channel would hide this process's
-    # death from the driver for as long as the child lives (the driver watches
-    # for the exit too, but a fork from C skips this hook).
-    os.register_at_fork(
-        after_in_child=functools.partial(_let_go, channel.fileno(), commands.fileno())
-    )
+    for fd in (channel.fileno(), commands.fileno()):
+        keep_from_forks(fd)  # the driver watches for the exit too: a fork from C skips this
     try:
         run_coroutine(_serve(commands, channel))
     finally:
@@ -48,14 +42,6 @@ def main() -> None:
         sys.stderr.flush()
         # A sync act() still blocking past its timeout keeps a thread: do not wait for it.
         os._exit(0)
-
-
-def _let_go(*fds: int) -> None:
-    """In a forked child: point the channel's fds at /dev/null, so the pipes are not held."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in fds:
-        os.dup2(null, fd, inheritable=False)
-    os.close(null)
 
 
 async def _serve(commands: BinaryIO, channel: BinaryIO) -> None:
