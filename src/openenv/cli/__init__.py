@@ -59,7 +59,7 @@ def demo(
     sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 256,
     steps: Annotated[int, typer.Option(min=1, help="Steps per session.")] = 50,
 ) -> None:
-    """Serve an environment, play many sessions of valid actions on it at once, report."""
+    """Serve an environment, drive it with many parallel sessions, print what happened."""
     from openenv.cli.demo import run_demo
 
     console = Console()

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import random
 import signal
 import socket
 import statistics
@@ -18,13 +17,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
-from openenv.runtime.random_agent import sample_schema
 
 __all__ = ["DemoReport", "drive", "serve_subprocess"]
 
@@ -126,30 +123,14 @@ async def drive(url: str, sessions: int, steps: int, progress: bool | None = Non
 
 
 async def _timed_episode(session: EpisodeSession, steps: int) -> list[float]:
-    """Reset, then take ``steps`` steps; return each step's latency in seconds.
-
-    An environment whose action is a message (echo's) is sent numbered
-    messages; any other, valid random actions drawn from its action schema.
-    """
-    schema = await session.action_schema()
-    seed = session.task.seed
-    rng = random.Random(f"demo:{seed}")
+    """Reset, then send ``steps`` messages; return each step's latency in seconds."""
     await session.reset()
     latencies = []
     for step in range(steps):
-        if _takes_a_message(schema):
-            action: Any = {"message": f"agent {seed} step {step}"}
-        else:
-            action = sample_schema(schema, rng)
         started = time.perf_counter()
-        await session.step(action)
+        await session.step({"message": f"agent {session.task.seed} step {step}"})
         latencies.append(time.perf_counter() - started)
     return latencies
-
-
-def _takes_a_message(schema: dict[str, Any]) -> bool:
-    message = schema.get("properties", {}).get("message", {})
-    return message.get("type") == "string" and set(schema.get("required", [])) <= {"message"}
 
 
 def render(report: DemoReport, console: Console) -> None:
