@@ -82,6 +82,11 @@ class Hostile(Environment[Ping, Pong, State]):
         """Text that is no UTF-8."""
         return "\ud800"
 
+    @tool
+    def generator_exit(self) -> str:
+        """A plain def that raises GeneratorExit (a BaseException, like SystemExit)."""
+        raise GeneratorExit
+
 
 def hostile_app(cap: int = 4, step_timeout: float | None = None) -> object:
     Hostile.tracker = Tracker()
@@ -145,6 +150,28 @@ async def test_a_tool_output_that_cannot_be_sent_is_an_execution_error(name: str
             assert result.is_error
             assert result.content[0].text.startswith(f"[EXECUTION_ERROR] tool '{name}' returned")  # type: ignore[union-attr]
             assert (await mcp.call_tool("echo", {"x": 4})).structured_content["data"] == 4  # type: ignore[index]
+        await until_active(url, 0)
+
+
+async def test_a_tool_that_raises_generator_exit_fails_alone_and_the_server_goes_on() -> None:
+    # Carried to the loop as it was, it closed every coroutine awaiting the call:
+    # over MCP that ended the server's lifespan (no session opened again), over
+    # /ws it dropped the connection without a close frame.
+    with run_server(hostile_app()) as url:
+        async with Client(f"{url}/mcp") as mcp:
+            result = await mcp.call_tool("generator_exit", {})
+            assert result.is_error
+            assert result.content[0].text.startswith(  # type: ignore[union-attr]
+                "[EXECUTION_ERROR] tool 'generator_exit' raised RuntimeError"
+            )
+            assert (await mcp.call_tool("echo", {"x": 4})).structured_content["data"] == 4  # type: ignore[index]
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            await env.reset()
+            with pytest.raises(
+                EnvExecutionError, match="tool 'generator_exit' raised RuntimeError"
+            ):
+                await env.call_tool("generator_exit")
+            assert (await env.call_tool("echo", x=3)).data == 3
         await until_active(url, 0)
 
 
