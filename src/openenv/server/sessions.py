@@ -120,7 +120,7 @@ class Session(SessionCore, DirectStepping):
                 reply = self.finish(work, True, value)
             return reply
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
                 raise  # this task is: a shutdown, or the connection went away
             # SystemExit or the like out of an environment's coroutine, or a
             # CancelledError of its own (a future it awaited was cancelled): it
@@ -167,7 +167,7 @@ class Session(SessionCore, DirectStepping):
                 self.refusal(failure)  # ends the session
             raise failure from None
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
                 raise
             # Out of the transport's task, a SystemExit would stop the whole
             # server (MCP's task group): it ends this session, as in ``handle``.
@@ -223,7 +223,11 @@ class Session(SessionCore, DirectStepping):
                 await calls.call(close, submit=submit, timeout=self._settings.close_timeout)
         except calls.DeadlineExceeded as exc:
             self.log.error("close() %s; the slot is freed anyway", exc)
-        except Exception:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+                raise
+            # A SystemExit (sys.exit() in close()) too: let out of this task, it
+            # would stop the server's event loop, and every session with it.
             self.log.exception("close() raised; the slot is freed anyway")
         finally:
             self._service.registry.remove(self)
@@ -235,10 +239,3 @@ class Session(SessionCore, DirectStepping):
 
 
 _NOTHING_TO_CLOSE = Environment.close
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task has been asked to cancel (rather than some
-    coroutine it awaited raising ``CancelledError`` on its own)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
