@@ -159,6 +159,7 @@ class Session(SessionCore, DirectStepping):
         longer ``OPEN``, and the caller must close it, as ``handle``'s would.
         """
         call = self.tool_call(name, arguments, request_id)
+        self.busy = True  # as in ``handle``: abandon() leaves a call in flight without close()
         try:
             value = await self._perform(call)
         except Exception as exc:
@@ -175,6 +176,8 @@ class Session(SessionCore, DirectStepping):
             raise EnvFailure(
                 ErrorCode.SESSION_ERROR, "internal server error", request_id, fatal=True
             ) from None
+        finally:
+            self.busy = False
         output: ToolOutput = self.outcome(call, value)
         return output
 
