@@ -174,12 +174,14 @@ def test_metadata_is_what_an_openenv_environments_get_metadata_says() -> None:
         assert httpx.get(f"{url}/metadata").json()["name"] == "counter"
 
 
-def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals() -> None:
-    app = create_app(_Undescribable, _Bump, _Count, env_name="x", max_concurrent_envs=1)
+@pytest.mark.parametrize("raised", ["KeyError", "SystemExit"])
+def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals(raised: str) -> None:
+    env_cls = {"KeyError": _Undescribable, "SystemExit": _Exiting}[raised]
+    app = create_app(env_cls, _Bump, _Count, env_name="x", max_concurrent_envs=1)
     with run_server(app) as url:
         answer = httpx.get(f"{url}/metadata")
         assert answer.status_code == 500
-        assert answer.json() == {"detail": "get_metadata() raised KeyError"}
+        assert answer.json() == {"detail": f"get_metadata() raised {raised}"}
         assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
 
 
@@ -281,3 +283,8 @@ class _Described(_Counter):
 class _Undescribable(_Counter):
     def get_metadata(self) -> EnvironmentMetadata:
         raise KeyError("secret")
+
+
+class _Exiting(_Counter):
+    def get_metadata(self) -> EnvironmentMetadata:
+        raise SystemExit(3)

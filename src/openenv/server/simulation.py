@@ -20,6 +20,7 @@ its answer kept.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import weakref
 from typing import Any, Literal
@@ -115,7 +116,10 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
         answer = await calls.call(ask, submit=submit, timeout=deadline)
         fields = answer.model_dump() if hasattr(answer, "model_dump") else dict(answer)
         said = EnvironmentMetadata.model_validate(fields).model_dump(exclude_unset=True)
-    except Exception as exc:  # its text may hold secrets: the type only, as for a step
+    except BaseException as exc:  # its text may hold secrets: the type only, as for a step
+        if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+            raise
+        # A SystemExit too: let out, it would be a plain-text 500 and a traceback.
         raise HTTPException(500, f"get_metadata() raised {type(exc).__name__}") from None
     finally:
         await session.aclose("metadata_asked")
