@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from servers import Ping, Pong, Tracker
+from servers import Ping, Pong, Tracker, until
 from test_mcp import active_sessions, until_active
 
 from openenv import (
@@ -89,6 +89,14 @@ class Hostile(Environment[Ping, Pong, State]):
         """Text that is no UTF-8."""
         return "\ud800"
 
+    marked = 0
+
+    @tool
+    def mark(self) -> int:
+        """Count a call that ran."""
+        Hostile.marked += 1
+        return Hostile.marked
+
     @tool
     def generator_exit(self) -> str:
         """A plain def that raises GeneratorExit (a BaseException, like SystemExit)."""
@@ -99,6 +107,7 @@ def hostile_app(cap: int = 4, step_timeout: float | None = None, **settings: Any
     Hostile.tracker = Tracker()
     Hostile.release = threading.Event()
     Hostile.entered = threading.Event()
+    Hostile.marked = 0
     return create_app(
         Hostile,
         Ping,
@@ -209,6 +218,36 @@ async def test_a_cancelled_call_of_a_blocking_tool_keeps_its_session_until_it_re
             assert (await ending).status_code == 200
             await Hostile.tracker.until_closed(1)
         await until_active(url, 0)
+
+
+async def test_a_cancelled_call_still_waiting_its_turn_never_runs() -> None:
+    app: Any = hostile_app()
+    (bridge,) = [
+        r.endpoint for r in app.routes if isinstance(getattr(r, "endpoint", None), McpBridge)
+    ]
+    with run_server(app) as url:
+        async with Client(f"{url}/mcp") as mcp:
+            ((_, entry),) = bridge.sessions.items()
+            blocking = asyncio.create_task(mcp.call_tool("block", {}))
+            await asyncio.to_thread(Hostile.entered.wait, 10)
+            waiting = asyncio.create_task(mcp.call_tool("mark", {}))
+            await until(calls_in_flight(entry, 2), what="the second call waits its turn")
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await until(calls_in_flight(entry, 1), what="the server drops the cancelled call")
+            Hostile.release.set()
+            assert (await blocking).content[0].text == "released"  # type: ignore[union-attr]
+            assert (await mcp.call_tool("echo", {"x": 5})).structured_content["data"] == 5  # type: ignore[index]
+            assert Hostile.marked == 0
+        await until_active(url, 0)
+
+
+def calls_in_flight(entry: Any, count: int) -> Any:
+    async def reached() -> bool:
+        return len(entry.calls) == count
+
+    return reached
 
 
 async def test_a_shutdown_leaves_a_blocking_call_cancelled_by_its_client_without_close() -> None:

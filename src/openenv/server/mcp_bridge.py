@@ -81,6 +81,7 @@ class _McpSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # open HTTP requests, the GET event stream included
     calls: set[asyncio.Task[Any]] = field(default_factory=set)  # tool calls not yet done
+    running: asyncio.Task[Any] | None = None  # the one of them that holds the lock
     last_active: float = field(default_factory=time.monotonic)
 
 
@@ -408,12 +409,13 @@ class McpBridge:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
             # The client cancelled the request (MCP's notifications/cancelled; its
-            # SDK sends one when a call times out). An async def tool stops here;
-            # a plain def runs on in its thread, which nothing can stop, holding
-            # the session's lock until it returns: its next call and its close()
+            # SDK sends one when a call times out). A call still waiting its turn
+            # never runs, and an async def tool stops here; a plain def one that
+            # began runs on in its thread, which nothing can stop, holding the
+            # session's lock until it returns: its next call and its close()
             # wait for it, and its slot is not freed beside it.
             spec = entry.session.tools.get(params.name)
-            if spec is None or calls.is_async(spec.fn):
+            if entry.running is not call or spec is None or calls.is_async(spec.fn):
                 call.cancel()
             raise
 
@@ -421,6 +423,7 @@ class McpBridge:
         self, entry: _McpSession, sid: str, params: mcp.CallToolRequestParams
     ) -> mcp.CallToolResult:
         async with entry.lock:  # calls of one session never overlap
+            entry.running = asyncio.current_task()
             entry.session.last_active = time.monotonic()
             started = time.time()
             arguments = params.arguments or {}
@@ -439,6 +442,8 @@ class McpBridge:
                 # sees the message and can correct itself (MCP's isError).
                 text = f"[{exc.code.value}] {exc.message}"
                 return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
+            finally:
+                entry.running = None
         return _to_mcp(output)
 
     def _record(
