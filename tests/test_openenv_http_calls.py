@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -174,13 +175,32 @@ def test_metadata_is_what_an_openenv_environments_get_metadata_says() -> None:
         assert httpx.get(f"{url}/metadata").json()["name"] == "counter"
 
 
-def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals() -> None:
-    app = create_app(_Undescribable, _Bump, _Count, env_name="x", max_concurrent_envs=1)
+@pytest.mark.parametrize("raised", ["KeyError", "SystemExit"])
+def test_a_get_metadata_that_raises_is_a_500_that_names_no_internals(raised: str) -> None:
+    env_cls = {"KeyError": _Undescribable, "SystemExit": _Exiting}[raised]
+    app = create_app(env_cls, _Bump, _Count, env_name="x", max_concurrent_envs=1)
     with run_server(app) as url:
         answer = httpx.get(f"{url}/metadata")
         assert answer.status_code == 500
-        assert answer.json() == {"detail": "get_metadata() raised KeyError"}
+        assert answer.json() == {"detail": f"get_metadata() raised {raised}"}
         assert httpx.get(f"{url}/health").json()["active_sessions"] == 0
+
+
+async def test_a_get_metadata_past_reset_timeout_keeps_its_slot_until_it_returns() -> None:
+    # Its environment was closed, and its slot freed, while get_metadata() ran on.
+    app = create_app(
+        _Stalling, _Bump, _Count, env_name="x", max_concurrent_envs=1, reset_timeout=0.2
+    )
+    with run_server(app) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            answer = await http.get("/metadata")
+            assert answer.status_code == 500
+            assert answer.json() == {"detail": "get_metadata() did not return within 0.2s"}
+            assert _Stalling.closed_while_asking == []
+            assert (await http.get("/health")).json()["active_sessions"] == 1
+            _Stalling.gate.set()
+            await slots_free(url)
+        assert _Stalling.closed_while_asking == [False]
 
 
 def test_bodies_that_are_too_big_or_not_json_are_refused_and_hold_nothing() -> None:
@@ -281,3 +301,25 @@ class _Described(_Counter):
 class _Undescribable(_Counter):
     def get_metadata(self) -> EnvironmentMetadata:
         raise KeyError("secret")
+
+
+class _Exiting(_Counter):
+    def get_metadata(self) -> EnvironmentMetadata:
+        raise SystemExit(3)
+
+
+class _Stalling(_Counter):
+    """get_metadata() waits for ``gate``; close() notes whether it still runs."""
+
+    gate = threading.Event()
+    asking = threading.Event()
+    closed_while_asking: list[bool] = []
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        self.asking.set()
+        self.gate.wait(30)
+        self.asking.clear()
+        return EnvironmentMetadata(name="late", description="too late")
+
+    def close(self) -> None:
+        self.closed_while_asking.append(self.asking.is_set())

@@ -28,7 +28,7 @@ from peer_venvs import peer_python
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
-from openenv import ConcurrencyConfig, EnvSpec, create_app, create_multi_app, tool
+from openenv import ConcurrencyConfig, EnvError, EnvSpec, create_app, create_multi_app, tool
 from openenv.server import openreward_wire
 from openenv.testing import run_server
 
@@ -46,6 +46,11 @@ class Trap(CounterEnvironment):
     def explode(self) -> str:
         """Raise, with a message that must not reach the client."""
         raise RuntimeError("secret internals")
+
+    @tool
+    def refuse(self) -> str:
+        """Refuse, with a message of several lines for the model."""
+        raise EnvError("that move is not allowed:\nthe board has no square z9\r\ntry a1 to h8")
 
     slept: ClassVar[list[float]] = []
 
@@ -196,6 +201,19 @@ def test_bad_requests_get_precise_errors_and_leak_no_slot(sdk_python: Path) -> N
     }
     assert report["ended_ping"]["status"] == 410
     assert "has ended (client close)" in report["ended_ping"]["body"]["detail"]
+
+
+def test_a_message_of_several_lines_reaches_the_sdk_whole(sdk_python: Path) -> None:
+    # Sent as one data line, its second line ended the event, and the SDK's
+    # parser raised ValueError (not enough values to unpack) on it.
+    with run_server(counter_app(factory=Trap, api_key=KEY)) as url:
+        report = run_sdk(sdk_python, "failure", url, "trap", KEY, "refuse")
+        wait_for_no_sessions(url)
+    assert report["type"] == "ToolFailed"
+    assert report["message"].endswith(
+        "[EXECUTION_ERROR] tool 'refuse' raised EnvError: that move is not allowed:\n"
+        "the board has no square z9\ntry a1 to h8"
+    )
 
 
 def test_a_client_that_vanishes_mid_stream_is_reaped(sdk_python: Path) -> None:

@@ -3,14 +3,17 @@ gets its caller a precise error, ends at most its own session, and leaks no slot
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import threading
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from servers import Ping, Pong, Tracker
+from servers import Ping, Pong, Tracker, until
 from test_mcp import active_sessions, until_active
 
 from openenv import (
@@ -24,6 +27,8 @@ from openenv import (
     create_app,
     tool,
 )
+from openenv.server.mcp_bridge import McpBridge
+from openenv.server.session_host import SessionState
 from openenv.testing import run_server
 
 
@@ -33,6 +38,7 @@ class Hostile(Environment[Ping, Pong, State]):
     SUPPORTS_CONCURRENT_SESSIONS = True
     tracker = Tracker()
     release = threading.Event()
+    entered = threading.Event()  # a block() call has begun
 
     def __init__(self) -> None:
         self._state = State()
@@ -69,6 +75,7 @@ class Hostile(Environment[Ping, Pong, State]):
     @tool
     def block(self) -> str:
         """Blocks its thread until the test releases it."""
+        self.entered.set()
         self.release.wait(30)
         return "released"
 
@@ -82,10 +89,25 @@ class Hostile(Environment[Ping, Pong, State]):
         """Text that is no UTF-8."""
         return "\ud800"
 
+    marked = 0
 
-def hostile_app(cap: int = 4, step_timeout: float | None = None) -> object:
+    @tool
+    def mark(self) -> int:
+        """Count a call that ran."""
+        Hostile.marked += 1
+        return Hostile.marked
+
+    @tool
+    def generator_exit(self) -> str:
+        """A plain def that raises GeneratorExit (a BaseException, like SystemExit)."""
+        raise GeneratorExit
+
+
+def hostile_app(cap: int = 4, step_timeout: float | None = None, **settings: Any) -> object:
     Hostile.tracker = Tracker()
     Hostile.release = threading.Event()
+    Hostile.entered = threading.Event()
+    Hostile.marked = 0
     return create_app(
         Hostile,
         Ping,
@@ -93,6 +115,7 @@ def hostile_app(cap: int = 4, step_timeout: float | None = None) -> object:
         ConcurrencyConfig(max_concurrent_envs=cap),
         mcp=True,
         step_timeout=step_timeout,
+        **settings,
     )
 
 
@@ -146,6 +169,110 @@ async def test_a_tool_output_that_cannot_be_sent_is_an_execution_error(name: str
             assert result.content[0].text.startswith(f"[EXECUTION_ERROR] tool '{name}' returned")  # type: ignore[union-attr]
             assert (await mcp.call_tool("echo", {"x": 4})).structured_content["data"] == 4  # type: ignore[index]
         await until_active(url, 0)
+
+
+async def test_a_tool_that_raises_generator_exit_fails_alone_and_the_server_goes_on() -> None:
+    # Carried to the loop as it was, it closed every coroutine awaiting the call:
+    # over MCP that ended the server's lifespan (no session opened again), over
+    # /ws it dropped the connection without a close frame.
+    with run_server(hostile_app()) as url:
+        async with Client(f"{url}/mcp") as mcp:
+            result = await mcp.call_tool("generator_exit", {})
+            assert result.is_error
+            assert result.content[0].text.startswith(  # type: ignore[union-attr]
+                "[EXECUTION_ERROR] tool 'generator_exit' raised RuntimeError"
+            )
+            assert (await mcp.call_tool("echo", {"x": 4})).structured_content["data"] == 4  # type: ignore[index]
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            await env.reset()
+            with pytest.raises(
+                EnvExecutionError, match="tool 'generator_exit' raised RuntimeError"
+            ):
+                await env.call_tool("generator_exit")
+            assert (await env.call_tool("echo", x=3)).data == 3
+        await until_active(url, 0)
+
+
+async def test_a_cancelled_call_of_a_blocking_tool_keeps_its_session_until_it_returns() -> None:
+    # MCP's SDK cancels a call that times out; a plain def runs on in its thread.
+    # Its session's lock was released with the request: the session's close()
+    # ran beside the call, and its slot was freed while the call still ran.
+    app: Any = hostile_app(cap=1)
+    (bridge,) = [
+        r.endpoint for r in app.routes if isinstance(getattr(r, "endpoint", None), McpBridge)
+    ]
+    with run_server(app) as url:
+        async with Client(f"{url}/mcp") as mcp, httpx.AsyncClient(timeout=30) as http:
+            ((sid, entry),) = bridge.sessions.items()
+            call = asyncio.create_task(mcp.call_tool("block", {}))
+            await asyncio.to_thread(Hostile.entered.wait, 10)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            ending = asyncio.create_task(http.delete(f"{url}/mcp", headers={"mcp-session-id": sid}))
+            await until_gone(url, bridge, sid)
+            # The close waits for the call's thread: the environment is open, its slot held.
+            assert entry.session.state is SessionState.OPEN
+            assert active_sessions(url) == 1
+            Hostile.release.set()
+            assert (await ending).status_code == 200
+            await Hostile.tracker.until_closed(1)
+        await until_active(url, 0)
+
+
+async def test_a_cancelled_call_still_waiting_its_turn_never_runs() -> None:
+    app: Any = hostile_app()
+    (bridge,) = [
+        r.endpoint for r in app.routes if isinstance(getattr(r, "endpoint", None), McpBridge)
+    ]
+    with run_server(app) as url:
+        async with Client(f"{url}/mcp") as mcp:
+            ((_, entry),) = bridge.sessions.items()
+            blocking = asyncio.create_task(mcp.call_tool("block", {}))
+            await asyncio.to_thread(Hostile.entered.wait, 10)
+            waiting = asyncio.create_task(mcp.call_tool("mark", {}))
+            await until(calls_in_flight(entry, 2), what="the second call waits its turn")
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await until(calls_in_flight(entry, 1), what="the server drops the cancelled call")
+            Hostile.release.set()
+            assert (await blocking).content[0].text == "released"  # type: ignore[union-attr]
+            assert (await mcp.call_tool("echo", {"x": 5})).structured_content["data"] == 5  # type: ignore[index]
+            assert Hostile.marked == 0
+        await until_active(url, 0)
+
+
+def calls_in_flight(entry: Any, count: int) -> Any:
+    async def reached() -> bool:
+        return len(entry.calls) == count
+
+    return reached
+
+
+async def test_a_shutdown_leaves_a_blocking_call_cancelled_by_its_client_without_close() -> None:
+    # Past shutdown_timeout the session's slot is freed, its environment left to
+    # the thread without close(), as for a /ws session; not closed beside the call.
+    client = contextlib.AsyncExitStack()
+    with run_server(hostile_app(shutdown_timeout=0.2), timeout_graceful_shutdown=0.2) as url:
+        mcp = await client.enter_async_context(Client(f"{url}/mcp"))
+        call = asyncio.create_task(mcp.call_tool("block", {}))
+        await asyncio.to_thread(Hostile.entered.wait, 10)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    assert Hostile.tracker.closed == []
+    Hostile.release.set()
+    with contextlib.suppress(Exception):  # its DELETE finds no server
+        await client.aclose()
+
+
+async def until_gone(url: str, bridge: McpBridge, sid: str) -> None:
+    """Wait until the server has taken the session's DELETE (one more request after,
+    so its event loop has run on past it)."""
+    while sid in bridge.sessions:
+        await asyncio.to_thread(active_sessions, url)
+    await asyncio.to_thread(active_sessions, url)
 
 
 async def test_a_tool_that_exits_ends_only_its_websocket_session() -> None:

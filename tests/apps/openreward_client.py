@@ -180,6 +180,20 @@ async def disconnect(url: str, name: str, key: str) -> dict[str, Any]:
     return {"sid": sid, "first_line": first.decode().strip()}
 
 
+async def failure(url: str, name: str, key: str, tool: str) -> dict[str, Any]:
+    """What the SDK raises for one tool call that fails."""
+    client = AsyncOpenReward(api_key=key)
+    env = client.environments.get(name=name, base_url=url)
+    async with env.session(split="train", index=0) as session:
+        try:
+            await session.call_tool(tool, {})
+            report: dict[str, Any] = {"ok": True}
+        except Exception as exc:
+            report = {"type": type(exc).__name__, "message": str(exc)}
+    await client.environments.aclose()
+    return report
+
+
 def main() -> None:
     mode, url, name, key = sys.argv[1:5]
     if mode == "sync":
@@ -192,6 +206,8 @@ def main() -> None:
         report = asyncio.run(attacks(url, name, key))
     elif mode == "disconnect":
         report = asyncio.run(disconnect(url, name, key))
+    elif mode == "failure":
+        report = asyncio.run(failure(url, name, key, sys.argv[5]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     report["module"] = openreward.__file__

@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 
 from openenv.errors import ServerSideError
 
-__all__ = ["DeadlineExceeded", "Submit", "call", "on_executor", "start"]
+__all__ = ["DeadlineExceeded", "Submit", "being_cancelled", "call", "on_executor", "start"]
 
 
 class Submit(Protocol):
@@ -163,6 +163,13 @@ def is_async(fn: Callable[..., Any]) -> bool:
         with contextlib.suppress(TypeError):
             _ASYNC[func] = answer
         return answer
+
+
+def being_cancelled() -> bool:
+    """Whether the running task has been asked to cancel (rather than some
+    coroutine it awaited raising ``CancelledError`` on its own)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -226,5 +226,12 @@ def outcome(
         return (True, fn(*args, **kwargs))
     except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
         return (False, RuntimeError(f"StopIteration: {exc}"))
+    except GeneratorExit as exc:
+        # Nor this one: thrown into the awaiting coroutine, it closes every
+        # coroutine awaiting it and surfaces in the outermost one (the
+        # connection's task, MCP's task group), past every handler in between.
+        error = RuntimeError(f"GeneratorExit: {exc}")
+        error.__cause__ = exc
+        return (False, error)
     except BaseException as exc:  # handed to the awaiting coroutine
         return (False, exc)

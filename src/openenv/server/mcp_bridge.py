@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
+from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, read_body, replay
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session, SessionState
@@ -79,6 +80,8 @@ class _McpSession:
     called: bool = False  # a tool call came; until then the short open timeout applies
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # open HTTP requests, the GET event stream included
+    calls: set[asyncio.Task[Any]] = field(default_factory=set)  # tool calls not yet done
+    running: asyncio.Task[Any] | None = None  # the one of them that holds the lock
     last_active: float = field(default_factory=time.monotonic)
 
 
@@ -126,9 +129,11 @@ class McpBridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             self._manager = None
-            for sid in list(self.sessions):
-                await self._end(sid, "shutdown")
-            await self._closed_within(self.service.settings.shutdown_timeout)
+            timeout = self.service.settings.shutdown_timeout
+            await asyncio.gather(
+                *(self._end(sid, "shutdown", timeout) for sid in list(self.sessions))
+            )
+            await self._closed_within(timeout)
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -255,15 +260,28 @@ class McpBridge:
         if self._per_client[client] <= 0:
             del self._per_client[client]
 
-    async def _end(self, sid: str, reason: str) -> None:
+    async def _end(self, sid: str, reason: str, wait: float | None = None) -> None:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
             self._release_client(entry.client)
-            await self._close(entry, reason)
+            await self._close(entry, reason, wait)
 
-    async def _close(self, entry: _McpSession, reason: str) -> None:
-        async with entry.lock:  # let a tool call in flight finish first
+    async def _close(self, entry: _McpSession, reason: str, wait: float | None = None) -> None:
+        """Close the session's environment once its tool call in flight is done; past
+        ``wait`` (a shutdown's deadline), free its slot without waiting for it."""
+        try:
+            await asyncio.wait_for(entry.lock.acquire(), wait)
+        except TimeoutError:
+            # close() must not run beside a call still on its thread: left undone.
+            entry.session.abandon()
+            for call in entry.calls:
+                call.cancel()
             await entry.session.aclose(reason)
+            return
+        try:
+            await entry.session.aclose(reason)
+        finally:
+            entry.lock.release()
 
     def _end_soon(self, sid: str, reason: str) -> None:
         """``_end``, its close in a task: ``close()`` may wait for a thread still
@@ -383,7 +401,29 @@ class McpBridge:
     async def _call_tool(self, ctx: Any, params: mcp.CallToolRequestParams) -> mcp.CallToolResult:
         entry = self._entry(ctx)
         entry.called = True
+        sid = ctx.request.headers[MCP_SESSION_ID_HEADER]
+        call = asyncio.ensure_future(self._run_tool(entry, sid, params))
+        entry.calls.add(call)
+        call.add_done_callback(entry.calls.discard)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # The client cancelled the request (MCP's notifications/cancelled; its
+            # SDK sends one when a call times out). A call still waiting its turn
+            # never runs, and an async def tool stops here; a plain def one that
+            # began runs on in its thread, which nothing can stop, holding the
+            # session's lock until it returns: its next call and its close()
+            # wait for it, and its slot is not freed beside it.
+            spec = entry.session.tools.get(params.name)
+            if entry.running is not call or spec is None or calls.is_async(spec.fn):
+                call.cancel()
+            raise
+
+    async def _run_tool(
+        self, entry: _McpSession, sid: str, params: mcp.CallToolRequestParams
+    ) -> mcp.CallToolResult:
         async with entry.lock:  # calls of one session never overlap
+            entry.running = asyncio.current_task()
             entry.session.last_active = time.monotonic()
             started = time.time()
             arguments = params.arguments or {}
@@ -393,7 +433,7 @@ class McpBridge:
             except (FrameError, EnvFailure) as exc:
                 self._record(entry.session.id, started, params.name, arguments, exc)
                 if entry.session.state is not SessionState.OPEN:  # a fatal error ended it
-                    self._end_soon(ctx.request.headers[MCP_SESSION_ID_HEADER], "fatal_error")
+                    self._end_soon(sid, "fatal_error")
                 else:  # counted as on /ws (a fatal one was, as it ended the session)
                     self.service.metrics.errors[exc.code.value] += 1
                 if exc.code is ErrorCode.UNKNOWN_TOOL:
@@ -402,6 +442,8 @@ class McpBridge:
                 # sees the message and can correct itself (MCP's isError).
                 text = f"[{exc.code.value}] {exc.message}"
                 return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
+            finally:
+                entry.running = None
         return _to_mcp(output)
 
     def _record(

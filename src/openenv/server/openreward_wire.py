@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -182,13 +183,22 @@ def tool_error_result(reason: str, message: str) -> bytes:
 
 
 def sse(event: str, data: bytes | str) -> bytes:
-    """One server-sent event; ``data`` must hold no line breaks (JSON text never does).
+    """One server-sent event. Data with line breaks (an error's message; JSON text
+    has none) goes as one ``data:`` line each, which clients join with ``\\n``:
+    sent as it is, a line would end the event early, and the SDK's parser raises
+    ``ValueError`` on a line without a colon.
 
     >>> sse("task_id", "abc")
     b'event: task_id\\r\\ndata: abc\\r\\n\\r\\n'
+    >>> sse("error", "no such square:\\nz9")
+    b'event: error\\r\\ndata: no such square:\\r\\ndata: z9\\r\\n\\r\\n'
     """
     raw = data.encode() if isinstance(data, str) else data
-    return b"event: " + event.encode() + b"\r\ndata: " + raw + b"\r\n\r\n"
+    lines = b"\r\ndata: ".join(_LINE_BREAK.split(raw))
+    return b"event: " + event.encode() + b"\r\ndata: " + lines + b"\r\n\r\n"
+
+
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")  # what ends a line of an event stream
 
 
 def result_events(result: bytes) -> Iterator[bytes]:

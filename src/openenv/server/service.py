@@ -209,7 +209,11 @@ class EnvService:
         except FactoryTimeout as exc:
             logger.error("%s", exc)
             message = f"could not create the environment: {exc}"
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+                raise
+            # A SystemExit (sys.exit() in a constructor) too: the factory failed,
+            # not the server, and its client is told so.
             logger.exception("environment factory raised")
             text = failure_text(exc, self.settings.error_details)
             message = f"could not create the environment: {text}"
@@ -254,7 +258,10 @@ class EnvService:
                         submit=self._submit_factory,
                         timeout=self.settings.close_timeout,
                     )
-            except Exception:
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+                    raise
+                # SystemExit too: out of this task it would stop the event loop.
                 logger.exception("closing an environment whose factory overran failed")
             finally:
                 self.registry.release()

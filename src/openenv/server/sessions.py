@@ -120,7 +120,7 @@ class Session(SessionCore, DirectStepping):
                 reply = self.finish(work, True, value)
             return reply
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
                 raise  # this task is: a shutdown, or the connection went away
             # SystemExit or the like out of an environment's coroutine, or a
             # CancelledError of its own (a future it awaited was cancelled): it
@@ -159,6 +159,7 @@ class Session(SessionCore, DirectStepping):
         longer ``OPEN``, and the caller must close it, as ``handle``'s would.
         """
         call = self.tool_call(name, arguments, request_id)
+        self.busy = True  # as in ``handle``: abandon() leaves a call in flight without close()
         try:
             value = await self._perform(call)
         except Exception as exc:
@@ -167,7 +168,7 @@ class Session(SessionCore, DirectStepping):
                 self.refusal(failure)  # ends the session
             raise failure from None
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
                 raise
             # Out of the transport's task, a SystemExit would stop the whole
             # server (MCP's task group): it ends this session, as in ``handle``.
@@ -175,6 +176,8 @@ class Session(SessionCore, DirectStepping):
             raise EnvFailure(
                 ErrorCode.SESSION_ERROR, "internal server error", request_id, fatal=True
             ) from None
+        finally:
+            self.busy = False
         output: ToolOutput = self.outcome(call, value)
         return output
 
@@ -223,7 +226,11 @@ class Session(SessionCore, DirectStepping):
                 await calls.call(close, submit=submit, timeout=self._settings.close_timeout)
         except calls.DeadlineExceeded as exc:
             self.log.error("close() %s; the slot is freed anyway", exc)
-        except Exception:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+                raise
+            # A SystemExit (sys.exit() in close()) too: let out of this task, it
+            # would stop the server's event loop, and every session with it.
             self.log.exception("close() raised; the slot is freed anyway")
         finally:
             self._service.registry.remove(self)
@@ -235,10 +242,3 @@ class Session(SessionCore, DirectStepping):
 
 
 _NOTHING_TO_CLOSE = Environment.close
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task has been asked to cancel (rather than some
-    coroutine it awaited raising ``CancelledError`` on its own)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0

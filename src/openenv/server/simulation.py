@@ -20,6 +20,7 @@ its answer kept.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import weakref
 from typing import Any, Literal
@@ -115,12 +116,33 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
         answer = await calls.call(ask, submit=submit, timeout=deadline)
         fields = answer.model_dump() if hasattr(answer, "model_dump") else dict(answer)
         said = EnvironmentMetadata.model_validate(fields).model_dump(exclude_unset=True)
-    except Exception as exc:  # its text may hold secrets: the type only, as for a step
+    except calls.DeadlineExceeded as exc:
+        if exc.stuck is not None:
+            # A thread cannot be stopped: close() waits for it, as after a step past
+            # its deadline, and the slot stays taken until then; the reply does not.
+            session.stuck = exc.stuck
+            _close_later(session)
+        raise HTTPException(500, f"get_metadata() {exc}") from None
+    except BaseException as exc:  # its text may hold secrets: the type only, as for a step
+        if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
+            raise
+        # A SystemExit too: let out, it would be a plain-text 500 and a traceback.
         raise HTTPException(500, f"get_metadata() raised {type(exc).__name__}") from None
     finally:
-        await session.aclose("metadata_asked")
+        if session.stuck is None:
+            await session.aclose("metadata_asked")
     kept = _asked[service] = service.metadata.model_copy(update=said)
     return kept
+
+
+# Closes waiting for a get_metadata() past its deadline, kept from the garbage collector.
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_later(session: Session) -> None:
+    task = asyncio.get_running_loop().create_task(session.aclose("metadata_timeout"))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 def _observation(message: protocol.ServerMessage) -> Response:
