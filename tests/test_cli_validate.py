@@ -178,6 +178,44 @@ def test_a_wrong_entry_point_fails(tmp_path: Path) -> None:
     assert 'needs server = "inline_env.server.app:main"' in detail(report, "pyproject")
 
 
+SCRIPTS = '[project.scripts]\nserver = "inline_env.server.app:main"\n'
+DEPENDENCIES = 'dependencies = ["openenv-scale>=0.1"]'
+
+
+@pytest.mark.parametrize(
+    ("edits", "problem"),
+    [
+        (
+            [("[project.scripts]", "[other.scripts]"), ("[project]", 'project = "x"\n[other]')],
+            "has no [project] name",
+        ),
+        (
+            [(SCRIPTS, ""), (DEPENDENCIES, DEPENDENCIES + '\nscripts = "server"')],
+            'needs server = "inline_env.server.app:main" (found None)',
+        ),
+        ([("package-dir = {", "package-dir = [{"), ('"server" }', '"server" }]')], "package-dir"),
+        ([(DEPENDENCIES, 'dependencies = [1, "openenv-scale>=0.1"]')], "list of strings"),
+    ],
+)
+def test_a_pyproject_with_a_value_of_the_wrong_shape_fails_its_check(
+    tmp_path: Path, edits: list[tuple[str, str]], problem: str
+) -> None:
+    folder = write_env(tmp_path / "env")
+    pyproject = folder / "pyproject.toml"
+    text = pyproject.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    pyproject.write_text(text)
+    result = CliRunner().invoke(app, ["validate", str(folder), "--json"])
+    # A failed check, not a traceback.
+    assert not isinstance(result.exception, Exception), result.exception
+    assert result.exit_code == 1
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["pyproject"]["status"] == "fail"
+    assert problem in checks["pyproject"]["detail"]
+
+
 def test_folders_are_imported_in_isolation(tmp_path: Path) -> None:
     first = validate_folder(write_env(tmp_path / "a"))
     second = validate_folder(write_env(tmp_path / "b", concurrent=False))

@@ -37,7 +37,7 @@ def package_name(folder: Path) -> str | None:
         project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError):
         return None
-    name = project.get("name")
+    name = project.get("name") if isinstance(project, dict) else None
     return name.replace("-", "_") if isinstance(name, str) else None
 
 
