@@ -88,6 +88,8 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
         ("models", "'models' would shadow the environment's own models.py"),
         ("client", "'client' would shadow the environment's own client.py"),
         ("tests", "'tests' would shadow the environment's own tests/ folder"),
+        # Once half written: tests/test_NAME.py was too long a file name to create.
+        ("a" * 250, "is 250 characters long; pick a name of at most 100"),
     ],
 )
 def test_bad_names_are_refused_in_one_line(tmp_path: Path, name: str, message: str) -> None:

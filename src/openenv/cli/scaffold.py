@@ -34,6 +34,9 @@ _RESERVED = {"openenv", "server"}
 # `from NAME.models import ...` in server/app.py could never import.
 _FOLDER_MODULES = {"models": "models.py", "client": "client.py", "tests": "tests/ folder"}
 _SKIPPED = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+# File systems take names of 255 bytes: the template's tests/test_NAME.py and
+# pip's files for an editable install (__editable___NAME_0_1_0_finder.py) must fit.
+_MAX_NAME = 100
 
 
 def template_dir() -> Path:
@@ -65,6 +68,11 @@ def check_name(name: str) -> None:
     ...
     ValueError: 'json' would shadow Python's own json module; pick another name, e.g. 'json_env'
     """
+    if len(name) > _MAX_NAME:
+        raise ValueError(
+            f"{name[:20]!r}... is {len(name)} characters long; pick a name of at most "
+            f"{_MAX_NAME}, so that the files named after it can be written"
+        )
     if keyword.iskeyword(name):
         raise ValueError(f"{name!r} is a Python keyword; pick another name, e.g. '{name}_env'")
     if name in _RESERVED or name in sys.stdlib_module_names:
