@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,6 +61,30 @@ def test_init_creates_the_environment_and_prints_the_next_commands(tmp_path: Pat
     app_py = (folder / "server" / "app.py").read_text()
     assert "from grid_world.server.environment import GridWorldEnvironment" in app_py
     assert "class GridWorldEnv(EnvClient[GridWorldAction" in (folder / "client.py").read_text()
+
+
+def test_the_next_commands_paste_into_a_shell_whatever_the_folder_is_called(
+    tmp_path: Path,
+) -> None:
+    # Once printed unquoted: `openenv validate My Projects/my_env` is two arguments.
+    output = tmp_path / "My Projects" / "it's here"
+    result = CliRunner().invoke(app, ["init", "my_env", "--output-dir", str(output)])
+    assert result.exit_code == 0, result.output
+    folder = str(output / "my_env")
+    commands = [shlex.split(line) for line in result.stdout.splitlines()[-5:]]
+    assert commands[:4] == [
+        ["pip", "install", "-e", f"{folder}[test]"],
+        ["openenv", "validate", folder],
+        ["pytest", folder],
+        ["openenv", "serve", folder],
+    ]
+    # Validated before it is installed: the folder is found, and the command that
+    # installs it pastes as well.
+    validated = CliRunner().invoke(app, [*commands[1][1:], "--json"])
+    checks = {check["name"]: check for check in json.loads(validated.stdout)["checks"]}
+    assert checks["layout"]["status"] == "pass"
+    hint = checks["app"]["detail"].partition("; run: ")[2]
+    assert shlex.split(hint) == ["pip", "install", "-e", folder]
 
 
 def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import keyword
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -196,12 +197,16 @@ def next_steps(folder: Path) -> list[str]:
     ["pip install -e 'envs/my_env[test]'", 'openenv validate envs/my_env',
      'pytest envs/my_env', 'openenv serve envs/my_env',
      'openenv validate --url http://127.0.0.1:8000']
+    >>> next_steps(Path("My Projects/my_env"))[:2]
+    ["pip install -e 'My Projects/my_env[test]'", "openenv validate 'My Projects/my_env'"]
     """
+    # Quoted for the shell, so that they paste as they are: a folder may hold spaces.
+    where = shlex.quote(str(folder))
     return [
-        f"pip install -e '{folder}[test]'",
-        f"openenv validate {folder}",
-        f"pytest {folder}",
-        f"openenv serve {folder}",
+        f"pip install -e {shlex.quote(f'{folder}[test]')}",
+        f"openenv validate {where}",
+        f"pytest {where}",
+        f"openenv serve {where}",
         "openenv validate --url http://127.0.0.1:8000",
     ]
 
