@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -267,6 +268,45 @@ def test_a_server_that_never_answers_fails_within_the_timeout() -> None:
         "ws episode": "skip",
     }
     assert detail(report, "/health") == f"no answer from {url} within 0.3s"
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "BadStatusLine('SSH-2.0-OpenSSH_9.6\\r\\n')"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}",
+            "IncompleteRead(2 bytes read, 98 more expected)",
+        ),
+    ],
+    ids=["another-protocol", "cut-short"],
+)
+def test_a_port_that_does_not_speak_http_is_one_clear_failure(answer: bytes, said: str) -> None:
+    # The wrong port (ssh, a database) once ended the command in a traceback.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+        def answer_once() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.sendall(answer)
+                connection.shutdown(socket.SHUT_WR)
+                connection.recv(65536)
+
+        server = threading.Thread(target=answer_once)
+        server.start()
+        result = CliRunner().invoke(app, ["validate", "--url", url, "--json"])
+        server.join()
+    assert not isinstance(result.exception, Exception), result.exception
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["/health"] == {
+        "name": "/health",
+        "status": "fail",
+        "detail": f"{url} does not answer as an HTTP server: {said}",
+    }
+    assert [checks[n]["status"] for n in ("/metadata", "/schema", "ws episode")] == ["skip"] * 3
 
 
 def test_an_environment_error_during_the_episode_is_reported() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import operator
@@ -149,6 +150,8 @@ def _get_json(base: str, route: str, timeout: float) -> Any:
         raise _Unreachable(_why_unreachable(base, exc.reason, timeout)) from None
     except OSError as exc:  # includes TimeoutError while reading the answer
         raise _Unreachable(_why_unreachable(base, exc, timeout)) from None
+    except http.client.HTTPException as exc:  # another protocol's port, or an answer cut short
+        raise _Unreachable(f"{base} does not answer as an HTTP server: {exc!r:.120}") from None
     try:
         return json.loads(body)
     except json.JSONDecodeError:
