@@ -364,7 +364,16 @@ class Everything(Action):
     optional: str = "left out"
 
 
-@pytest.mark.parametrize("model", [Everything, Ping, Inner])
+class Node(BaseModel):
+    value: int
+    next: Node | None  # required, and the model within itself: once a RecursionError
+
+
+class Push(Action):
+    head: Node
+
+
+@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push])
 def test_sample_actions_validate_against_their_model(model: type[BaseModel]) -> None:
     action = sample_action(model.model_json_schema())
     model.model_validate(action)

@@ -191,8 +191,13 @@ def sample_action(schema: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+def sample_value(
+    schema: dict[str, Any], defs: dict[str, Any], expanding: frozenset[str] = frozenset()
+) -> Any:
     """A value that fits one JSON Schema node (a best effort for patterns and formats).
+
+    ``expanding`` holds the ``$ref``s this node is inside of: a model met again
+    within itself is sampled as null (an ``Optional`` field), not forever.
 
     >>> sample_value({"type": "integer", "exclusiveMinimum": 3}, {})
     4
@@ -202,7 +207,10 @@ def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     [False, False]
     """
     if "$ref" in schema:
-        return sample_value(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+        ref = schema["$ref"]
+        if ref in expanding:  # a model within itself: only a null can end it
+            return None
+        return sample_value(defs[ref.rsplit("/", 1)[-1]], defs, expanding | {ref})
     for key in ("const", "default"):
         if key in schema:
             return schema[key]
@@ -212,15 +220,16 @@ def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     for key in ("anyOf", "oneOf", "allOf"):
         if options := schema.get(key):
             chosen = next((o for o in options if o.get("type") != "null"), options[0])
-            return sample_value(chosen, defs)
+            return sample_value(chosen, defs, expanding)
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         properties = schema.get("properties", {})
-        return {name: sample_value(properties[name], defs) for name in schema.get("required", [])}
+        required = schema.get("required", [])
+        return {name: sample_value(properties[name], defs, expanding) for name in required}
     if kind == "array":
-        return [sample_value(schema.get("items", {}), defs)] * schema.get("minItems", 0)
+        return [sample_value(schema.get("items", {}), defs, expanding)] * schema.get("minItems", 0)
     if kind in ("integer", "number"):
         return _sample_number(schema, integer=kind == "integer")
     if kind == "string":
