@@ -31,6 +31,10 @@ from openenv.protocol import reward_from
 
 __all__ = ["Episode", "Step", "load", "replay", "to_parquet", "to_rows"]
 
+# The largest reply frame ``replay`` takes, in bytes: what the sync and
+# multiplexing clients take, so what they recorded can be replayed.
+_REPLY_LIMIT = 2**26
+
 
 @dataclass
 class Step:
@@ -184,7 +188,10 @@ async def replay(
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     differ = []
-    async with connect(ws_url(url), additional_headers=headers, compression=None) as ws:
+    # Replies as large as openenv's clients take (websockets' own limit is 1 MiB).
+    async with connect(
+        ws_url(url), additional_headers=headers, compression=None, max_size=_REPLY_LIMIT
+    ) as ws:
         for number, step in enumerate(episode.steps):
             if step.kind == "invalid":
                 await ws.send(_invalid_frame(step.request))
