@@ -102,6 +102,7 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
     [
         ("My-Env", "is not a valid environment name: use a lowercase Python identifier"),
         ("my env", "Did you mean 'my_env'?"),
+        ("café_world", "Did you mean 'cafe_world'?"),  # once 'caf_world'
         ("3d_world", "Did you mean 'env_3d_world'?"),
         ("_private", "starting with a letter"),
         ("", "is not a valid environment name"),

@@ -7,6 +7,7 @@ import keyword
 import re
 import shlex
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Annotated
 
@@ -91,7 +92,9 @@ def check_name(name: str) -> None:
             f"{name!r} is not a valid environment name: use a lowercase Python identifier "
             f"(letters, digits and underscores, starting with a letter)."
         )
-        suggestion = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+        # Accents dropped rather than letters: 'café' suggests 'cafe', not 'caf'.
+        ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        suggestion = re.sub(r"[^a-z0-9]+", "_", ascii_name.lower()).strip("_")
         if suggestion[:1].isdigit():
             suggestion = f"env_{suggestion}"
         if _NAME.match(suggestion) and not keyword.iskeyword(suggestion):
