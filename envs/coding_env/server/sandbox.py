@@ -14,6 +14,7 @@ event loop (``process.py``), reads the output incrementally, up to the
 limit, and enforces the wall clock.
 
 >>> import asyncio
+import contextlib
 >>> result = asyncio.run(Sandbox(SandboxLimits(timeout=5)).run_code("print(6 * 7)"))
 >>> result.status, result.exit_code, result.stdout
 ('ok', 0, '42\\n')
@@ -22,6 +23,7 @@ limit, and enforces the wall clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -381,25 +383,25 @@ def _environment(workdir: str) -> dict[str, str]:
 
 def _remove_tree(path: str) -> None:
     """Remove a run's directory, however deeply the program nested folders in it."""
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
+    # shutil.rmtree recurses (and holds a descriptor) once per level, so a
+    # program that nests a few thousand folders defeats it; rm does not.
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
         return
-    except (OSError, RecursionError):
-        # shutil.rmtree recurses (and holds a descriptor) once per level, so a
-        # program that nests a few thousand folders defeats it; rm does not.
-        try:
-            subprocess.run(
-                ["rm", "-rf", "--", path],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=False,
-            )
-        except OSError as exc:
-            logger.error("could not remove %s: %s", path, exc)
-        if os.path.lexists(path):
-            logger.error("could not remove %s", path)
+    try:
+        subprocess.run(
+            ["rm", "-rf", "--", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+    except OSError as exc:
+        logger.error("could not remove %s: %s", path, exc)
+        return
+    if os.path.lexists(path):
+        logger.error("could not remove %s", path)
 
 
 def _read_report(fd: int) -> dict[str, Any] | None:
