@@ -524,6 +524,25 @@ def test_random_actions_are_valid() -> None:
         Everything.model_validate(sample_schema(schema, rng))
 
 
+class Tree(BaseModel):
+    label: str = ""
+    children: list[Tree]
+    parent: Tree | None = None
+
+
+class Plant(Action):
+    tree: Tree
+
+
+def test_random_actions_of_a_model_within_itself_are_finite_and_valid() -> None:
+    # Up to three children a node, each a tree: drawn freely, about half the
+    # trees grew until a RecursionError.
+    schema = Plant.model_json_schema()
+    rng = random.Random(0)
+    for _ in range(300):
+        Plant.model_validate(sample_schema(schema, rng))
+
+
 def test_random_agent_samples_simple_patterns_and_refuses_the_rest() -> None:
     class Coded(Action):
         code: str = Field(pattern=r"^[A-Z]{3}-\d{2}$")
