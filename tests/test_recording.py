@@ -183,6 +183,33 @@ def test_an_episode_of_observations_past_a_mebibyte_replays(tmp_path: Path) -> N
         assert asyncio.run(replay(episode, url)) == []
 
 
+def test_a_recording_that_cannot_be_written_does_not_end_the_sessions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full disk once raised out of every recorded reply: each session's
+    # connection dropped without a close frame, and the shutdown failed.
+    app = create_app(BlobEnvironment, Size, Blob, record=str(tmp_path / "rec"))
+
+    async def play(url: str) -> list[int]:
+        sizes = []
+        for _ in range(2):
+            async with WebSocketEnvClient(url, action_cls=Size, observation_cls=Blob) as env:
+                await env.reset()
+                for _ in range(3):  # each reply past the file's buffer: written at once
+                    sizes.append(len((await env.step(Size(n=100_000))).observation.data))
+        return sizes
+
+    with run_server(app) as url:
+        recorder = app.state.openenv.recorder
+        recorder._file.close()
+        # /dev/full: a real device, every write to which fails with ENOSPC.
+        recorder._file = open("/dev/full", "ab", buffering=1 << 16)  # noqa: SIM115
+        assert asyncio.run(play(url)) == [100_000] * 6
+    errors = [m for r in caplog.records if "cannot write the recording" in (m := r.getMessage())]
+    assert len(errors) == 1
+    assert errors[0].endswith("events are lost: [Errno 28] No space left on device")
+
+
 def test_the_file_holds_the_session_from_open_to_close(tmp_path: Path) -> None:
     with run_server(wordle_app(tmp_path / "rec")) as url:
         asyncio.run(play_two_games(url))
