@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -51,6 +52,19 @@ def test_every_reference_environment_passes_every_check(name: str) -> None:
     # once failed, its only script named benchmark-server.
     report = validate_folder(REPO / "envs" / name)
     assert {check.name: check.status for check in report.checks if check.status != "pass"} == {}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.parent.name for p in (REPO / "envs").glob("*/pyproject.toml"))
+)
+def test_every_reference_environment_passes_every_check_when_served(name: str) -> None:
+    # wordle_env once failed "ws step": the sampled guess "x" did not match its
+    # pattern. (A guess that is no word uses no try: its step_count is a warning.)
+    app = importlib.import_module(f"{name}.server.app").app
+    with run_server(app) as url:
+        report = validate_url(url, timeout=30)
+    assert {check.name: check.detail for check in report.checks if check.status == "fail"} == {}
+    assert report.ok
 
 
 def test_a_self_contained_folder_passes(tmp_path: Path) -> None:
@@ -383,7 +397,11 @@ class Push(Action):
     head: Node
 
 
-@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push])
+class Guess(Action):
+    word: str = Field(pattern="^[A-Za-z]{5}$")  # wordle's: "x" was sent, and refused
+
+
+@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push, Guess])
 def test_sample_actions_validate_against_their_model(model: type[BaseModel]) -> None:
     action = sample_action(model.model_json_schema())
     model.model_validate(action)

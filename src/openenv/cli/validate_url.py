@@ -7,6 +7,7 @@ import http.client
 import json
 import math
 import operator
+import random
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from openenv.cli.checklist import Checklist
 from openenv.client import WebSocketEnvClient, http_url
 from openenv.client._base import auth_headers
+from openenv.runtime.random_agent import sample_pattern
 
 __all__ = ["sample_action", "sample_value", "validate_url"]
 
@@ -233,7 +235,12 @@ def sample_value(
     if kind in ("integer", "number"):
         return _sample_number(schema, integer=kind == "integer")
     if kind == "string":
-        return "x" * max(schema.get("minLength", 1), 1)
+        # The first value RandomAgent's sampler finds for a simple pattern
+        # (wordle's five letters): "x" matches few patterns.
+        matching = (
+            sample_pattern(schema["pattern"], random.Random(0)) if "pattern" in schema else None
+        )
+        return matching if matching is not None else "x" * max(schema.get("minLength", 1), 1)
     return {"boolean": False, "null": None}.get(kind)
 
 
