@@ -231,7 +231,12 @@ def sample_value(
         required = schema.get("required", [])
         return {name: sample_value(properties[name], defs, expanding) for name in required}
     if kind == "array":
-        return [sample_value(schema.get("items", {}), defs, expanding)] * schema.get("minItems", 0)
+        # A tuple (prefixItems) has an item of its own type in each place.
+        items = [sample_value(item, defs, expanding) for item in schema.get("prefixItems", [])]
+        rest = schema.get("minItems", 0) - len(items)
+        if rest > 0:
+            items += [sample_value(schema.get("items") or {}, defs, expanding)] * rest
+        return items
     if kind in ("integer", "number"):
         return _sample_number(schema, integer=kind == "integer")
     if kind == "string":
