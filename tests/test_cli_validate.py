@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import os
 import socket
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from cli_envs import write_env
-from pydantic import BaseModel, Field
+from pydantic import AnyUrl, BaseModel, Field
 from servers import Ping
 from typer.testing import CliRunner
 
@@ -405,7 +407,17 @@ class Place(Action):
     cell: tuple[int, str, float]  # once [{}, {}, {}]: prefixItems went unread
 
 
-@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push, Guess, Place])
+class Meeting(Action):
+    # Strings of a format: "x" was sent for each, and refused.
+    when: datetime.datetime
+    day: datetime.date
+    at: datetime.time
+    lasts: datetime.timedelta
+    room: uuid.UUID
+    link: AnyUrl
+
+
+@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push, Guess, Place, Meeting])
 def test_sample_actions_validate_against_their_model(model: type[BaseModel]) -> None:
     action = sample_action(model.model_json_schema())
     model.model_validate(action)

@@ -245,8 +245,24 @@ def sample_value(
         matching = (
             sample_pattern(schema["pattern"], random.Random(0)) if "pattern" in schema else None
         )
+        if matching is None:
+            matching = _FORMATS.get(schema.get("format", ""))
         return matching if matching is not None else "x" * max(schema.get("minLength", 1), 1)
     return {"boolean": False, "null": None}.get(kind)
+
+
+# A value of each string format pydantic writes into schemas (datetime, UUID, AnyUrl, ...).
+_FORMATS = {
+    "date-time": "2000-01-01T00:00:00Z",
+    "date": "2000-01-01",
+    "time": "00:00:00",
+    "duration": "PT0S",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "uri": "http://example.com/",
+    "email": "user@example.com",
+    "ipv4": "127.0.0.1",
+    "ipv6": "::1",
+}
 
 
 def _sample_number(schema: dict[str, Any], *, integer: bool) -> int | float:
