@@ -195,10 +195,24 @@ class _Sampler:
             return moment.isoformat()
         if fmt == "date":
             return datetime.date.fromordinal(self.rng.randrange(700_000, 760_000)).isoformat()
+        if fmt == "time":
+            return (
+                (datetime.datetime.min + datetime.timedelta(seconds=self._seconds()))
+                .time()
+                .isoformat()
+            )
+        if fmt == "duration":
+            return f"PT{self._seconds()}S"
+        if fmt in ("uri", "email"):
+            word = "".join(self.rng.choices(string.ascii_lowercase, k=8))
+            return f"http://{word}.example/" if fmt == "uri" else f"{word}@example.com"
         low = int(schema.get("minLength", 0))
         high = int(schema.get("maxLength", max(low, 12)))
         length = self.rng.randint(low, high)
         return "".join(self.rng.choices(string.ascii_lowercase + " ", k=length))
+
+    def _seconds(self) -> int:
+        return self.rng.randrange(86_400)
 
     def _array(self, schema: dict[str, Any], where: str) -> list[Any]:
         prefix = schema.get("prefixItems", [])
