@@ -154,6 +154,35 @@ def test_a_file_in_the_way_is_refused_even_when_forced(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"error: {tmp_path / 'my_env'} exists and is not a folder"
 
 
+@pytest.mark.parametrize(
+    ("in_the_way", "message"),
+    [
+        ("tests", "tests is a file where the template has a folder"),
+        ("server/app.py/", "server/app.py is a folder where the template has a file"),
+    ],
+)
+def test_a_forced_init_meeting_something_in_the_way_writes_nothing(
+    tmp_path: Path, in_the_way: str, message: str
+) -> None:
+    # Once found half-way: README, models and client were overwritten, then
+    # "[Errno 17] File exists".
+    folder = tmp_path / "my_env"
+    folder.mkdir()
+    (folder / "README.md").write_text("mine")
+    obstacle = folder / in_the_way
+    if in_the_way.endswith("/"):
+        obstacle.mkdir(parents=True)
+    else:
+        obstacle.write_text("mine")
+    result = CliRunner().invoke(app, ["init", "my_env", "-o", str(tmp_path), "--force"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {folder}: {message}"
+    assert (folder / "README.md").read_text() == "mine"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["README.md", in_the_way.split("/")[0]]
+    )
+
+
 def test_the_rendered_code_passes_ruff_in_its_own_project(tmp_path: Path) -> None:
     folder = init_env("tidy_env", tmp_path)
     ruff = Path(sys.executable).with_name("ruff")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import keyword
+import os
 import re
 import shlex
 import sys
@@ -129,7 +130,9 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         ValueError: ``name`` is not a usable package name, or a module of
             that name is installed already.
         FileExistsError: the folder exists and ``force`` is false, or one of
-            its folders the template writes into links out of it.
+            its folders the template writes into links out of it, or is a file
+            (or one of the template's files is a folder there); nothing is
+            written then.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -186,6 +189,19 @@ def render_template(name: str, target: Path) -> None:
         if not destination.parent.resolve().is_relative_to(root):
             where = destination.parent.relative_to(target)
             raise FileExistsError(f"{target}: {where} links out of the folder; remove the link")
+        # So is a file where the template has a folder, or a folder where it has
+        # a file: found half-way, it left the template half-written.
+        for folder in (destination.parent, *destination.parent.parents):
+            if folder == target:
+                break
+            if os.path.lexists(folder) and not folder.is_dir():
+                where = folder.relative_to(target)
+                raise FileExistsError(
+                    f"{target}: {where} is a file where the template has a folder"
+                )
+        if destination.is_dir() and not destination.is_symlink():
+            where = destination.relative_to(target)
+            raise FileExistsError(f"{target}: {where} is a folder where the template has a file")
     for destination, path in files.items():
         destination.parent.mkdir(parents=True, exist_ok=True)
         if destination.is_symlink():
