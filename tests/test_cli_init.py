@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,6 +63,30 @@ def test_init_creates_the_environment_and_prints_the_next_commands(tmp_path: Pat
     assert "class GridWorldEnv(EnvClient[GridWorldAction" in (folder / "client.py").read_text()
 
 
+def test_the_next_commands_paste_into_a_shell_whatever_the_folder_is_called(
+    tmp_path: Path,
+) -> None:
+    # Once printed unquoted: `openenv validate My Projects/my_env` is two arguments.
+    output = tmp_path / "My Projects" / "it's here"
+    result = CliRunner().invoke(app, ["init", "my_env", "--output-dir", str(output)])
+    assert result.exit_code == 0, result.output
+    folder = str(output / "my_env")
+    commands = [shlex.split(line) for line in result.stdout.splitlines()[-5:]]
+    assert commands[:4] == [
+        ["pip", "install", "-e", f"{folder}[test]"],
+        ["openenv", "validate", folder],
+        ["pytest", folder],
+        ["openenv", "serve", folder],
+    ]
+    # Validated before it is installed: the folder is found, and the command that
+    # installs it pastes as well.
+    validated = CliRunner().invoke(app, [*commands[1][1:], "--json"])
+    checks = {check["name"]: check for check in json.loads(validated.stdout)["checks"]}
+    assert checks["layout"]["status"] == "pass"
+    hint = checks["app"]["detail"].partition("; run: ")[2]
+    assert shlex.split(hint) == ["pip", "install", "-e", folder]
+
+
 def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
     folder = init_env("leak_check", tmp_path)
     for path in folder.rglob("*"):
@@ -76,6 +102,7 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
     [
         ("My-Env", "is not a valid environment name: use a lowercase Python identifier"),
         ("my env", "Did you mean 'my_env'?"),
+        ("café_world", "Did you mean 'cafe_world'?"),  # once 'caf_world'
         ("3d_world", "Did you mean 'env_3d_world'?"),
         ("_private", "starting with a letter"),
         ("", "is not a valid environment name"),
@@ -88,6 +115,8 @@ def test_no_placeholder_survives_rendering(tmp_path: Path) -> None:
         ("models", "'models' would shadow the environment's own models.py"),
         ("client", "'client' would shadow the environment's own client.py"),
         ("tests", "'tests' would shadow the environment's own tests/ folder"),
+        # Once half written: tests/test_NAME.py was too long a file name to create.
+        ("a" * 250, "is 250 characters long; pick a name of at most 100"),
     ],
 )
 def test_bad_names_are_refused_in_one_line(tmp_path: Path, name: str, message: str) -> None:
@@ -123,6 +152,35 @@ def test_a_file_in_the_way_is_refused_even_when_forced(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["init", "my_env", "-o", str(tmp_path), "--force"])
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: {tmp_path / 'my_env'} exists and is not a folder"
+
+
+@pytest.mark.parametrize(
+    ("in_the_way", "message"),
+    [
+        ("tests", "tests is a file where the template has a folder"),
+        ("server/app.py/", "server/app.py is a folder where the template has a file"),
+    ],
+)
+def test_a_forced_init_meeting_something_in_the_way_writes_nothing(
+    tmp_path: Path, in_the_way: str, message: str
+) -> None:
+    # Once found half-way: README, models and client were overwritten, then
+    # "[Errno 17] File exists".
+    folder = tmp_path / "my_env"
+    folder.mkdir()
+    (folder / "README.md").write_text("mine")
+    obstacle = folder / in_the_way
+    if in_the_way.endswith("/"):
+        obstacle.mkdir(parents=True)
+    else:
+        obstacle.write_text("mine")
+    result = CliRunner().invoke(app, ["init", "my_env", "-o", str(tmp_path), "--force"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {folder}: {message}"
+    assert (folder / "README.md").read_text() == "mine"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["README.md", in_the_way.split("/")[0]]
+    )
 
 
 def test_the_rendered_code_passes_ruff_in_its_own_project(tmp_path: Path) -> None:

@@ -122,6 +122,18 @@ async def test_demo_drives_episodes_through_runners(echo_url: str) -> None:
     assert report.percentile(50) <= report.percentile(99)
 
 
+async def test_demo_drives_any_environment_with_actions_from_its_schema() -> None:
+    # CartPole's episodes end within 60 random steps. The demo once sent echo's
+    # {"message": ...} to every app (a scaffolded env's sessions all failed with
+    # EnvValidationError) and stepped on past an episode's end (EnvExecutionError).
+    from openenv.adapters.gymnasium import create_gymnasium_app
+
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        report = await drive(url, sessions=2, steps=60, progress=False)
+    assert (report.failed_sessions, dict(report.errors), report.steps) == (0, {}, 120)
+
+
 def test_a_run_killed_midway_resumes_without_replaying_what_it_kept(
     echo_url: str, tmp_path: Path
 ) -> None:

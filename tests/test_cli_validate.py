@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
+import importlib
 import json
 import os
 import socket
 import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from cli_envs import write_env
-from pydantic import BaseModel, Field
+from pydantic import AnyUrl, BaseModel, Field
 from servers import Ping
 from typer.testing import CliRunner
 
@@ -40,6 +44,29 @@ def test_the_reference_environment_passes_every_check() -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.count("✓") == 6
     assert result.stdout.strip().endswith("all checks passed")
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.parent.name for p in (REPO / "envs").glob("*/pyproject.toml"))
+)
+def test_every_reference_environment_passes_every_check(name: str) -> None:
+    # Laid out as openenv init scaffolds one, envs/README.md says: benchmark_env
+    # once failed, its only script named benchmark-server.
+    report = validate_folder(REPO / "envs" / name)
+    assert {check.name: check.status for check in report.checks if check.status != "pass"} == {}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.parent.name for p in (REPO / "envs").glob("*/pyproject.toml"))
+)
+def test_every_reference_environment_passes_every_check_when_served(name: str) -> None:
+    # wordle_env once failed "ws step": the sampled guess "x" did not match its
+    # pattern. (A guess that is no word uses no try: its step_count is a warning.)
+    app = importlib.import_module(f"{name}.server.app").app
+    with run_server(app) as url:
+        report = validate_url(url, timeout=30)
+    assert {check.name: check.detail for check in report.checks if check.status == "fail"} == {}
+    assert report.ok
 
 
 def test_a_self_contained_folder_passes(tmp_path: Path) -> None:
@@ -178,6 +205,44 @@ def test_a_wrong_entry_point_fails(tmp_path: Path) -> None:
     assert 'needs server = "inline_env.server.app:main"' in detail(report, "pyproject")
 
 
+SCRIPTS = '[project.scripts]\nserver = "inline_env.server.app:main"\n'
+DEPENDENCIES = 'dependencies = ["openenv-scale>=0.1"]'
+
+
+@pytest.mark.parametrize(
+    ("edits", "problem"),
+    [
+        (
+            [("[project.scripts]", "[other.scripts]"), ("[project]", 'project = "x"\n[other]')],
+            "has no [project] name",
+        ),
+        (
+            [(SCRIPTS, ""), (DEPENDENCIES, DEPENDENCIES + '\nscripts = "server"')],
+            'needs server = "inline_env.server.app:main" (found None)',
+        ),
+        ([("package-dir = {", "package-dir = [{"), ('"server" }', '"server" }]')], "package-dir"),
+        ([(DEPENDENCIES, 'dependencies = [1, "openenv-scale>=0.1"]')], "list of strings"),
+    ],
+)
+def test_a_pyproject_with_a_value_of_the_wrong_shape_fails_its_check(
+    tmp_path: Path, edits: list[tuple[str, str]], problem: str
+) -> None:
+    folder = write_env(tmp_path / "env")
+    pyproject = folder / "pyproject.toml"
+    text = pyproject.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    pyproject.write_text(text)
+    result = CliRunner().invoke(app, ["validate", str(folder), "--json"])
+    # A failed check, not a traceback.
+    assert not isinstance(result.exception, Exception), result.exception
+    assert result.exit_code == 1
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["pyproject"]["status"] == "fail"
+    assert problem in checks["pyproject"]["detail"]
+
+
 def test_folders_are_imported_in_isolation(tmp_path: Path) -> None:
     first = validate_folder(write_env(tmp_path / "a"))
     second = validate_folder(write_env(tmp_path / "b", concurrent=False))
@@ -229,6 +294,45 @@ def test_a_server_that_never_answers_fails_within_the_timeout() -> None:
         "ws episode": "skip",
     }
     assert detail(report, "/health") == f"no answer from {url} within 0.3s"
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "BadStatusLine('SSH-2.0-OpenSSH_9.6\\r\\n')"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}",
+            "IncompleteRead(2 bytes read, 98 more expected)",
+        ),
+    ],
+    ids=["another-protocol", "cut-short"],
+)
+def test_a_port_that_does_not_speak_http_is_one_clear_failure(answer: bytes, said: str) -> None:
+    # The wrong port (ssh, a database) once ended the command in a traceback.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+        def answer_once() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.sendall(answer)
+                connection.shutdown(socket.SHUT_WR)
+                connection.recv(65536)
+
+        server = threading.Thread(target=answer_once)
+        server.start()
+        result = CliRunner().invoke(app, ["validate", "--url", url, "--json"])
+        server.join()
+    assert not isinstance(result.exception, Exception), result.exception
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["/health"] == {
+        "name": "/health",
+        "status": "fail",
+        "detail": f"{url} does not answer as an HTTP server: {said}",
+    }
+    assert [checks[n]["status"] for n in ("/metadata", "/schema", "ws episode")] == ["skip"] * 3
 
 
 def test_an_environment_error_during_the_episode_is_reported() -> None:
@@ -286,7 +390,34 @@ class Everything(Action):
     optional: str = "left out"
 
 
-@pytest.mark.parametrize("model", [Everything, Ping, Inner])
+class Node(BaseModel):
+    value: int
+    next: Node | None  # required, and the model within itself: once a RecursionError
+
+
+class Push(Action):
+    head: Node
+
+
+class Guess(Action):
+    word: str = Field(pattern="^[A-Za-z]{5}$")  # wordle's: "x" was sent, and refused
+
+
+class Place(Action):
+    cell: tuple[int, str, float]  # once [{}, {}, {}]: prefixItems went unread
+
+
+class Meeting(Action):
+    # Strings of a format: "x" was sent for each, and refused.
+    when: datetime.datetime
+    day: datetime.date
+    at: datetime.time
+    lasts: datetime.timedelta
+    room: uuid.UUID
+    link: AnyUrl
+
+
+@pytest.mark.parametrize("model", [Everything, Ping, Inner, Push, Guess, Place, Meeting])
 def test_sample_actions_validate_against_their_model(model: type[BaseModel]) -> None:
     action = sample_action(model.model_json_schema())
     model.model_validate(action)

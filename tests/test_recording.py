@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import Action, ConcurrencyConfig, Environment, Observation, State, create_app
-from openenv.client import ws_url
+from openenv.client import WebSocketEnvClient, ws_url
 from openenv.testing import run_server
 from openenv.trajectories import load, replay, replay_all, to_parquet, to_rows
 from wordle_env import WordleAction, WordleEnv, WordleTask
@@ -142,6 +142,72 @@ def test_a_raw_websocket_session_is_recorded_and_a_replay_finds_what_differs(
         assert [s.kind for s in episode.steps] == ["reset", "step", "invalid"]
         assert episode.steps[0].request == {"seed": 3}
         assert asyncio.run(replay(episode, url)) == [1]  # the toss, and only the toss
+
+
+class Size(Action):
+    n: int
+
+
+class Blob(Observation):
+    data: str = ""
+
+
+class BlobEnvironment(Environment[Size, Blob, State]):
+    """Observations of the size asked for."""
+
+    def reset(self, seed: Any = None, episode_id: Any = None, **kwargs: Any) -> Blob:
+        return Blob()
+
+    def step(self, action: Size, **kwargs: Any) -> Blob:
+        return Blob(data="x" * action.n)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_an_episode_of_observations_past_a_mebibyte_replays(tmp_path: Path) -> None:
+    # The client took the 2 MB reply; replay, at websockets' 1 MiB default, once
+    # failed with "message too big" instead of comparing it.
+    app = create_app(BlobEnvironment, Size, Blob, record=str(tmp_path / "rec"))
+
+    async def play(url: str) -> None:
+        async with WebSocketEnvClient(url, action_cls=Size, observation_cls=Blob) as env:
+            await env.reset()
+            assert len((await env.step(Size(n=2_000_000))).observation.data) == 2_000_000
+
+    with run_server(app) as url:
+        asyncio.run(play(url))
+        (episode,) = load(tmp_path / "rec")
+        assert [s.kind for s in episode.steps] == ["reset", "step"]
+        assert asyncio.run(replay(episode, url)) == []
+
+
+def test_a_recording_that_cannot_be_written_does_not_end_the_sessions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full disk once raised out of every recorded reply: each session's
+    # connection dropped without a close frame, and the shutdown failed.
+    app = create_app(BlobEnvironment, Size, Blob, record=str(tmp_path / "rec"))
+
+    async def play(url: str) -> list[int]:
+        sizes = []
+        for _ in range(2):
+            async with WebSocketEnvClient(url, action_cls=Size, observation_cls=Blob) as env:
+                await env.reset()
+                for _ in range(3):  # each reply past the file's buffer: written at once
+                    sizes.append(len((await env.step(Size(n=100_000))).observation.data))
+        return sizes
+
+    with run_server(app) as url:
+        recorder = app.state.openenv.recorder
+        recorder._file.close()
+        # /dev/full: a real device, every write to which fails with ENOSPC.
+        recorder._file = open("/dev/full", "ab", buffering=1 << 16)  # noqa: SIM115
+        assert asyncio.run(play(url)) == [100_000] * 6
+    errors = [m for r in caplog.records if "cannot write the recording" in (m := r.getMessage())]
+    assert len(errors) == 1
+    assert errors[0].endswith("events are lost: [Errno 28] No space left on device")
 
 
 def test_the_file_holds_the_session_from_open_to_close(tmp_path: Path) -> None:

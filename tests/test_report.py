@@ -145,3 +145,21 @@ def test_a_recording_given_for_results_is_named_as_such(echo_url: str, tmp_path:
         f"error: {recording}:1 is not a result: it has no task_id "
         "(a recording: read it with openenv.trajectories.load)\n"
     )
+
+
+def test_group_names_with_dollar_signs_are_drawn_as_written(tmp_path: Path) -> None:
+    # Matplotlib took the text between two $ for TeX math: "$5-$10" was drawn in
+    # math italics without its dollars, and "$\frac{$" failed the whole report.
+    rows = [
+        {"task_id": "a", "group": "under $5 and over $10", "status": "ok", "reward": 1.0},
+        {"task_id": "b", "group": "$\\frac{$", "status": "ok", "reward": 1.0},
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    outcome = CliRunner().invoke(app, ["report", str(results)])
+    assert outcome.exit_code == 0, outcome.output
+    page = (tmp_path / "results.html").read_text()
+    success = page[page.index('<section id="success"') : page.index('<section id="lengths"')]
+    # Plain labels use the upright font only; math text sets letters in italics.
+    assert "DejaVuSans-" in success
+    assert "Oblique" not in success

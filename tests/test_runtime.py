@@ -7,6 +7,7 @@ behaviour is about processes), against real servers on loopback.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import enum
 import functools
 import importlib
@@ -17,12 +18,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import AnyUrl, BaseModel, Field
 from rich.console import Console
 from runtime_agents import AsyncCounter, echo_agent, exiting_agent, messages
 from servers import Ping, PingEnvironment, Pong, Tracker
@@ -522,6 +524,40 @@ def test_random_actions_are_valid() -> None:
     rng = random.Random(0)
     for _ in range(300):
         Everything.model_validate(sample_schema(schema, rng))
+
+
+class Tree(BaseModel):
+    label: str = ""
+    children: list[Tree]
+    parent: Tree | None = None
+
+
+class Plant(Action):
+    tree: Tree
+
+
+def test_random_actions_of_a_model_within_itself_are_finite_and_valid() -> None:
+    # Up to three children a node, each a tree: drawn freely, about half the
+    # trees grew until a RecursionError.
+    schema = Plant.model_json_schema()
+    rng = random.Random(0)
+    for _ in range(300):
+        Plant.model_validate(sample_schema(schema, rng))
+
+
+class Meeting(Action):
+    when: datetime.datetime
+    at: datetime.time  # once a random word, refused every time
+    lasts: datetime.timedelta  # likewise
+    link: AnyUrl  # likewise
+    room: uuid.UUID
+
+
+def test_random_actions_of_string_formats_are_valid() -> None:
+    schema = Meeting.model_json_schema()
+    rng = random.Random(0)
+    for _ in range(100):
+        Meeting.model_validate(sample_schema(schema, rng))
 
 
 def test_random_agent_samples_simple_patterns_and_refuses_the_rest() -> None:

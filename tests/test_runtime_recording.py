@@ -176,6 +176,32 @@ def test_errors_and_timeouts_are_recorded_with_how_the_episode_ended(tmp_path: P
     assert {name: e.ended for name, e in episodes.items()} == closed  # as load() reads it
 
 
+async def fails_after_reset(session: EpisodeSession) -> str:
+    await session.reset()
+    raise RuntimeError("the agent's own bug")
+
+
+def test_a_task_recorded_again_into_the_same_folder_keeps_how_each_episode_ended(
+    tmp_path: Path,
+) -> None:
+    # A task's id is its session's: a second run (a retry of the run, a resume)
+    # records the same session again, in a file of its own. The first episode
+    # used to read as ended by "reset" (the second run's), its own end lost.
+    folder = str(tmp_path / "rec")
+    for agent, status in ((fails_after_reset, "error"), (echoes, "ok")):
+        config = RunConfig(record=folder, progress=False)
+        [result] = Runners.sync_run_task([Task(id="t", env=EchoEnvironment, agent=agent)], config)
+        assert result.status.value == status
+    first, second = load(folder)
+    assert (first.session, first.index, [s.kind for s in first.steps]) == ("t", 0, ["reset"])
+    assert (second.session, second.index, [s.kind for s in second.steps]) == (
+        "t",
+        1,
+        ["reset", "step"],
+    )
+    assert [first.ended, second.ended] == ["RuntimeError", "ok"]
+
+
 def recorded_sessions(folder: str) -> set[str]:
     return {e.session for e in load(folder)} if Path(folder).is_dir() else set()
 

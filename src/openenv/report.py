@@ -217,7 +217,10 @@ def _success_by_group(rows: Sequence[dict[str, Any]]) -> str:
         groups[group_of(row)].append(row.get("status") == "ok")
     names = sorted(groups)
     figure, axes = _figure()
-    axes.bar(names, [statistics.fmean(groups[n]) for n in names], color=_PALETTE[2])
+    # Matplotlib reads text between two $ as TeX math: a group "$5-$10" would lose
+    # its dollars, and one like "$\\frac{$" would fail the whole report.
+    labels = [name.replace("$", r"\$") for name in names]
+    axes.bar(labels, [statistics.fmean(groups[n]) for n in names], color=_PALETTE[2])
     axes.set_ylim(0, 1)
     axes.set_ylabel("ok")
     return _svg(figure)

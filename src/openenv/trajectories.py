@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,10 @@ import orjson
 from openenv.protocol import reward_from
 
 __all__ = ["Episode", "Step", "load", "replay", "to_parquet", "to_rows"]
+
+# The largest reply frame ``replay`` takes, in bytes: what the sync and
+# multiplexing clients take, so what they recorded can be replayed.
+_REPLY_LIMIT = 2**26
 
 
 @dataclass
@@ -90,10 +94,14 @@ def load(path: str | Path) -> list[Episode]:
     """
     root = Path(path)
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
-    by_session: dict[str, list[Step]] = defaultdict(list)
-    closed: dict[Any, str] = {}  # each session's close reason
+    episodes: list[Episode] = []
+    counts: Counter[Any] = Counter()  # episodes so far per session id, in every file
     unreadable: Counter[str] = Counter()
     for file in files:
+        # A session lives in one file, and its id may come again in another (a
+        # runner's session is its task's id, and a second run may record into the
+        # same folder): an episode ends with its own session's close, in its file.
+        current: dict[Any, Episode] = {}
         for line in file.read_bytes().splitlines():
             try:
                 event = orjson.loads(line)
@@ -102,8 +110,12 @@ def load(path: str | Path) -> list[Episode]:
             if not isinstance(event, dict):
                 unreadable[file.name] += 1
                 continue
-            if event.get("event") == "closed":
-                closed[event.get("session")] = str(event.get("reason"))
+            session: Any = event.get("session")
+            if event.get("event") in ("opened", "closed"):
+                ending = current.pop(session, None)
+                if ending is not None and event.get("event") == "closed":
+                    ending.ended = str(event.get("reason"))
+                continue
             if event.get("event") != "call":
                 continue
             request, reply = event["request"], event["reply"] or {}
@@ -111,26 +123,18 @@ def load(path: str | Path) -> list[Episode]:
                 kind, data = "invalid", request  # not a JSON object: refused by the server
             else:
                 kind, data = str(request.get("type", "")), request.get("data")
-            by_session[event["session"]].append(
-                Step(kind, data, reply, float(event["started"]), float(event["ended"]))
-            )
+            step = Step(kind, data, reply, float(event["started"]), float(event["ended"]))
+            episode = current.get(session)
+            if kind == "reset" or episode is None:
+                if episode is not None:
+                    episode.ended = "reset"
+                episode = current[session] = Episode(session, counts[session])
+                counts[session] += 1
+                episodes.append(episode)
+            episode.steps.append(step)
     if unreadable:
         where = ", ".join(f"{name} ({n})" for name, n in unreadable.items())
         warnings.warn(f"skipped lines that are not JSON objects: {where}", stacklevel=2)
-    episodes: list[Episode] = []
-    for session, steps in by_session.items():
-        current: Episode | None = None
-        count = 0
-        for step in steps:
-            if step.kind == "reset" or current is None:
-                if current is not None:
-                    current.ended = "reset"
-                current = Episode(session, count)
-                count += 1
-                episodes.append(current)
-            current.steps.append(step)
-        if current is not None:
-            current.ended = closed.get(session)
     episodes.sort(key=lambda e: (e.steps[0].started, e.session, e.index))
     return episodes
 
@@ -184,7 +188,10 @@ async def replay(
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     differ = []
-    async with connect(ws_url(url), additional_headers=headers, compression=None) as ws:
+    # Replies as large as openenv's clients take (websockets' own limit is 1 MiB).
+    async with connect(
+        ws_url(url), additional_headers=headers, compression=None, max_size=_REPLY_LIMIT
+    ) as ws:
         for number, step in enumerate(episode.steps):
             if step.kind == "invalid":
                 await ws.send(_invalid_frame(step.request))

@@ -33,7 +33,7 @@ async_app = create_app(
 
 
 def main() -> None:
-    """Serve `app` on $HOST:$PORT (default 0.0.0.0:8000); the `benchmark-server` script."""
+    """Serve `app` on $HOST:$PORT (default 0.0.0.0:8000); the `server` script."""
     # openenv's runner: its fast WebSocket protocol, and a graceful drain on SIGTERM.
     serve(app, host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "8000")))
 

@@ -57,7 +57,12 @@ def grade(tests: list[str], per_test: float) -> tuple[list[dict[str, object]], i
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except BaseException:  # its __str__ is the solution's code: it may raise, or run out of time
+        message = "<exception str() failed>"
+    text = f"{name}: {message}" if message else name
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 

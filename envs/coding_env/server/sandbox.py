@@ -14,6 +14,7 @@ event loop (``process.py``), reads the output incrementally, up to the
 limit, and enforces the wall clock.
 
 >>> import asyncio
+import contextlib
 >>> result = asyncio.run(Sandbox(SandboxLimits(timeout=5)).run_code("print(6 * 7)"))
 >>> result.status, result.exit_code, result.stdout
 ('ok', 0, '42\\n')
@@ -22,13 +23,16 @@ limit, and enforces the wall clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -43,6 +47,8 @@ from coding_env.server.launcher import CHANNEL_FD
 from coding_env.server.process import ChildProcess, PipeReader
 
 __all__ = ["CHANNEL_FD", "Sandbox", "SandboxLimits", "default_python", "shared_uid_pool"]
+
+logger = logging.getLogger("coding_env.sandbox")
 
 _LAUNCHER = (Path(__file__).parent / "launcher.py").read_text(encoding="utf-8")
 _MIB = 2**20
@@ -224,15 +230,17 @@ class Sandbox:
             raise
 
     async def _clean_up(self, workdir: str | None, lease: Lease | None) -> None:
-        if workdir is not None:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
-        if lease is not None and self.uids is not None:
-            # Every run's uid is swept before reuse, however the run ended: the
-            # program runs under that uid as its launcher does, so it may have
-            # killed the launcher and left setsid() children to PID 1. A uid is
-            # the one thing it cannot shed.
-            lease.suspect = True
-            await asyncio.to_thread(self.uids.release, lease)
+        try:
+            if workdir is not None:
+                await asyncio.to_thread(_remove_tree, workdir)
+        finally:
+            if lease is not None and self.uids is not None:
+                # Every run's uid is swept before reuse, however the run ended: the
+                # program runs under that uid as its launcher does, so it may have
+                # killed the launcher and left setsid() children to PID 1. A uid is
+                # the one thing it cannot shed.
+                lease.suspect = True
+                await asyncio.to_thread(self.uids.release, lease)
 
     async def _execute(
         self, workdir: str, script: str, lease: Lease | None, kill_on_flood: bool, channel: bool
@@ -371,6 +379,29 @@ def _environment(workdir: str) -> dict[str, str]:
     # An allow-list, built from scratch: nothing of the server's environment.
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
             "LANG": "C.UTF-8"}  # fmt: skip
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a run's directory, however deeply the program nested folders in it."""
+    # shutil.rmtree recurses (and holds a descriptor) once per level, so a
+    # program that nests a few thousand folders defeats it; rm does not.
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    try:
+        subprocess.run(
+            ["rm", "-rf", "--", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+    except OSError as exc:
+        logger.error("could not remove %s: %s", path, exc)
+        return
+    if os.path.lexists(path):
+        logger.error("could not remove %s", path)
 
 
 def _read_report(fd: int) -> dict[str, Any] | None:

@@ -444,6 +444,37 @@ def test_a_program_that_kills_its_launcher_leaves_nothing_running(roomy_url: str
         assert still.stdout == "next\n"
 
 
+DEEP_FOLDERS = """\
+import os, signal, time
+child = os.fork()
+if child == 0:
+    os.setsid()
+    time.sleep(120)
+    os._exit(0)
+for _ in range(3000):  # deeper than shutil.rmtree's recursion goes
+    os.mkdir("d")
+    os.chdir("d")
+print(child, flush=True)
+os.kill(os.getppid(), signal.SIGKILL)  # only the sweep of the uid can end the child now
+"""
+
+
+def test_a_program_that_nests_folders_deeply_is_cleaned_up_after(roomy_url: str) -> None:
+    before = run_dirs()
+    with CodingEnv(roomy_url).sync() as env:
+        env.reset(seed=0)
+        execution = env.step(CodeAction(code=DEEP_FOLDERS)).observation.execution
+        assert execution is not None
+        # Its result, not an EXECUTION_ERROR: removing its folder is the server's business.
+        assert execution.status == "error"
+        # The uid was still swept and given back, and the folder removed.
+        assert not alive(int(execution.stdout))
+        still = env.step(CodeAction(code="print('next')")).observation.execution
+        assert still is not None
+        assert still.stdout == "next\n"
+    assert run_dirs() <= before
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie left to a PID 1 that does not reap is dead)."""
     try:

@@ -59,6 +59,22 @@ def to_roman(n):
 """
 
 
+# Wrong for 1994, with an exception that cannot be put into words: the other
+# two tests are graded all the same.
+UNSPEAKABLE = """\
+class Unspeakable(Exception):
+    def __str__(self):
+        raise ValueError("no words")
+
+_right = to_roman
+
+def to_roman(n):
+    if n == 1994:
+        raise Unspeakable()
+    return _right(n)
+"""
+
+
 def make_app(limits: SandboxLimits) -> FastAPI:
     env = functools.partial(CodingEnvironment, limits=limits)
     return create_app(env, CodeAction, CodeObservation, ConcurrencyConfig(max_concurrent_envs=16))
@@ -173,3 +189,11 @@ def test_a_solution_cannot_forge_its_report(url: str) -> None:
     assert re.search(r"^solution reached \[0, 1, 2, 3(, \d+)*\]$", execution.stdout, re.M)
     # ...and programs it starts do not even get the channel.
     assert "child reached [0, 1, 2]\n" in execution.stdout
+
+
+def test_a_test_whose_exception_cannot_be_printed_fails_alone(url: str) -> None:
+    [(reward, execution, tests)] = submit_all(url, [CORRECT + UNSPEAKABLE])
+    assert reward == pytest.approx(2 / 3)
+    assert execution.status == "ok"
+    assert [test.passed for test in tests] == [True, False, True]
+    assert tests[1].error == "Unspeakable: <exception str() failed>"

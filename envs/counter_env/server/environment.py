@@ -31,6 +31,8 @@ class Split(Sequence[CounterTask]):
 
 
 SPLITS = {"train": Split("train", 1000, 3), "test": Split("test", 100, 5)}
+# The counter's range: a signed 64-bit integer, what a JSON reply carries exactly.
+_LOWEST, _HIGHEST = -(2**63), 2**63 - 1
 
 
 class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterState]):
@@ -96,9 +98,17 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
         Args:
             amount: How much to add; may be negative.
         """
-        self._state.value += amount
+        value = self._state.value + amount
+        if not _LOWEST <= value <= _HIGHEST:
+            # Past 64 bits no reply can carry the counter: a step would end the
+            # session, and every later reply (the state's too) would fail.
+            raise EnvError(
+                f"the counter would be {value}, outside the 64-bit integers replies carry; "
+                f"it stays {self._state.value}"
+            )
+        self._state.value = value
         self._state.step_count += 1
-        return {"value": self._state.value}
+        return {"value": value}
 
     @tool
     async def get_value(self) -> int:

@@ -97,3 +97,21 @@ def test_a_step_after_submit_is_refused_and_changes_nothing() -> None:
         assert (state.value, state.step_count, state.done) == (3, 2, True)
         env.reset(seed=1)
         assert env.step(CounterAction(amount=4)).observation.value == 4
+
+
+def test_a_count_past_64_bits_is_refused_and_the_session_goes_on() -> None:
+    # Once the counter went past 2**64: the step's reply could not be encoded,
+    # so the session ended with "internal server error" (1011), and a tool's
+    # failed while the counter had moved.
+    big = 2**63 - 1
+    with run_server(app) as url, CounterEnv(url).sync() as env:
+        env.reset(task=CounterTask(id="t", target=3))
+        assert env.step(CounterAction(amount=big)).observation.value == big
+        with pytest.raises(EnvExecutionError, match=r"outside the 64-bit integers .* stays"):
+            env.step(CounterAction(amount=1))
+        with pytest.raises(EnvExecutionError, match=r"outside the 64-bit integers"):
+            env.call_tool("increment", amount=big)
+        state = env.state()
+        assert (state.value, state.step_count) == (big, 1)
+        assert env.call_tool("increment", amount=-big + 3).data == {"value": 3}
+        assert env.call_tool("submit").reward == 1.0

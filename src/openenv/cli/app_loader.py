@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shlex
 import sys
 import tomllib
 import traceback
@@ -37,7 +38,7 @@ def package_name(folder: Path) -> str | None:
         project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError):
         return None
-    name = project.get("name")
+    name = project.get("name") if isinstance(project, dict) else None
     return name.replace("-", "_") if isinstance(name, str) else None
 
 
@@ -87,7 +88,7 @@ def _import(folder: Path) -> ModuleType:
         if package and exc.name and (exc.name == package or exc.name.startswith(package + ".")):
             raise AppLoadError(
                 f"server/app.py imports {package}, which is not installed in this Python "
-                f"({sys.executable}); run: pip install -e {folder}",
+                f"({sys.executable}); run: pip install -e {shlex.quote(str(folder))}",
                 exc,
             ) from None
         raise AppLoadError(_describe(folder, exc), exc) from None

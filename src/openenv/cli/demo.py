@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import random
 import signal
 import socket
 import statistics
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from openenv.runtime import EpisodeSession, RunConfig, Runners, Task
+from openenv.runtime.random_agent import sample_schema
 
 __all__ = ["DemoReport", "drive", "serve_subprocess"]
 
@@ -123,12 +125,22 @@ async def drive(url: str, sessions: int, steps: int, progress: bool | None = Non
 
 
 async def _timed_episode(session: EpisodeSession, steps: int) -> list[float]:
-    """Reset, then send ``steps`` messages; return each step's latency in seconds."""
-    await session.reset()
+    """Reset, then send ``steps`` actions; return each step's latency in seconds.
+
+    The actions are drawn from the environment's own action schema, so any app
+    plays (a fixed echo message failed every step elsewhere); an episode that
+    ends is followed by the next, as an agent's would be.
+    """
+    schema = await session.action_schema()
+    rng = random.Random(session.task.seed)
+    result = await session.reset()
     latencies = []
-    for step in range(steps):
+    for _ in range(steps):
+        if result.done:
+            result = await session.reset()
+        action = sample_schema(schema, rng)
         started = time.perf_counter()
-        await session.step({"message": f"agent {session.task.seed} step {step}"})
+        result = await session.step(action)
         latencies.append(time.perf_counter() - started)
     return latencies
 

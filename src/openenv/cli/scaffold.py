@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import keyword
+import os
 import re
+import shlex
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Annotated
 
@@ -34,6 +37,9 @@ _RESERVED = {"openenv", "server"}
 # `from NAME.models import ...` in server/app.py could never import.
 _FOLDER_MODULES = {"models": "models.py", "client": "client.py", "tests": "tests/ folder"}
 _SKIPPED = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+# File systems take names of 255 bytes: the template's tests/test_NAME.py and
+# pip's files for an editable install (__editable___NAME_0_1_0_finder.py) must fit.
+_MAX_NAME = 100
 
 
 def template_dir() -> Path:
@@ -65,6 +71,11 @@ def check_name(name: str) -> None:
     ...
     ValueError: 'json' would shadow Python's own json module; pick another name, e.g. 'json_env'
     """
+    if len(name) > _MAX_NAME:
+        raise ValueError(
+            f"{name[:20]!r}... is {len(name)} characters long; pick a name of at most "
+            f"{_MAX_NAME}, so that the files named after it can be written"
+        )
     if keyword.iskeyword(name):
         raise ValueError(f"{name!r} is a Python keyword; pick another name, e.g. '{name}_env'")
     if name in _RESERVED or name in sys.stdlib_module_names:
@@ -82,7 +93,9 @@ def check_name(name: str) -> None:
             f"{name!r} is not a valid environment name: use a lowercase Python identifier "
             f"(letters, digits and underscores, starting with a letter)."
         )
-        suggestion = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+        # Accents dropped rather than letters: 'café' suggests 'cafe', not 'caf'.
+        ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        suggestion = re.sub(r"[^a-z0-9]+", "_", ascii_name.lower()).strip("_")
         if suggestion[:1].isdigit():
             suggestion = f"env_{suggestion}"
         if _NAME.match(suggestion) and not keyword.iskeyword(suggestion):
@@ -117,7 +130,9 @@ def init_env(name: str, output_dir: str | Path = ".", *, force: bool = False) ->
         ValueError: ``name`` is not a usable package name, or a module of
             that name is installed already.
         FileExistsError: the folder exists and ``force`` is false, or one of
-            its folders the template writes into links out of it.
+            its folders the template writes into links out of it, or is a file
+            (or one of the template's files is a folder there); nothing is
+            written then.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +189,19 @@ def render_template(name: str, target: Path) -> None:
         if not destination.parent.resolve().is_relative_to(root):
             where = destination.parent.relative_to(target)
             raise FileExistsError(f"{target}: {where} links out of the folder; remove the link")
+        # So is a file where the template has a folder, or a folder where it has
+        # a file: found half-way, it left the template half-written.
+        for folder in (destination.parent, *destination.parent.parents):
+            if folder == target:
+                break
+            if os.path.lexists(folder) and not folder.is_dir():
+                where = folder.relative_to(target)
+                raise FileExistsError(
+                    f"{target}: {where} is a file where the template has a folder"
+                )
+        if destination.is_dir() and not destination.is_symlink():
+            where = destination.relative_to(target)
+            raise FileExistsError(f"{target}: {where} is a folder where the template has a file")
     for destination, path in files.items():
         destination.parent.mkdir(parents=True, exist_ok=True)
         if destination.is_symlink():
@@ -188,12 +216,16 @@ def next_steps(folder: Path) -> list[str]:
     ["pip install -e 'envs/my_env[test]'", 'openenv validate envs/my_env',
      'pytest envs/my_env', 'openenv serve envs/my_env',
      'openenv validate --url http://127.0.0.1:8000']
+    >>> next_steps(Path("My Projects/my_env"))[:2]
+    ["pip install -e 'My Projects/my_env[test]'", "openenv validate 'My Projects/my_env'"]
     """
+    # Quoted for the shell, so that they paste as they are: a folder may hold spaces.
+    where = shlex.quote(str(folder))
     return [
-        f"pip install -e '{folder}[test]'",
-        f"openenv validate {folder}",
-        f"pytest {folder}",
-        f"openenv serve {folder}",
+        f"pip install -e {shlex.quote(f'{folder}[test]')}",
+        f"openenv validate {where}",
+        f"pytest {where}",
+        f"openenv serve {where}",
         "openenv validate --url http://127.0.0.1:8000",
     ]
 

@@ -87,26 +87,31 @@ def _check_pyproject(folder: Path, report: Checklist) -> None:
     except tomllib.TOMLDecodeError as exc:
         report.add("pyproject", "fail", f"pyproject.toml is not valid TOML: {exc}")
         return
-    project = data.get("project", {})
-    name = project.get("name")
+    name = _lookup(data, "project", "name")
     if not isinstance(name, str):
         report.add("pyproject", "fail", "pyproject.toml has no [project] name")
         return
     package = name.replace("-", "_")
     problems = []
     entry_point = f"{package}.server.app:main"
-    found = project.get("scripts", {}).get("server")
+    found = _lookup(data, "project", "scripts", "server")
     if found != entry_point:
         problems.append(f'[project.scripts] needs server = "{entry_point}" (found {found!r})')
-    package_dir = data.get("tool", {}).get("setuptools", {}).get("package-dir")
+    package_dir = _lookup(data, "tool", "setuptools", "package-dir")
     wanted = {package: ".", f"{package}.server": "server"}
-    if package_dir is not None and any(package_dir.get(k) != v for k, v in wanted.items()):
+    if package_dir is not None and (
+        not isinstance(package_dir, dict) or any(package_dir.get(k) != v for k, v in wanted.items())
+    ):
         problems.append(
             f'[tool.setuptools] package-dir needs {{ "{package}" = ".", '
             f'"{package}.server" = "server" }}'
         )
-    dependencies = project.get("dependencies", [])
-    if any(_PEER_REQUIREMENT.match(dep) for dep in dependencies):
+    dependencies = _lookup(data, "project", "dependencies") or []
+    if not isinstance(dependencies, list) or not all(isinstance(d, str) for d in dependencies):
+        problems.append(
+            f"[project] dependencies must be a list of strings (found {dependencies!r})"
+        )
+    elif any(_PEER_REQUIREMENT.match(dep) for dep in dependencies):
         problems.append(
             "[project] dependencies name `openenv`, which on PyPI is Hugging Face's OpenEnv: "
             "depend on openenv-scale"
@@ -117,6 +122,19 @@ def _check_pyproject(folder: Path, report: Checklist) -> None:
         report.add("pyproject", "fail", "; ".join(problems))
     else:
         report.add("pyproject", "pass", f"package {package}, script server = {entry_point}")
+
+
+def _lookup(data: Any, *keys: str) -> Any:
+    """``data[k1][k2]...``, or None where a key is missing or a value is not a table.
+
+    A hand-written pyproject.toml may hold anything where a table belongs
+    (``scripts = "x"``): that is a failed check, not a traceback.
+    """
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
 
 
 def _check_app(folder: Path, report: Checklist) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import operator
+import random
 import urllib.error
 import urllib.request
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 from openenv.cli.checklist import Checklist
 from openenv.client import WebSocketEnvClient, http_url
 from openenv.client._base import auth_headers
+from openenv.runtime.random_agent import sample_pattern
 
 __all__ = ["sample_action", "sample_value", "validate_url"]
 
@@ -149,6 +152,8 @@ def _get_json(base: str, route: str, timeout: float) -> Any:
         raise _Unreachable(_why_unreachable(base, exc.reason, timeout)) from None
     except OSError as exc:  # includes TimeoutError while reading the answer
         raise _Unreachable(_why_unreachable(base, exc, timeout)) from None
+    except http.client.HTTPException as exc:  # another protocol's port, or an answer cut short
+        raise _Unreachable(f"{base} does not answer as an HTTP server: {exc!r:.120}") from None
     try:
         return json.loads(body)
     except json.JSONDecodeError:
@@ -188,8 +193,13 @@ def sample_action(schema: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+def sample_value(
+    schema: dict[str, Any], defs: dict[str, Any], expanding: frozenset[str] = frozenset()
+) -> Any:
     """A value that fits one JSON Schema node (a best effort for patterns and formats).
+
+    ``expanding`` holds the ``$ref``s this node is inside of: a model met again
+    within itself is sampled as null (an ``Optional`` field), not forever.
 
     >>> sample_value({"type": "integer", "exclusiveMinimum": 3}, {})
     4
@@ -199,7 +209,10 @@ def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     [False, False]
     """
     if "$ref" in schema:
-        return sample_value(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+        ref = schema["$ref"]
+        if ref in expanding:  # a model within itself: only a null can end it
+            return None
+        return sample_value(defs[ref.rsplit("/", 1)[-1]], defs, expanding | {ref})
     for key in ("const", "default"):
         if key in schema:
             return schema[key]
@@ -209,20 +222,47 @@ def sample_value(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     for key in ("anyOf", "oneOf", "allOf"):
         if options := schema.get(key):
             chosen = next((o for o in options if o.get("type") != "null"), options[0])
-            return sample_value(chosen, defs)
+            return sample_value(chosen, defs, expanding)
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         properties = schema.get("properties", {})
-        return {name: sample_value(properties[name], defs) for name in schema.get("required", [])}
+        required = schema.get("required", [])
+        return {name: sample_value(properties[name], defs, expanding) for name in required}
     if kind == "array":
-        return [sample_value(schema.get("items", {}), defs)] * schema.get("minItems", 0)
+        # A tuple (prefixItems) has an item of its own type in each place.
+        items = [sample_value(item, defs, expanding) for item in schema.get("prefixItems", [])]
+        rest = schema.get("minItems", 0) - len(items)
+        if rest > 0:
+            items += [sample_value(schema.get("items") or {}, defs, expanding)] * rest
+        return items
     if kind in ("integer", "number"):
         return _sample_number(schema, integer=kind == "integer")
     if kind == "string":
-        return "x" * max(schema.get("minLength", 1), 1)
+        # The first value RandomAgent's sampler finds for a simple pattern
+        # (wordle's five letters): "x" matches few patterns.
+        matching = (
+            sample_pattern(schema["pattern"], random.Random(0)) if "pattern" in schema else None
+        )
+        if matching is None:
+            matching = _FORMATS.get(schema.get("format", ""))
+        return matching if matching is not None else "x" * max(schema.get("minLength", 1), 1)
     return {"boolean": False, "null": None}.get(kind)
+
+
+# A value of each string format pydantic writes into schemas (datetime, UUID, AnyUrl, ...).
+_FORMATS = {
+    "date-time": "2000-01-01T00:00:00Z",
+    "date": "2000-01-01",
+    "time": "00:00:00",
+    "duration": "PT0S",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "uri": "http://example.com/",
+    "email": "user@example.com",
+    "ipv4": "127.0.0.1",
+    "ipv6": "::1",
+}
 
 
 def _sample_number(schema: dict[str, Any], *, integer: bool) -> int | float:

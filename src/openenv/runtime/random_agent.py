@@ -86,22 +86,37 @@ def sample_schema(schema: dict[str, Any], rng: random.Random) -> Any:
     return _Sampler(schema, rng).sample(schema, "")
 
 
+# Models nested deeper than this (a model within itself: a tree, a list) are
+# sampled as small as their schema allows: null where it may be, no optional
+# field, the fewest items. Drawn freely, a tree whose nodes hold a list of trees
+# grows without end about half the time (a RecursionError).
+_DEEP = 8
+
+
 class _Sampler:
     def __init__(self, root: dict[str, Any], rng: random.Random) -> None:
         self.root = root
         self.rng = rng
+        self.depth = 0  # how many $refs deep the value being drawn is
 
     def sample(self, schema: dict[str, Any], where: str) -> Any:
         rng = self.rng
         if "$ref" in schema:
-            return self.sample(self._resolve(schema["$ref"]), where)
+            self.depth += 1
+            try:
+                return self.sample(self._resolve(schema["$ref"]), where)
+            finally:
+                self.depth -= 1
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
             return rng.choice(schema["enum"])
         for key in ("anyOf", "oneOf"):
             if key in schema:
-                return self.sample(rng.choice(schema[key]), where)
+                variants = schema[key]
+                if self.depth > _DEEP:
+                    variants = [v for v in variants if v.get("type") == "null"] or variants
+                return self.sample(rng.choice(variants), where)
         if "allOf" in schema:
             merged: dict[str, Any] = {}
             for part in schema["allOf"]:
@@ -180,16 +195,30 @@ class _Sampler:
             return moment.isoformat()
         if fmt == "date":
             return datetime.date.fromordinal(self.rng.randrange(700_000, 760_000)).isoformat()
+        if fmt == "time":
+            return (
+                (datetime.datetime.min + datetime.timedelta(seconds=self._seconds()))
+                .time()
+                .isoformat()
+            )
+        if fmt == "duration":
+            return f"PT{self._seconds()}S"
+        if fmt in ("uri", "email"):
+            word = "".join(self.rng.choices(string.ascii_lowercase, k=8))
+            return f"http://{word}.example/" if fmt == "uri" else f"{word}@example.com"
         low = int(schema.get("minLength", 0))
         high = int(schema.get("maxLength", max(low, 12)))
         length = self.rng.randint(low, high)
         return "".join(self.rng.choices(string.ascii_lowercase + " ", k=length))
 
+    def _seconds(self) -> int:
+        return self.rng.randrange(86_400)
+
     def _array(self, schema: dict[str, Any], where: str) -> list[Any]:
         prefix = schema.get("prefixItems", [])
         low = int(schema.get("minItems", len(prefix)))
         high = int(schema.get("maxItems", max(low, len(prefix) + 3)))
-        length = self.rng.randint(low, high)
+        length = low if self.depth > _DEEP else self.rng.randint(low, high)
         items = schema.get("items", {})
         out = [self.sample(s, f"{where}[{i}]") for i, s in enumerate(prefix[:length])]
         if items is not False:
@@ -200,7 +229,7 @@ class _Sampler:
         required = set(schema.get("required", ()))
         out: dict[str, Any] = {}
         for name, sub in schema.get("properties", {}).items():
-            if name in required or self.rng.random() < 0.5:
+            if name in required or (self.depth <= _DEEP and self.rng.random() < 0.5):
                 out[name] = self.sample(sub, f"{where}.{name}" if where else name)
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict) and not schema.get("properties"):

@@ -19,15 +19,19 @@ against a server and turns them into tables.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 __all__ = ["Recorder"]
+
+logger = logging.getLogger("openenv.server")
 
 
 class Recorder:
@@ -39,6 +43,7 @@ class Recorder:
         self.path = self.folder / f"sessions-{os.getpid()}-{time.time_ns()}.jsonl"
         self._file = self.path.open("ab", buffering=1 << 16)
         self._lock = threading.Lock()  # tools and steps may finish on worker threads
+        self._failed = False  # a write has failed (and been logged)
 
     def opened(self, session: str) -> None:
         self._write({"session": session, "event": "opened", "at": time.time()})
@@ -64,17 +69,29 @@ class Recorder:
 
     def flush(self) -> None:
         with self._lock:
-            self._file.flush()
+            if not self._file.closed:
+                self._guarded(self._file.flush)
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            self._guarded(self._file.close)  # closed even when its last flush fails
 
     def _write(self, event: dict[str, Any]) -> None:
         line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
         with self._lock:
             if not self._file.closed:
-                self._file.write(line)
+                self._guarded(self._file.write, line)
+
+    def _guarded(self, operation: Callable[..., object], *args: Any) -> None:
+        # The recording watches the sessions, it is not part of them: a full disk
+        # must not end them (it once dropped each connection it was recording).
+        # Their events are lost meanwhile, which the log says once.
+        try:
+            operation(*args)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                logger.error("cannot write the recording %s, events are lost: %s", self.path, exc)
 
 
 def _embedded(frame: str | bytes | Any) -> Any:
