@@ -14,7 +14,6 @@ event loop (``process.py``), reads the output incrementally, up to the
 limit, and enforces the wall clock.
 
 >>> import asyncio
-import contextlib
 >>> result = asyncio.run(Sandbox(SandboxLimits(timeout=5)).run_code("print(6 * 7)"))
 >>> result.status, result.exit_code, result.stdout
 ('ok', 0, '42\\n')
