@@ -23,6 +23,7 @@ import pytest
 from dockerfiles import Image, build, expanded, stop, wait_healthy
 from readme_blocks import expected_output, python_block
 
+from coding_env import CodeAction, CodingEnv
 from echo_env import EchoAction, EchoEnv
 
 REPO = Path(__file__).parents[1]
@@ -195,3 +196,32 @@ def test_the_template_dockerfile_installs_and_serves_a_new_environment(
         live = run(image, "openenv", "validate", "--url", url, cwd=tmp_path)
         assert live.returncode == 0, live.stdout
         assert "BoxedEnvironment" in live.stdout
+
+
+PERMISSION_PROBE = """
+import os
+try:
+    os.kill({pid}, 0)  # signal 0: the permission check alone
+except PermissionError:
+    print("refused")
+else:
+    print("allowed")
+"""
+
+
+def test_the_coding_env_image_runs_each_program_under_a_uid_of_its_own(
+    image: Image, tmp_path: Path
+) -> None:
+    # With USER 10001, as every other image, the sandbox had no uids to give:
+    # programs ran as the server's user, could signal it (PID 1) and read its files.
+    folder = REPO / "envs" / "coding_env"
+    boxed = build(folder / "server" / "Dockerfile", folder, tmp_path / "root", image.venv)
+    assert boxed.user is None  # root, which programs never are
+    with boxed.running(tmp_path / "coding.log") as (url, proc):
+        assert boxed.run_healthcheck(url) == 0
+        with CodingEnv(url).sync() as env:
+            env.reset(seed=0)
+            result = env.step(CodeAction(code=PERMISSION_PROBE.format(pid=proc.pid)))
+        execution = result.observation.execution
+        assert execution is not None
+        assert (execution.status, execution.stdout) == ("ok", "refused\n"), execution
