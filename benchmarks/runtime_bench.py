@@ -15,6 +15,7 @@ engine kept warm in this program).
 
     python benchmarks/runtime_bench.py                   # 10,000 episodes x 5 steps, 256 at once
     python benchmarks/runtime_bench.py --episodes 200    # a quick look
+    python benchmarks/runtime_bench.py --engines processes,processes-timeout  # what a timeout costs
 """
 
 from __future__ import annotations
@@ -126,6 +127,11 @@ def main() -> None:
         "local-v1": RunConfig(max_concurrency=args.in_flight, multiplex=False),
         "processes-v1": RunConfig(
             worker_num=args.workers, max_concurrency=per_worker, multiplex=False
+        ),
+        # The same with a task timeout: each worker says when an episode starts
+        # (a frame up the channel) and the driver moves its watch over it.
+        "processes-timeout": RunConfig(
+            worker_num=args.workers, max_concurrency=per_worker, timeout=600
         ),
     }
     rows: list[Row] = []
