@@ -25,6 +25,7 @@ from fleet_kit import COUNTER, ECHO, healthy, replicas, until
 
 from echo_env.models import EchoAction
 from openenv import (
+    AuthenticationError,
     CapacityError,
     ConnectionFailedError,
     RemoteEnv,
@@ -203,6 +204,37 @@ def test_the_directory_answers_the_environments_other_routes_from_a_replica(
             refused = httpx.get(f"{url}{path}", headers=rebound)
             assert refused.status_code == 403, (path, refused.text)
             assert "host 'evil.example' is not allowed" in refused.json()["detail"]
+
+
+async def say_hi(session: EpisodeSession) -> str:
+    await session.reset()
+    reply = await session.step(EchoAction(message="hi"))
+    return str((reply.observation.model_extra or {})["echoed_message"])
+
+
+def test_a_keyed_fleets_one_address_takes_plain_clients_and_runners(
+    two_nodes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The directory redirects /ws to a replica, on another host and port, which
+    # checks the key: websockets drops Authorization on such a redirect.
+    key = "the-fleets-key"
+    environ = {"OPENENV_API_KEY": key}
+    with Fleet(ECHO, replicas=1, num_cpus=0.5, interval=0.3, environ=environ) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+
+        async def step(api_key: str | None) -> str:
+            async with WebSocketEnvClient(url, api_key=api_key) as env:
+                reply = await env.step(EchoAction(message="hi"))
+                return str((reply.observation.model_extra or {})["echoed_message"])
+
+        assert asyncio.run(step(key)) == "hi"
+        with pytest.raises(AuthenticationError):  # the replica still checks it
+            asyncio.run(step(None))
+        # Runners' sessions share protocol v2 connections; the key from the environment.
+        monkeypatch.setenv("OPENENV_API_KEY", key)
+        tasks = [Task(id=f"t{i}", env=url, agent=say_hi) for i in range(4)]
+        results = Runners.sync_run_task(tasks, RunConfig(worker_num=1))
+        assert [(r.status.value, r.value) for r in results] == [("ok", "hi")] * 4, results
 
 
 def both_full(url: str) -> bool:

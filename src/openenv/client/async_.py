@@ -19,7 +19,7 @@ from openenv.client._base import (
     ClientCore,
     ObsT,
     StateT,
-    auth_headers,
+    handshake_headers,
     http_url,
     ws_url,
 )
@@ -136,7 +136,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
-        extra_headers = auth_headers(headers, api_key)
+        extra_headers = handshake_headers(headers, api_key)
         if extra_headers:
             self._connect_options["additional_headers"] = extra_headers
         self._ws: ClientConnection | None = None
