@@ -32,9 +32,10 @@ from test_cli_serve import (
     open_sessions,
     serving,
     spread,
+    steps_ok,
 )
 
-from openenv import CapacityError, WebSocketEnvClient
+from openenv import CapacityError, SessionClosedError, WebSocketEnvClient
 
 
 def group(pgid: int) -> set[int]:
@@ -201,6 +202,54 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path
 
     with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))
+
+
+# Ends its worker with exit status 3, uvicorn's for an app that failed to start.
+EXITS_3 = """\
+class Exits(PidEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        if action.note == "exit 3":
+            os._exit(3)
+        return super().step(action)
+
+
+make = Exits
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_exits_with_code_3_once_serving_is_replaced_not_the_server_stopped(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", factory=EXITS_3)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 4)
+        try:
+            await spread(url, held)
+            (doomed, victim), others = held[0], [s for s in held if s[1] != held[0][1]]
+            with pytest.raises(SessionClosedError):
+                await doomed.step(Ping(note="exit 3"))
+            await eventually(
+                lambda: (
+                    health(url).get("workers") == 2
+                    and health(url).get("active_sessions") == len(others)
+                ),
+                "no replacement worker, or the server stopped",
+                log,
+            )
+            assert await steps_ok(others)  # the other worker's sessions went on
+            held = others + await open_sessions(url, len(held) - len(others))
+            assert victim not in {pid for _, pid in held}
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+        assert "exited with code 3; starting a replacement" in log.read_text()
+        assert stop(proc, signal.SIGINT) == 0, log.read_text()
 
 
 @pytest.mark.timeout(120)

@@ -97,7 +97,8 @@ class GracefulServer(uvicorn.Server):
 
     A worker of ``serve(workers=N)`` is ``supervised``: a terminal's Ctrl+C
     reaches it twice (from the terminal, and as the supervisor's SIGTERM),
-    which must not turn the drain into uvicorn's forced exit.
+    which must not turn the drain into uvicorn's forced exit. ``on_started``
+    is called once the app has started and the server listens.
     """
 
     def __init__(
@@ -106,17 +107,21 @@ class GracefulServer(uvicorn.Server):
         *,
         supervised: bool = False,
         gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self.supervised = supervised
         self.gc_threshold = gc_threshold
+        self.on_started = on_started
         self._restore_gc: Callable[[], None] | None = None
         self._exit_deadline: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        await super().startup(sockets)  # a failed startup exits (code 3) from in there
         # Once the app and its lifespan are up, so that what they made is frozen.
         self._restore_gc = tune_gc(self.gc_threshold)
+        if self.on_started is not None:
+            self.on_started()
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         try:
@@ -267,14 +272,26 @@ def run_on_socket(
 
 
 def _worker(
-    app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+    app: str,
+    app_dir: str | Path | None,
+    sock: socket.socket,
+    options: dict[str, Any],
+    started: multiprocessing.connection.Connection,
 ) -> None:
     if app_dir is not None:
         sys.path.insert(0, str(app_dir))
     options = dict(options)
     gc_threshold = options.pop("gc_threshold", DEFAULT_GC_THRESHOLD)
     config = uvicorn_config(app, **options)
-    server = GracefulServer(config, supervised=True, gc_threshold=gc_threshold)
+
+    def tell_started() -> None:
+        with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
+            started.send_bytes(b"started")
+        started.close()
+
+    server = GracefulServer(
+        config, supervised=True, gc_threshold=gc_threshold, on_started=tell_started
+    )
     _drain_when_orphaned(server)
     try:
         server.run(sockets=[sock])
@@ -331,6 +348,17 @@ def _end_of(process: multiprocessing.process.BaseProcess) -> Any:
     return process.sentinel
 
 
+def _said_started(said: multiprocessing.connection.Connection) -> bool:
+    """Whether a worker that ended had started serving (and close its pipe)."""
+    try:
+        # No wait: a child the worker forked may hold the pipe's other end open.
+        return said.poll() and said.recv_bytes() == b"started"
+    except (EOFError, OSError):  # it ended without a word
+        return False
+    finally:
+        said.close()
+
+
 def _supervise(
     workers: int,
     app: str,
@@ -352,10 +380,22 @@ def _supervise(
     os.environ[BOARD_VAR] = board  # spawned workers copy the environment as they start
     stopping = False
 
+    # Whether each worker said it started: exit code 3 is uvicorn's for a
+    # startup that failed, but environment code may exit with 3 later on too.
+    started: dict[multiprocessing.process.BaseProcess, multiprocessing.connection.Connection] = {}
+
     def start() -> multiprocessing.process.BaseProcess:
+        said, says = context.Pipe(duplex=False)
         # The socket itself travels to each child (multiprocessing duplicates it).
-        process = context.Process(target=_worker, args=(app, app_dir, sock, options))
-        process.start()
+        process = context.Process(target=_worker, args=(app, app_dir, sock, options, says))
+        try:
+            process.start()
+        except BaseException:
+            said.close()
+            raise
+        finally:
+            says.close()  # the worker's end now: its death closes it
+        started[process] = said
         return process
 
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -418,9 +458,10 @@ def _supervise(
                 processes.remove(process)
                 if (end := ends.pop(process)) != process.sentinel:
                     os.close(end)  # a pidfd of ours
+                ever_started = _said_started(started.pop(process))
                 if stopping:
                     continue
-                if process.exitcode == _STARTUP_FAILURE:
+                if process.exitcode == _STARTUP_FAILURE and not ever_started:
                     # It would fail the same way every time: the app, not the worker, is broken.
                     failed = True
                     stop(signal.SIGTERM, None)
@@ -444,6 +485,8 @@ def _supervise(
         for process, end in ends.items():
             if end != process.sentinel:
                 os.close(end)
+        for said in started.values():
+            said.close()
         os.close(wake_r)
         os.close(wake_w)
         sock.close()
