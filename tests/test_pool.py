@@ -157,6 +157,18 @@ def test_a_pool_whose_servers_are_all_down_fails_at_once() -> None:
     asyncio.run(scenario())
 
 
+def test_a_pool_whose_servers_went_down_fails_with_a_connection_error_not_capacity() -> None:
+    async def scenario() -> None:
+        with run_server(app(1)) as gone:
+            pool = ServerPool([gone], wait=0.2)
+            pool.ended(await pool.place())  # seen up once
+        # Down since: waited for as a restart would be, but not one was full.
+        with pytest.raises(ConnectionFailedError, match=r"no server answered on /health for 0\.2s"):
+            await PingClient(pool).reset()
+
+    asyncio.run(scenario())
+
+
 def test_a_full_server_found_on_connect_sends_the_session_elsewhere() -> None:
     # The pool believes both have room (it checked before they filled up).
     with servers(2, 2) as urls:

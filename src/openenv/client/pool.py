@@ -135,8 +135,10 @@ class ServerPool:
         """A server's ``ws://`` URL with room for one more session, its slot taken.
 
         Raises:
-            CapacityError: every server stayed full for ``wait`` seconds.
-            ConnectionFailedError: no server answers its health check.
+            CapacityError: every server stayed full (or down) for ``wait`` seconds.
+            ConnectionFailedError: no server answers its health check: at
+                once on the first look, else once they have all been down
+                for ``wait`` seconds (a restart is waited for).
         """
         deadline = time.monotonic() + self.wait
         while True:
@@ -151,6 +153,11 @@ class ServerPool:
                 return ws_url(chosen.url)
             left = deadline - time.monotonic()
             if left <= 0:
+                if not any(view.up for view in self._servers.values()):
+                    # Not one is full: a refusal for capacity would say "retry later" wrongly.
+                    raise ConnectionFailedError(
+                        str(self), f"no server answered on /health for {self.wait}s"
+                    )
                 raise CapacityError(
                     protocol.ErrorCode.CAPACITY_REACHED,
                     f"all {len(self._servers)} servers of {self!r} full or down for {self.wait}s",
