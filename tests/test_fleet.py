@@ -237,6 +237,20 @@ def test_a_keyed_fleets_one_address_takes_plain_clients_and_runners(
         assert [(r.status.value, r.value) for r in results] == [("ok", "hi")] * 4, results
 
 
+def test_the_directorys_ws_redirect_keeps_the_query_and_a_key_in_it(two_nodes: list[str]) -> None:
+    key = "the-fleets-key"
+    environ = {"OPENENV_API_KEY": key}
+    with Fleet(ECHO, replicas=1, num_cpus=0.5, interval=0.3, environ=environ) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+
+        async def step() -> str:
+            async with WebSocketEnvClient(f"{url}/ws?api_key={key}") as env:
+                reply = await env.step(EchoAction(message="hi"))
+                return str((reply.observation.model_extra or {})["echoed_message"])
+
+        assert asyncio.run(step()) == "hi"
+
+
 def both_full(url: str) -> bool:
     return sorted(r["active_sessions"] for r in healthy(url)) == [2, 2]
 
