@@ -332,6 +332,25 @@ def test_a_server_that_drops_every_session_it_accepts_is_passed_over() -> None:
         assert two_sessions_land_on(good, ServerPool([liar, good])) == [(False, 0), (True, 2)]
 
 
+def test_a_server_whose_ws_never_opens_fails_the_session_instead_of_holding_it_for_ever() -> None:
+    # Its /health says it has room, its /ws is refused: a proxy in front of it
+    # that does not pass WebSockets on. Each health check puts it back in the pool.
+    async def health(request: Request) -> Response:
+        body = b'{"status": "healthy", "max_sessions": 8}'
+        return Response(body, media_type="application/json")
+
+    with run_server(Starlette(routes=[Route("/health", health)])) as no_ws:
+
+        async def scenario() -> None:
+            pool = ServerPool([no_ws], refresh=0.05)
+            async with asyncio.timeout(30):  # it was tried again for ever
+                with pytest.raises(ConnectionFailedError, match="no openenv session endpoint"):
+                    await PingClient(pool).reset()
+            assert [view.placed for view in pool.servers()] == [0]
+
+        asyncio.run(scenario())
+
+
 def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
     # A byte every 50 ms never trips a timeout between reads; only a bound on
     # the whole check keeps the pool from waiting on it for ever.

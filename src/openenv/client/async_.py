@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EnvClient", "WebSocketEnvClient"]
 
-# Servers a new session may lose (gone before replying) before the error is the caller's.
+# Servers a new session may fail to reach, or lose (gone before replying), before
+# the error is the caller's.
 _ATTEMPTS = 8
 # "Not given" for options where None already means "off".
 _UNSET: Any = object()
@@ -201,6 +202,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self.pool is None:
             self._ws = await self._opened(self.url)
             return
+        failed = 0
         while True:
             self.url, self._placed = await self.pool.place(), True
             try:
@@ -210,6 +212,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 raise
             except ConnectionFailedError:
                 self._unplace(self.pool.failed)  # the pool tries the next server
+                # A server whose /health answers but whose /ws never does (a proxy
+                # without WebSockets) is back in the pool at its next health check.
+                failed += 1
+                if failed >= _ATTEMPTS:
+                    raise
             else:
                 return
 
