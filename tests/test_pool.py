@@ -33,6 +33,7 @@ from openenv import (
     create_app,
 )
 from openenv.client import ws_url
+from openenv.runtime import EpisodeSession
 from openenv.testing import run_server
 
 
@@ -389,6 +390,33 @@ def test_the_pool_sends_the_api_key_from_the_environment(monkeypatch: pytest.Mon
             asyncio.run(ServerPool([url], wait=0).place())
         monkeypatch.setenv("OPENENV_API_KEY", "k")
         assert asyncio.run(ServerPool([url], wait=0).place()) == ws_url(url)
+
+
+async def resets(session: EpisodeSession) -> str:
+    await session.reset()
+    return "in"
+
+
+def test_the_sessions_a_pool_places_carry_its_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    keyed = ConcurrencyConfig(max_concurrent_envs=2)
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
+            )
+            for _ in range(2)
+        ]
+        pool = ServerPool(urls, api_key="k")
+
+        async def play() -> str:
+            async with PingClient(pool) as env:  # no key of its own: the pool's
+                return (await env.step(Ping(message="hi"))).observation.message
+
+        assert asyncio.run(play()) == "hi"
+        tasks = [Task(id=f"t{i}", env=pool, agent=resets) for i in range(4)]
+        results = Runners.sync_run_task(tasks, RunConfig(worker_num=1))
+        assert [(r.status.value, r.value) for r in results] == [("ok", "in")] * 4, results
 
 
 def test_one_pool_places_sessions_from_two_event_loops_checking_at_once() -> None:

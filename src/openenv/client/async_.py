@@ -137,7 +137,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
-        extra_headers = handshake_headers(headers, api_key)
+        # The pool's key opens the sessions it places, unless this client has its own.
+        key = api_key or (self.pool.api_key if self.pool is not None else None)
+        extra_headers = handshake_headers(headers, key)
         if extra_headers:
             self._connect_options["additional_headers"] = extra_headers
         self._ws: ClientConnection | None = None

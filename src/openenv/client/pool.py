@@ -72,7 +72,9 @@ class ServerPool:
             with URLs separated by commas.
         refresh: Seconds between health checks of the servers.
         wait: Seconds to wait for room when every server is full.
-        api_key: Sent to the servers' HTTP routes (default: ``$OPENENV_API_KEY``).
+        api_key: Sent to the servers' HTTP routes, and in the handshake of every
+            session placed through the pool by a client given no key of its
+            own (default: ``$OPENENV_API_KEY``).
         health_timeout: Seconds each server has to answer its health check, in
             all (a server that trickles its answer is cut off too).
     """
@@ -126,6 +128,11 @@ class ServerPool:
 
     def __repr__(self) -> str:
         return f"ServerPool({list(self.urls)!r})"
+
+    @property
+    def api_key(self) -> str | None:
+        """The key given to the pool (``None``: ``$OPENENV_API_KEY``, if set, is sent)."""
+        return self._api_key
 
     def servers(self) -> list[ServerView]:
         """The servers as last seen (empty before the first health check)."""
