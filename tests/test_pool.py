@@ -419,6 +419,21 @@ def test_the_sessions_a_pool_places_carry_its_api_key(monkeypatch: pytest.Monkey
         assert [(r.status.value, r.value) for r in results] == [("ok", "in")] * 4, results
 
 
+def test_a_remote_env_on_a_keyed_pool_reads_with_the_pools_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    with run_server(create_app(ToolBox, Ping, Pong, api_key="k")) as url:
+
+        async def read() -> tuple[list[str], list[str]]:
+            env = RemoteEnv(ServerPool([url], api_key="k"))
+            return await env.list_splits(), [tool.name for tool in await env.list_tools()]
+
+        splits, tools = asyncio.run(read())
+        assert splits == list(SPLITS)
+        assert tools
+
+
 def test_one_pool_places_sessions_from_two_event_loops_checking_at_once() -> None:
     """A pool is one per process for its URLs (``shared``, ``"url1,url2"``), and
     sync clients, Runners' wrappers and threads each run their own event loop:
