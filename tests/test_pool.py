@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,7 @@ from openenv import (
     create_app,
 )
 from openenv.client import ws_url
+from openenv.client.pool import as_pool
 from openenv.runtime import EpisodeSession
 from openenv.testing import run_server
 
@@ -432,6 +434,32 @@ def test_a_remote_env_on_a_keyed_pool_reads_with_the_pools_key(
         splits, tools = asyncio.run(read())
         assert splits == list(SPLITS)
         assert tools
+
+
+def test_a_pool_moved_to_a_process_that_knows_its_servers_keeps_its_own_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As in a Ray worker that ran an earlier run on the same servers, named "url1,url2".
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    keyed = ConcurrencyConfig(max_concurrent_envs=2)
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
+            )
+            for _ in range(2)
+        ]
+        earlier = as_pool(",".join(urls))
+        moved = pickle.loads(pickle.dumps(ServerPool(urls, api_key="k", wait=5)))
+        assert (moved.api_key, moved.wait) == ("k", 5)
+        assert moved is not earlier
+        assert pickle.loads(pickle.dumps(earlier)) is earlier  # one pool per process still
+
+        async def play() -> str:
+            async with PingClient(moved) as env:
+                return (await env.step(Ping(message="hi"))).observation.message
+
+        assert asyncio.run(play()) == "hi"
 
 
 def test_one_pool_places_sessions_from_two_event_loops_checking_at_once() -> None:

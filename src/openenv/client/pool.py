@@ -24,6 +24,7 @@ URLs separated by commas).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
@@ -79,7 +80,7 @@ class ServerPool:
             all (a server that trickles its answer is cut off too).
     """
 
-    _shared: ClassVar[dict[tuple[str, ...], ServerPool]] = {}
+    _shared: ClassVar[dict[tuple[Any, ...], ServerPool]] = {}
     _shared_lock: ClassVar = threading.Lock()
 
     def __init__(
@@ -110,12 +111,18 @@ class ServerPool:
 
     @classmethod
     def shared(cls, urls: Iterable[str], **options: Any) -> ServerPool:
-        """One pool per process for these URLs, so every client shares its counts."""
-        key = tuple(urls)
+        """One pool per process for these URLs and options, so every client shares its counts.
+
+        The options are part of what is shared: a pool with another key or
+        wait (a later run's, in a Ray worker that ran an earlier one) is
+        another pool, not the first one's settings passed off as its own.
+        """
+        urls = tuple(urls)
+        key = (urls, *sorted({**_DEFAULTS, **options}.items()))
         with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None:
-                pool = cls._shared[key] = cls(key, **options)
+                pool = cls._shared[key] = cls(urls, **options)
             return pool
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -277,6 +284,14 @@ async def _describe(http: Any, url: str, bound: float) -> list[tuple[str, protoc
     except (httpx.HTTPError, OSError, ValueError):  # TimeoutError and ValidationError too
         pass
     return [(url, None)]
+
+
+# The options of ``ServerPool`` as it is made without them, for ``shared``'s keys.
+_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(ServerPool.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+}
 
 
 def _shared_pool(
