@@ -359,6 +359,37 @@ def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
 
 
+def test_ctrl_c_while_the_fleet_starts_stops_it_at_once(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    import ray
+
+    # An app whose import never ends: the check on the cluster waits for it
+    # (two minutes), and Ctrl+C used to wait as long, and then for the replicas.
+    folder = tmp_path / "hanging_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    importing = tmp_path / "importing"
+    hang = f"import time\nopen({str(importing)!r}, 'w').close()\ntime.sleep(3600)\n"
+    (folder / "server" / "app.py").write_text(hang)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--ray", "--port", "0"],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+            start_new_session=True,
+        )
+    try:
+        until(importing.exists, "the app being imported on the cluster", 120)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, out.read_text()  # not the two minutes of the check
+        assert "interrupted while the fleet was starting" in out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def echo_with_app(tmp_path: Path, app: str) -> tuple[Path, Path, dict[str, str]]:
     """A copy of echo_env serving ``app`` (which reads ``$OPENENV_TEST_MARKER``),
     the marker file's path (not made) and the replicas' environment."""
