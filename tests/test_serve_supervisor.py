@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,6 +203,68 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path
 
     with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))
+
+
+# A step past the supervisor's deadline for apps it has not seen (10 s + 2 x 10 s),
+# within this app's own shutdown_timeout.
+LONG_STEP = """\
+import time
+from pathlib import Path
+
+
+class Slow(PidEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        folder = Path(__file__).parent
+        (folder / "stepping").touch()
+        time.sleep(35)
+        (folder / "stepped").touch()
+        return super().step(action)
+
+
+make = Slow
+"""
+
+
+@pytest.mark.timeout(180)
+def test_workers_served_from_python_get_their_apps_own_shutdown_timeout(tmp_path: Path) -> None:
+    # openenv.serve("server.app:app", workers=N) does not import the app itself:
+    # its workers tell the supervisor the app's shutdown_timeout.
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=45"
+    folder = write_env(tmp_path / "env", factory=LONG_STEP, config=config)
+    log = folder / "serve.log"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    code = (
+        "import sys, openenv; "
+        "openenv.serve('server.app:app', fd=int(sys.argv[1]), workers=2, app_dir=sys.argv[2])"
+    )
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(sock.fileno()), str(folder)],
+            stdout=err,
+            stderr=err,
+            pass_fds=[sock.fileno()],
+            start_new_session=True,
+        )
+    sock.close()
+
+    async def scenario() -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        client = WebSocketEnvClient(url)
+        await client.reset()
+        step = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / "stepping").exists, "no step under way", log)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 120) == 0, log.read_text()
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+        await client.close()
+
+    with reaped(proc):
+        asyncio.run(scenario())
+        assert (folder / "server" / "stepped").exists(), log.read_text()  # not killed midway
+        assert "killing it" not in log.read_text()
 
 
 # Ends its worker with exit status 3, uvicorn's for an app that failed to start.

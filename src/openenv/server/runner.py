@@ -176,8 +176,7 @@ def _exit_deadline() -> threading.Timer:
     that blocks the loop for good would hold the process (and under
     ``--workers`` its supervisor) for ever: only a thread can still act.
     """
-    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
-    seconds += _EXIT_GRACE
+    seconds = _longest_shutdown() + _EXIT_GRACE
 
     def expire() -> None:
         logger.error(
@@ -192,6 +191,11 @@ def _exit_deadline() -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
+
+
+def _longest_shutdown() -> float:
+    """The longest ``shutdown_timeout`` of the apps this process serves."""
+    return max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
 
 
 def serve(
@@ -251,8 +255,9 @@ def run_on_socket(
 
     ``workers > 1`` runs that many processes sharing one session cap, and
     replaces any that dies; ``reload=True`` restarts the app when its files change.
-    ``shutdown_timeout`` is the app's (default: openenv's, 10 s): a worker still
-    running ``_EXIT_GRACE`` twice past it after SIGTERM is killed.
+    ``shutdown_timeout`` is the app's (default: openenv's, 10 s; a worker that
+    started reports its app's own): a worker still running ``_EXIT_GRACE``
+    twice past it after SIGTERM is killed.
     """
     if workers > 1:
         if not isinstance(app, str):
@@ -285,8 +290,9 @@ def _worker(
     config = uvicorn_config(app, **options)
 
     def tell_started() -> None:
+        # The app's shutdown_timeout: the supervisor (given an import string) cannot know it.
         with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
-            started.send_bytes(b"started")
+            started.send_bytes(str(_longest_shutdown()).encode())
         started.close()
 
     server = GracefulServer(
@@ -348,17 +354,6 @@ def _end_of(process: multiprocessing.process.BaseProcess) -> Any:
     return process.sentinel
 
 
-def _said_started(said: multiprocessing.connection.Connection) -> bool:
-    """Whether a worker that ended had started serving (and close its pipe)."""
-    try:
-        # No wait: a child the worker forked may hold the pipe's other end open.
-        return said.poll() and said.recv_bytes() == b"started"
-    except (EOFError, OSError):  # it ended without a word
-        return False
-    finally:
-        said.close()
-
-
 def _supervise(
     workers: int,
     app: str,
@@ -380,9 +375,21 @@ def _supervise(
     os.environ[BOARD_VAR] = board  # spawned workers copy the environment as they start
     stopping = False
 
-    # Whether each worker said it started: exit code 3 is uvicorn's for a
-    # startup that failed, but environment code may exit with 3 later on too.
+    # Whether each worker said it started (exit code 3 is uvicorn's for a
+    # startup that failed, but environment code may exit with 3 later on too),
+    # and the shutdown_timeout it said its app has.
     started: dict[multiprocessing.process.BaseProcess, multiprocessing.connection.Connection] = {}
+    heard: dict[multiprocessing.process.BaseProcess, float] = {}
+
+    def shutdown_timeout_of(process: multiprocessing.process.BaseProcess) -> float | None:
+        said = started.get(process)
+        # No wait: a child the worker forked may hold the pipe's other end open.
+        if said is not None and said.poll():
+            with contextlib.suppress(EOFError, OSError, ValueError):  # ended without a word
+                heard[process] = float(said.recv_bytes())
+            said.close()
+            del started[process]
+        return heard.get(process)
 
     def start() -> multiprocessing.process.BaseProcess:
         said, says = context.Pipe(duplex=False)
@@ -401,17 +408,17 @@ def _supervise(
     processes: list[multiprocessing.process.BaseProcess] = []
     born: dict[int | None, float] = {}
 
-    kill_at: float | None = None
+    signalled_at: float | None = None
     # The loop below may be waiting without a timeout when a signal sets one:
     # a byte down this pipe wakes it to start counting.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
 
     def stop(sig: int, frame: object) -> None:
-        nonlocal stopping, kill_at
+        nonlocal stopping, signalled_at
         stopping = True
-        if kill_at is None:
-            kill_at = time.monotonic() + kill_after
+        if signalled_at is None:
+            signalled_at = time.monotonic()
             with contextlib.suppress(OSError):
                 os.write(wake_w, b"\0")
         for process in processes:
@@ -439,6 +446,9 @@ def _supervise(
         while processes:
             # A worker that cannot take its signal (C code holding the GIL) or
             # keep its own deadline is killed past the supervisor's.
+            apps = [shutdown_timeout_of(p) for p in processes]
+            limit = max([kill_after, *(t + 2 * _EXIT_GRACE for t in apps if t is not None)])
+            kill_at = None if signalled_at is None else signalled_at + limit
             left = None if kill_at is None else max(kill_at - time.monotonic(), 0.0)
             ended = multiprocessing.connection.wait([wake_r, *(ends[p] for p in processes)], left)
             if wake_r in ended:
@@ -449,16 +459,19 @@ def _supervise(
                         logger.error(
                             "worker %s did not stop within %gs of the signal; killing it",
                             process.pid,
-                            kill_after,
+                            limit,
                         )
                         os.kill(process.pid, signal.SIGKILL)
-                kill_at = None  # once; another signal arms it again
+                signalled_at = None  # once; another signal arms it again
             for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
                 if (end := ends.pop(process)) != process.sentinel:
                     os.close(end)  # a pidfd of ours
-                ever_started = _said_started(started.pop(process))
+                ever_started = shutdown_timeout_of(process) is not None
+                heard.pop(process, None)
+                if (said := started.pop(process, None)) is not None:
+                    said.close()
                 if stopping:
                     continue
                 if process.exitcode == _STARTUP_FAILURE and not ever_started:
