@@ -315,6 +315,51 @@ def test_a_worker_that_exits_with_code_3_once_serving_is_replaced_not_the_server
         assert stop(proc, signal.SIGINT) == 0, log.read_text()
 
 
+# A fork from C: no at-fork hook runs, so the child keeps the worker's row lock.
+FORKING_FROM_C = """\
+import ctypes
+import time
+
+
+def make() -> PidEnvironment:
+    # The child: a helper that lives on (until the test kills the process group).
+    if ctypes.CDLL(None).fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    return PidEnvironment()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_workers_slots_are_freed_though_its_environment_forked_from_c(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", factory=FORKING_FROM_C)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 2)
+        try:
+            victim = held[0][1]
+            os.kill(victim, signal.SIGKILL)
+            others = [(client, pid) for client, pid in held if pid != victim]
+            await eventually(
+                lambda: (
+                    health(url).get("active_sessions") == len(others)
+                    and health(url).get("workers") == 2
+                ),
+                "the dead worker's slots stayed taken (or it still counts as a worker)",
+                log,
+            )
+            held = others + await open_sessions(url, len(held) - len(others))  # the whole cap
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "2") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+
+
 @pytest.mark.timeout(120)
 def test_a_refusal_counts_every_workers_sessions_and_churn_frees_the_whole_cap(
     tmp_path: Path,

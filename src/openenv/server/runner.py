@@ -33,7 +33,7 @@ from openenv.server.config import ServerSettings
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.protocols import default_protocols
 from openenv.server.service import LIVE_SERVICES
-from openenv.server.slots import BOARD_VAR, remove_if_unused
+from openenv.server.slots import BOARD_VAR, forget_worker, remove_if_unused
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
@@ -466,6 +466,8 @@ def _supervise(
             for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
+                if process.pid is not None:
+                    forget_worker(board, process.pid)  # its slots, whoever holds its row lock
                 if (end := ends.pop(process)) != process.sentinel:
                     os.close(end)  # a pidfd of ours
                 ever_started = shutdown_timeout_of(process) is not None
