@@ -25,6 +25,7 @@ from fleet_kit import COUNTER, ECHO, healthy, replicas, until
 
 from echo_env.models import EchoAction
 from openenv import (
+    AuthenticationError,
     CapacityError,
     ConnectionFailedError,
     RemoteEnv,
@@ -205,6 +206,51 @@ def test_the_directory_answers_the_environments_other_routes_from_a_replica(
             assert "host 'evil.example' is not allowed" in refused.json()["detail"]
 
 
+async def say_hi(session: EpisodeSession) -> str:
+    await session.reset()
+    reply = await session.step(EchoAction(message="hi"))
+    return str((reply.observation.model_extra or {})["echoed_message"])
+
+
+def test_a_keyed_fleets_one_address_takes_plain_clients_and_runners(
+    two_nodes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The directory redirects /ws to a replica, on another host and port, which
+    # checks the key: websockets drops Authorization on such a redirect.
+    key = "the-fleets-key"
+    environ = {"OPENENV_API_KEY": key}
+    with Fleet(ECHO, replicas=1, num_cpus=0.5, interval=0.3, environ=environ) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+
+        async def step(api_key: str | None) -> str:
+            async with WebSocketEnvClient(url, api_key=api_key) as env:
+                reply = await env.step(EchoAction(message="hi"))
+                return str((reply.observation.model_extra or {})["echoed_message"])
+
+        assert asyncio.run(step(key)) == "hi"
+        with pytest.raises(AuthenticationError):  # the replica still checks it
+            asyncio.run(step(None))
+        # Runners' sessions share protocol v2 connections; the key from the environment.
+        monkeypatch.setenv("OPENENV_API_KEY", key)
+        tasks = [Task(id=f"t{i}", env=url, agent=say_hi) for i in range(4)]
+        results = Runners.sync_run_task(tasks, RunConfig(worker_num=1))
+        assert [(r.status.value, r.value) for r in results] == [("ok", "hi")] * 4, results
+
+
+def test_the_directorys_ws_redirect_keeps_the_query_and_a_key_in_it(two_nodes: list[str]) -> None:
+    key = "the-fleets-key"
+    environ = {"OPENENV_API_KEY": key}
+    with Fleet(ECHO, replicas=1, num_cpus=0.5, interval=0.3, environ=environ) as url:
+        until(lambda: len(healthy(url)) == 1, "a healthy replica")
+
+        async def step() -> str:
+            async with WebSocketEnvClient(f"{url}/ws?api_key={key}") as env:
+                reply = await env.step(EchoAction(message="hi"))
+                return str((reply.observation.model_extra or {})["echoed_message"])
+
+        assert asyncio.run(step()) == "hi"
+
+
 def both_full(url: str) -> bool:
     return sorted(r["active_sessions"] for r in healthy(url)) == [2, 2]
 
@@ -311,6 +357,37 @@ def test_openenv_serve_ray_runs_a_fleet_until_interrupted(
     flags = ("--replicas", "2", "--num-cpus", "0.25", "--max-sessions", "4")
     with openenv_serve_ray(ECHO, tmp_path / "serve.out", *flags) as url:
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
+
+
+def test_ctrl_c_while_the_fleet_starts_stops_it_at_once(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    import ray
+
+    # An app whose import never ends: the check on the cluster waits for it
+    # (two minutes), and Ctrl+C used to wait as long, and then for the replicas.
+    folder = tmp_path / "hanging_env"
+    shutil.copytree(ECHO, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    importing = tmp_path / "importing"
+    hang = f"import time\nopen({str(importing)!r}, 'w').close()\ntime.sleep(3600)\n"
+    (folder / "server" / "app.py").write_text(hang)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [OPENENV, "serve", str(folder), "--ray", "--port", "0"],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+            start_new_session=True,
+        )
+    try:
+        until(importing.exists, "the app being imported on the cluster", 120)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, out.read_text()  # not the two minutes of the check
+        assert "interrupted while the fleet was starting" in out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def echo_with_app(tmp_path: Path, app: str) -> tuple[Path, Path, dict[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,8 @@ from openenv import (
     create_app,
 )
 from openenv.client import ws_url
+from openenv.client.pool import as_pool
+from openenv.runtime import EpisodeSession
 from openenv.testing import run_server
 
 
@@ -153,6 +156,18 @@ def test_a_pool_whose_servers_are_all_down_fails_at_once() -> None:
     async def scenario() -> None:
         with pytest.raises(ConnectionFailedError, match="no server answered"):
             await PingClient(ServerPool([gone])).reset()
+
+    asyncio.run(scenario())
+
+
+def test_a_pool_whose_servers_went_down_fails_with_a_connection_error_not_capacity() -> None:
+    async def scenario() -> None:
+        with run_server(app(1)) as gone:
+            pool = ServerPool([gone], wait=0.2)
+            pool.ended(await pool.place())  # seen up once
+        # Down since: waited for as a restart would be, but not one was full.
+        with pytest.raises(ConnectionFailedError, match=r"no server answered on /health for 0\.2s"):
+            await PingClient(pool).reset()
 
     asyncio.run(scenario())
 
@@ -320,6 +335,25 @@ def test_a_server_that_drops_every_session_it_accepts_is_passed_over() -> None:
         assert two_sessions_land_on(good, ServerPool([liar, good])) == [(False, 0), (True, 2)]
 
 
+def test_a_server_whose_ws_never_opens_fails_the_session_instead_of_holding_it_for_ever() -> None:
+    # Its /health says it has room, its /ws is refused: a proxy in front of it
+    # that does not pass WebSockets on. Each health check puts it back in the pool.
+    async def health(request: Request) -> Response:
+        body = b'{"status": "healthy", "max_sessions": 8}'
+        return Response(body, media_type="application/json")
+
+    with run_server(Starlette(routes=[Route("/health", health)])) as no_ws:
+
+        async def scenario() -> None:
+            pool = ServerPool([no_ws], refresh=0.05)
+            async with asyncio.timeout(30):  # it was tried again for ever
+                with pytest.raises(ConnectionFailedError, match="no openenv session endpoint"):
+                    await PingClient(pool).reset()
+            assert [view.placed for view in pool.servers()] == [0]
+
+        asyncio.run(scenario())
+
+
 def test_a_server_that_trickles_its_health_holds_up_no_placement() -> None:
     # A byte every 50 ms never trips a timeout between reads; only a bound on
     # the whole check keeps the pool from waiting on it for ever.
@@ -358,6 +392,74 @@ def test_the_pool_sends_the_api_key_from_the_environment(monkeypatch: pytest.Mon
             asyncio.run(ServerPool([url], wait=0).place())
         monkeypatch.setenv("OPENENV_API_KEY", "k")
         assert asyncio.run(ServerPool([url], wait=0).place()) == ws_url(url)
+
+
+async def resets(session: EpisodeSession) -> str:
+    await session.reset()
+    return "in"
+
+
+def test_the_sessions_a_pool_places_carry_its_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    keyed = ConcurrencyConfig(max_concurrent_envs=2)
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
+            )
+            for _ in range(2)
+        ]
+        pool = ServerPool(urls, api_key="k")
+
+        async def play() -> str:
+            async with PingClient(pool) as env:  # no key of its own: the pool's
+                return (await env.step(Ping(message="hi"))).observation.message
+
+        assert asyncio.run(play()) == "hi"
+        tasks = [Task(id=f"t{i}", env=pool, agent=resets) for i in range(4)]
+        results = Runners.sync_run_task(tasks, RunConfig(worker_num=1))
+        assert [(r.status.value, r.value) for r in results] == [("ok", "in")] * 4, results
+
+
+def test_a_remote_env_on_a_keyed_pool_reads_with_the_pools_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    with run_server(create_app(ToolBox, Ping, Pong, api_key="k")) as url:
+
+        async def read() -> tuple[list[str], list[str]]:
+            env = RemoteEnv(ServerPool([url], api_key="k"))
+            return await env.list_splits(), [tool.name for tool in await env.list_tools()]
+
+        splits, tools = asyncio.run(read())
+        assert splits == list(SPLITS)
+        assert tools
+
+
+def test_a_pool_moved_to_a_process_that_knows_its_servers_keeps_its_own_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As in a Ray worker that ran an earlier run on the same servers, named "url1,url2".
+    monkeypatch.delenv("OPENENV_API_KEY", raising=False)
+    keyed = ConcurrencyConfig(max_concurrent_envs=2)
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
+            )
+            for _ in range(2)
+        ]
+        earlier = as_pool(",".join(urls))
+        moved = pickle.loads(pickle.dumps(ServerPool(urls, api_key="k", wait=5)))
+        assert (moved.api_key, moved.wait) == ("k", 5)
+        assert moved is not earlier
+        assert pickle.loads(pickle.dumps(earlier)) is earlier  # one pool per process still
+
+        async def play() -> str:
+            async with PingClient(moved) as env:
+                return (await env.step(Ping(message="hi"))).observation.message
+
+        assert asyncio.run(play()) == "hi"
 
 
 def test_one_pool_places_sessions_from_two_event_loops_checking_at_once() -> None:

@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +33,10 @@ from test_cli_serve import (
     open_sessions,
     serving,
     spread,
+    steps_ok,
 )
 
-from openenv import CapacityError, WebSocketEnvClient
+from openenv import CapacityError, SessionClosedError, WebSocketEnvClient
 
 
 def group(pgid: int) -> set[int]:
@@ -200,6 +202,161 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path
             await asyncio.gather(*(client.close() for client, _ in held))
 
     with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+
+
+# A step past the supervisor's deadline for apps it has not seen (10 s + 2 x 10 s),
+# within this app's own shutdown_timeout.
+LONG_STEP = """\
+import time
+from pathlib import Path
+
+
+class Slow(PidEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        folder = Path(__file__).parent
+        (folder / "stepping").touch()
+        time.sleep(35)
+        (folder / "stepped").touch()
+        return super().step(action)
+
+
+make = Slow
+"""
+
+
+@pytest.mark.timeout(180)
+def test_workers_served_from_python_get_their_apps_own_shutdown_timeout(tmp_path: Path) -> None:
+    # openenv.serve("server.app:app", workers=N) does not import the app itself:
+    # its workers tell the supervisor the app's shutdown_timeout.
+    config = "ConcurrencyConfig.from_env(max_concurrent_envs=8), shutdown_timeout=45"
+    folder = write_env(tmp_path / "env", factory=LONG_STEP, config=config)
+    log = folder / "serve.log"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    code = (
+        "import sys, openenv; "
+        "openenv.serve('server.app:app', fd=int(sys.argv[1]), workers=2, app_dir=sys.argv[2])"
+    )
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(sock.fileno()), str(folder)],
+            stdout=err,
+            stderr=err,
+            pass_fds=[sock.fileno()],
+            start_new_session=True,
+        )
+    sock.close()
+
+    async def scenario() -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        client = WebSocketEnvClient(url)
+        await client.reset()
+        step = asyncio.ensure_future(client.step(Ping()))
+        await eventually((folder / "server" / "stepping").exists, "no step under way", log)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 120) == 0, log.read_text()
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+        await client.close()
+
+    with reaped(proc):
+        asyncio.run(scenario())
+        assert (folder / "server" / "stepped").exists(), log.read_text()  # not killed midway
+        assert "killing it" not in log.read_text()
+
+
+# Ends its worker with exit status 3, uvicorn's for an app that failed to start.
+EXITS_3 = """\
+class Exits(PidEnvironment):
+    def step(self, action: Ping, **kwargs: Any) -> Where:
+        if action.note == "exit 3":
+            os._exit(3)
+        return super().step(action)
+
+
+make = Exits
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_exits_with_code_3_once_serving_is_replaced_not_the_server_stopped(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", factory=EXITS_3)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 4)
+        try:
+            await spread(url, held)
+            (doomed, victim), others = held[0], [s for s in held if s[1] != held[0][1]]
+            with pytest.raises(SessionClosedError):
+                await doomed.step(Ping(note="exit 3"))
+            await eventually(
+                lambda: (
+                    health(url).get("workers") == 2
+                    and health(url).get("active_sessions") == len(others)
+                ),
+                "no replacement worker, or the server stopped",
+                log,
+            )
+            assert await steps_ok(others)  # the other worker's sessions went on
+            held = others + await open_sessions(url, len(held) - len(others))
+            assert victim not in {pid for _, pid in held}
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
+        asyncio.run(scenario(url))
+        assert "exited with code 3; starting a replacement" in log.read_text()
+        assert stop(proc, signal.SIGINT) == 0, log.read_text()
+
+
+# A fork from C: no at-fork hook runs, so the child keeps the worker's row lock.
+FORKING_FROM_C = """\
+import ctypes
+import time
+
+
+def make() -> PidEnvironment:
+    # The child: a helper that lives on (until the test kills the process group).
+    if ctypes.CDLL(None).fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    return PidEnvironment()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_workers_slots_are_freed_though_its_environment_forked_from_c(
+    tmp_path: Path,
+) -> None:
+    folder = write_env(tmp_path / "env", factory=FORKING_FROM_C)
+    log = folder / "serve.log"
+
+    async def scenario(url: str) -> None:
+        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
+        held = await open_sessions(url, 2)
+        try:
+            victim = held[0][1]
+            os.kill(victim, signal.SIGKILL)
+            others = [(client, pid) for client, pid in held if pid != victim]
+            await eventually(
+                lambda: (
+                    health(url).get("active_sessions") == len(others)
+                    and health(url).get("workers") == 2
+                ),
+                "the dead worker's slots stayed taken (or it still counts as a worker)",
+                log,
+            )
+            held = others + await open_sessions(url, len(held) - len(others))  # the whole cap
+        finally:
+            await asyncio.gather(*(client.close() for client, _ in held))
+
+    with serving(folder, "--workers", "2", "--max-sessions", "2") as (url, proc), reaped(proc):
         asyncio.run(scenario(url))
 
 

@@ -212,6 +212,9 @@ class Fleet:
                 _CHECK_TIMEOUT,
             )
             return
+        except BaseException:  # interrupted: an import that hangs must not go on alone
+            ray.cancel(check)
+            raise
         if problem is not None:
             raise AppLoadError(problem)
 

@@ -77,8 +77,10 @@ class Directory:
                     refusal = {"detail": "no replica of this fleet is up"}
                 await websocket.send_denial_response(JSONResponse(refusal, 503))
                 return
+            # The query goes along, as for /web: a key may come as ?api_key=.
+            query = f"?{websocket.url.query}" if websocket.url.query else ""
             await websocket.send_denial_response(
-                RedirectResponse(target.replace("http", "ws", 1) + "/ws", 307)
+                RedirectResponse(target.replace("http", "ws", 1) + "/ws" + query, 307)
             )
 
         async def elsewhere(request: Request) -> Response:

@@ -26,13 +26,27 @@ def serve_fleet(path: Path, *, host: str, port: int, **options: Any) -> None:
         raise typer.Exit(1)
     fleet = Fleet(path, host=host, port=port, **options)
     stop = threading.Event()
+    starting = True
+
+    def on_signal(sig: int, frame: object) -> None:
+        stop.set()
+        if starting:
+            # Starting may take minutes (an app that hangs on import, a cluster
+            # with no room): the signal ends it, not waits for it.
+            raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         url = fleet.start()
+        starting = False
     except AppLoadError as exc:  # as `openenv serve` says it, before anything serves
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted while the fleet was starting; stopping it", err=True)
+        fleet.stop()  # start() stops what it started; this, if it had just returned
+        return
     try:
         typer.echo(
             f"fleet of {fleet.replicas} replica(s) of {path} (scaling "

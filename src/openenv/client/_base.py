@@ -28,6 +28,7 @@ __all__ = [
     "StateT",
     "auth_headers",
     "error_from",
+    "handshake_headers",
     "http_detail",
     "http_url",
     "ssl_context",
@@ -108,6 +109,26 @@ def auth_headers(
     api_key = api_key or os.environ.get("OPENENV_API_KEY")
     if api_key:
         extra["Authorization"] = f"Bearer {api_key}"
+    return extra
+
+
+def handshake_headers(
+    headers: Mapping[str, str] | None = None, api_key: str | None = None
+) -> dict[str, str]:
+    """The extra headers of a WebSocket handshake: ``auth_headers``, the key also as ``X-API-Key``.
+
+    A fleet's directory answers ``/ws`` with a redirect to a replica, which
+    checks the key; websockets drops ``Authorization`` on a redirect to another
+    host, ``X-API-Key`` (which every openenv server reads) goes along, as the
+    key goes to the replicas a ``ServerPool`` finds listed by the directory.
+
+    >>> handshake_headers(api_key="k")
+    {'Authorization': 'Bearer k', 'X-API-Key': 'k'}
+    """
+    extra = auth_headers(headers, api_key)
+    api_key = api_key or os.environ.get("OPENENV_API_KEY")
+    if api_key:
+        extra["X-API-Key"] = api_key
     return extra
 
 

@@ -19,7 +19,7 @@ from openenv.client._base import (
     ClientCore,
     ObsT,
     StateT,
-    auth_headers,
+    handshake_headers,
     http_url,
     ws_url,
 )
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EnvClient", "WebSocketEnvClient"]
 
-# Servers a new session may lose (gone before replying) before the error is the caller's.
+# Servers a new session may fail to reach, or lose (gone before replying), before
+# the error is the caller's.
 _ATTEMPTS = 8
 # "Not given" for options where None already means "off".
 _UNSET: Any = object()
@@ -136,7 +137,9 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             # Replies are small and latency-bound; compression only costs CPU here.
             "compression": None,
         }
-        extra_headers = auth_headers(headers, api_key)
+        # The pool's key opens the sessions it places, unless this client has its own.
+        key = api_key or (self.pool.api_key if self.pool is not None else None)
+        extra_headers = handshake_headers(headers, key)
         if extra_headers:
             self._connect_options["additional_headers"] = extra_headers
         self._ws: ClientConnection | None = None
@@ -201,6 +204,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         if self.pool is None:
             self._ws = await self._opened(self.url)
             return
+        failed = 0
         while True:
             self.url, self._placed = await self.pool.place(), True
             try:
@@ -210,6 +214,11 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 raise
             except ConnectionFailedError:
                 self._unplace(self.pool.failed)  # the pool tries the next server
+                # A server whose /health answers but whose /ws never does (a proxy
+                # without WebSockets) is back in the pool at its next health check.
+                failed += 1
+                if failed >= _ATTEMPTS:
+                    raise
             else:
                 return
 

@@ -27,7 +27,7 @@ from openenv.client._base import (
     ClientCore,
     ObsT,
     StateT,
-    auth_headers,
+    handshake_headers,
     ws_url,
 )
 from openenv.client.loop_aware import close_when_dropped
@@ -103,7 +103,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         self.url = ws_url(base_url)
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout
-        extra_headers = auth_headers(headers, api_key)
+        extra_headers = handshake_headers(headers, api_key)
         self._options: dict[str, Any] = {
             "subprotocols": [protocol_v2.SUBPROTOCOL],
             "ping_interval": ping_interval,

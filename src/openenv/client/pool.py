@@ -24,6 +24,7 @@ URLs separated by commas).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
@@ -72,12 +73,14 @@ class ServerPool:
             with URLs separated by commas.
         refresh: Seconds between health checks of the servers.
         wait: Seconds to wait for room when every server is full.
-        api_key: Sent to the servers' HTTP routes (default: ``$OPENENV_API_KEY``).
+        api_key: Sent to the servers' HTTP routes, and in the handshake of every
+            session placed through the pool by a client given no key of its
+            own (default: ``$OPENENV_API_KEY``).
         health_timeout: Seconds each server has to answer its health check, in
             all (a server that trickles its answer is cut off too).
     """
 
-    _shared: ClassVar[dict[tuple[str, ...], ServerPool]] = {}
+    _shared: ClassVar[dict[tuple[Any, ...], ServerPool]] = {}
     _shared_lock: ClassVar = threading.Lock()
 
     def __init__(
@@ -108,12 +111,18 @@ class ServerPool:
 
     @classmethod
     def shared(cls, urls: Iterable[str], **options: Any) -> ServerPool:
-        """One pool per process for these URLs, so every client shares its counts."""
-        key = tuple(urls)
+        """One pool per process for these URLs and options, so every client shares its counts.
+
+        The options are part of what is shared: a pool with another key or
+        wait (a later run's, in a Ray worker that ran an earlier one) is
+        another pool, not the first one's settings passed off as its own.
+        """
+        urls = tuple(urls)
+        key = (urls, *sorted({**_DEFAULTS, **options}.items()))
         with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None:
-                pool = cls._shared[key] = cls(key, **options)
+                pool = cls._shared[key] = cls(urls, **options)
             return pool
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -127,6 +136,11 @@ class ServerPool:
     def __repr__(self) -> str:
         return f"ServerPool({list(self.urls)!r})"
 
+    @property
+    def api_key(self) -> str | None:
+        """The key given to the pool (``None``: ``$OPENENV_API_KEY``, if set, is sent)."""
+        return self._api_key
+
     def servers(self) -> list[ServerView]:
         """The servers as last seen (empty before the first health check)."""
         return list(self._servers.values())
@@ -135,8 +149,10 @@ class ServerPool:
         """A server's ``ws://`` URL with room for one more session, its slot taken.
 
         Raises:
-            CapacityError: every server stayed full for ``wait`` seconds.
-            ConnectionFailedError: no server answers its health check.
+            CapacityError: every server stayed full (or down) for ``wait`` seconds.
+            ConnectionFailedError: no server answers its health check: at
+                once on the first look, else once they have all been down
+                for ``wait`` seconds (a restart is waited for).
         """
         deadline = time.monotonic() + self.wait
         while True:
@@ -151,6 +167,11 @@ class ServerPool:
                 return ws_url(chosen.url)
             left = deadline - time.monotonic()
             if left <= 0:
+                if not any(view.up for view in self._servers.values()):
+                    # Not one is full: a refusal for capacity would say "retry later" wrongly.
+                    raise ConnectionFailedError(
+                        str(self), f"no server answered on /health for {self.wait}s"
+                    )
                 raise CapacityError(
                     protocol.ErrorCode.CAPACITY_REACHED,
                     f"all {len(self._servers)} servers of {self!r} full or down for {self.wait}s",
@@ -263,6 +284,14 @@ async def _describe(http: Any, url: str, bound: float) -> list[tuple[str, protoc
     except (httpx.HTTPError, OSError, ValueError):  # TimeoutError and ValidationError too
         pass
     return [(url, None)]
+
+
+# The options of ``ServerPool`` as it is made without them, for ``shared``'s keys.
+_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(ServerPool.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+}
 
 
 def _shared_pool(

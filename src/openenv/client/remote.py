@@ -192,8 +192,10 @@ class RemoteEnv:
         self.gate = gate or ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
         self.options = options
-        # Sessions send the key on their handshake; HTTP calls send it here.
-        self.headers = _http_headers(options)
+        # Sessions send the key on their handshake; HTTP calls send it here
+        # (a pool's key, as its sessions do, unless given one of its own).
+        key = options.get("api_key") or (self.pool.api_key if self.pool is not None else None)
+        self.headers = _http_headers({**options, "api_key": key})
         # On a multi-environment server: its listing and this environment's name.
         self.listed_at: tuple[str, str] | None = None
 

@@ -45,8 +45,8 @@ class ClientPool:
     def __init__(self, max_idle: int, *, multiplex: bool = True) -> None:
         self.max_idle = max_idle
         self.multiplex = multiplex
-        # One per server: its sessions share a few connections (protocol v2).
-        self._muxes: dict[str, Multiplexer] = {}
+        # One per server (and key): its sessions share a few connections (protocol v2).
+        self._muxes: dict[tuple[str, str | None], Multiplexer] = {}
         self._idle: defaultdict[Hashable, list[SessionClient]] = defaultdict(list)
         self._closing: defaultdict[Hashable, set[asyncio.Task[None]]] = defaultdict(set)
         self._executor: ThreadPoolExecutor | None = None
@@ -88,10 +88,10 @@ class ClientPool:
             raise
         return client, False
 
-    def _multiplexer(self, url: str) -> Multiplexer:
-        mux = self._muxes.get(url)
+    def _multiplexer(self, url: str, api_key: str | None = None) -> Multiplexer:
+        mux = self._muxes.get((url, api_key))
         if mux is None:
-            mux = self._muxes[url] = Multiplexer(url)
+            mux = self._muxes[url, api_key] = Multiplexer(url, api_key=api_key)
         return mux
 
     async def _placed(self, pool: ServerPool) -> MuxSession | None:
@@ -102,7 +102,7 @@ class ClientPool:
         while True:
             url = await pool.place()
             try:
-                session = await self._multiplexer(url).open()
+                session = await self._multiplexer(url, pool.api_key).open()
             except CapacityError:
                 pool.refused(url)
                 if time.monotonic() > deadline:
@@ -182,9 +182,10 @@ class Multiplexer:
     is remembered, and its sessions get a connection each.
     """
 
-    def __init__(self, url: str, per_connection: int = 256) -> None:
+    def __init__(self, url: str, per_connection: int = 256, api_key: str | None = None) -> None:
         self.url = url
         self.per_connection = per_connection
+        self.api_key = api_key  # None: $OPENENV_API_KEY, as any client
         self.v1_only = False
         self._clients: list[MuxClient[Any, Any, Any]] = []
         self._connecting: asyncio.Lock = asyncio.Lock()
@@ -211,7 +212,7 @@ class Multiplexer:
                     return client
             if self.v1_only:
                 return None
-            client = MuxClient(self.url)
+            client = MuxClient(self.url, api_key=self.api_key)
             try:
                 await client.connect()
             except V2Unsupported:

@@ -33,7 +33,7 @@ from openenv.server.config import ServerSettings
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.protocols import default_protocols
 from openenv.server.service import LIVE_SERVICES
-from openenv.server.slots import BOARD_VAR, remove_if_unused
+from openenv.server.slots import BOARD_VAR, forget_worker, remove_if_unused
 
 __all__ = ["GracefulServer", "run_on_socket", "serve", "uvicorn_config"]
 
@@ -97,7 +97,8 @@ class GracefulServer(uvicorn.Server):
 
     A worker of ``serve(workers=N)`` is ``supervised``: a terminal's Ctrl+C
     reaches it twice (from the terminal, and as the supervisor's SIGTERM),
-    which must not turn the drain into uvicorn's forced exit.
+    which must not turn the drain into uvicorn's forced exit. ``on_started``
+    is called once the app has started and the server listens.
     """
 
     def __init__(
@@ -106,17 +107,21 @@ class GracefulServer(uvicorn.Server):
         *,
         supervised: bool = False,
         gc_threshold: int | None = DEFAULT_GC_THRESHOLD,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self.supervised = supervised
         self.gc_threshold = gc_threshold
+        self.on_started = on_started
         self._restore_gc: Callable[[], None] | None = None
         self._exit_deadline: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        await super().startup(sockets)  # a failed startup exits (code 3) from in there
         # Once the app and its lifespan are up, so that what they made is frozen.
         self._restore_gc = tune_gc(self.gc_threshold)
+        if self.on_started is not None:
+            self.on_started()
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         try:
@@ -171,8 +176,7 @@ def _exit_deadline() -> threading.Timer:
     that blocks the loop for good would hold the process (and under
     ``--workers`` its supervisor) for ever: only a thread can still act.
     """
-    seconds = max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
-    seconds += _EXIT_GRACE
+    seconds = _longest_shutdown() + _EXIT_GRACE
 
     def expire() -> None:
         logger.error(
@@ -187,6 +191,11 @@ def _exit_deadline() -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
+
+
+def _longest_shutdown() -> float:
+    """The longest ``shutdown_timeout`` of the apps this process serves."""
+    return max((s.settings.shutdown_timeout for s in LIVE_SERVICES), default=_SHUTDOWN_TIMEOUT)
 
 
 def serve(
@@ -246,8 +255,9 @@ def run_on_socket(
 
     ``workers > 1`` runs that many processes sharing one session cap, and
     replaces any that dies; ``reload=True`` restarts the app when its files change.
-    ``shutdown_timeout`` is the app's (default: openenv's, 10 s): a worker still
-    running ``_EXIT_GRACE`` twice past it after SIGTERM is killed.
+    ``shutdown_timeout`` is the app's (default: openenv's, 10 s; a worker that
+    started reports its app's own): a worker still running ``_EXIT_GRACE``
+    twice past it after SIGTERM is killed.
     """
     if workers > 1:
         if not isinstance(app, str):
@@ -267,14 +277,27 @@ def run_on_socket(
 
 
 def _worker(
-    app: str, app_dir: str | Path | None, sock: socket.socket, options: dict[str, Any]
+    app: str,
+    app_dir: str | Path | None,
+    sock: socket.socket,
+    options: dict[str, Any],
+    started: multiprocessing.connection.Connection,
 ) -> None:
     if app_dir is not None:
         sys.path.insert(0, str(app_dir))
     options = dict(options)
     gc_threshold = options.pop("gc_threshold", DEFAULT_GC_THRESHOLD)
     config = uvicorn_config(app, **options)
-    server = GracefulServer(config, supervised=True, gc_threshold=gc_threshold)
+
+    def tell_started() -> None:
+        # The app's shutdown_timeout: the supervisor (given an import string) cannot know it.
+        with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
+            started.send_bytes(str(_longest_shutdown()).encode())
+        started.close()
+
+    server = GracefulServer(
+        config, supervised=True, gc_threshold=gc_threshold, on_started=tell_started
+    )
     _drain_when_orphaned(server)
     try:
         server.run(sockets=[sock])
@@ -352,26 +375,50 @@ def _supervise(
     os.environ[BOARD_VAR] = board  # spawned workers copy the environment as they start
     stopping = False
 
+    # Whether each worker said it started (exit code 3 is uvicorn's for a
+    # startup that failed, but environment code may exit with 3 later on too),
+    # and the shutdown_timeout it said its app has.
+    started: dict[multiprocessing.process.BaseProcess, multiprocessing.connection.Connection] = {}
+    heard: dict[multiprocessing.process.BaseProcess, float] = {}
+
+    def shutdown_timeout_of(process: multiprocessing.process.BaseProcess) -> float | None:
+        said = started.get(process)
+        # No wait: a child the worker forked may hold the pipe's other end open.
+        if said is not None and said.poll():
+            with contextlib.suppress(EOFError, OSError, ValueError):  # ended without a word
+                heard[process] = float(said.recv_bytes())
+            said.close()
+            del started[process]
+        return heard.get(process)
+
     def start() -> multiprocessing.process.BaseProcess:
+        said, says = context.Pipe(duplex=False)
         # The socket itself travels to each child (multiprocessing duplicates it).
-        process = context.Process(target=_worker, args=(app, app_dir, sock, options))
-        process.start()
+        process = context.Process(target=_worker, args=(app, app_dir, sock, options, says))
+        try:
+            process.start()
+        except BaseException:
+            said.close()
+            raise
+        finally:
+            says.close()  # the worker's end now: its death closes it
+        started[process] = said
         return process
 
     processes: list[multiprocessing.process.BaseProcess] = []
     born: dict[int | None, float] = {}
 
-    kill_at: float | None = None
+    signalled_at: float | None = None
     # The loop below may be waiting without a timeout when a signal sets one:
     # a byte down this pipe wakes it to start counting.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
 
     def stop(sig: int, frame: object) -> None:
-        nonlocal stopping, kill_at
+        nonlocal stopping, signalled_at
         stopping = True
-        if kill_at is None:
-            kill_at = time.monotonic() + kill_after
+        if signalled_at is None:
+            signalled_at = time.monotonic()
             with contextlib.suppress(OSError):
                 os.write(wake_w, b"\0")
         for process in processes:
@@ -399,6 +446,9 @@ def _supervise(
         while processes:
             # A worker that cannot take its signal (C code holding the GIL) or
             # keep its own deadline is killed past the supervisor's.
+            apps = [shutdown_timeout_of(p) for p in processes]
+            limit = max([kill_after, *(t + 2 * _EXIT_GRACE for t in apps if t is not None)])
+            kill_at = None if signalled_at is None else signalled_at + limit
             left = None if kill_at is None else max(kill_at - time.monotonic(), 0.0)
             ended = multiprocessing.connection.wait([wake_r, *(ends[p] for p in processes)], left)
             if wake_r in ended:
@@ -409,18 +459,24 @@ def _supervise(
                         logger.error(
                             "worker %s did not stop within %gs of the signal; killing it",
                             process.pid,
-                            kill_after,
+                            limit,
                         )
                         os.kill(process.pid, signal.SIGKILL)
-                kill_at = None  # once; another signal arms it again
+                signalled_at = None  # once; another signal arms it again
             for process in [p for p in processes if ends[p] in ended]:
                 process.join()
                 processes.remove(process)
+                if process.pid is not None:
+                    forget_worker(board, process.pid)  # its slots, whoever holds its row lock
                 if (end := ends.pop(process)) != process.sentinel:
                     os.close(end)  # a pidfd of ours
+                ever_started = shutdown_timeout_of(process) is not None
+                heard.pop(process, None)
+                if (said := started.pop(process, None)) is not None:
+                    said.close()
                 if stopping:
                     continue
-                if process.exitcode == _STARTUP_FAILURE:
+                if process.exitcode == _STARTUP_FAILURE and not ever_started:
                     # It would fail the same way every time: the app, not the worker, is broken.
                     failed = True
                     stop(signal.SIGTERM, None)
@@ -444,6 +500,8 @@ def _supervise(
         for process, end in ends.items():
             if end != process.sentinel:
                 os.close(end)
+        for said in started.values():
+            said.close()
         os.close(wake_r)
         os.close(wake_w)
         sock.close()

@@ -42,13 +42,21 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from openenv.server.sessions import Session
 
-__all__ = ["BOARD_VAR", "SessionRegistry", "SlotBoard", "add_numbers", "remove_if_unused"]
+__all__ = [
+    "BOARD_VAR",
+    "SessionRegistry",
+    "SlotBoard",
+    "add_numbers",
+    "forget_worker",
+    "remove_if_unused",
+]
 
 BOARD_VAR: Final = "OPENENV_SLOT_BOARD"
 
 _ROWS: Final = 1024  # workers per board, counting replacements that reuse a row
-_ACTIVE, _QUEUED = 0, 1  # the two numbers in a row
-_WIDTH: Final = 2
+_ACTIVE, _QUEUED, _PID = 0, 1, 2  # the numbers in a row: two counts, whose row it is
+_WIDTH: Final = 3
+_GONE: Final = -1  # in place of a pid: its worker died, whoever still holds the row lock
 _HIGH_WATER: Final = _ROWS * _WIDTH  # one int64 after the rows: rows ever claimed
 
 
@@ -247,6 +255,7 @@ class SlotBoard:
                 if _try_lock(row_fd):
                     # Free: never used, or its worker died. Whatever it counted is gone.
                     view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
+                    view[row * _WIDTH + _PID] = os.getpid()
                     view[_HIGH_WATER] = max(view[_HIGH_WATER], row + 1)
                     _retire(base, row)
                     view.release()
@@ -356,6 +365,8 @@ class SlotBoard:
                 view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
 
     def _held(self, row: int) -> bool:
+        if self._view[row * _WIDTH + _PID] == _GONE:
+            return False  # its lock lives on in a child its worker forked from C
         fd = self._peers.get(row)
         if fd is None:
             fd = self._peers[row] = os.open(
@@ -380,6 +391,34 @@ def _forget_boards() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_boards)
+
+
+def forget_worker(folder: str | Path, pid: int) -> None:
+    """Count the rows of worker ``pid``, which has died, as free on every board in ``folder``.
+
+    The supervisor calls it as it sees a worker die. Its row lock is what
+    tells the others, but a child the worker forked from C (where the at-fork
+    hook that drops the lock does not run) keeps that lock held for as long
+    as it lives, and the dead worker's slots with it.
+    """
+    for path in Path(folder).glob("*/board"):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                with _locked(fd):
+                    size = os.fstat(fd).st_size
+                    if size < (_HIGH_WATER + 1) * 8:
+                        continue
+                    with mmap.mmap(fd, size) as memory:
+                        view = memoryview(memory).cast("q")
+                        for row in range(view[_HIGH_WATER]):
+                            if view[row * _WIDTH + _PID] == pid:
+                                view[row * _WIDTH + _PID] = _GONE
+                                view[row * _WIDTH + _ACTIVE] = view[row * _WIDTH + _QUEUED] = 0
+                                _retire(path.parent, row)
+                        view.release()
+            finally:
+                os.close(fd)
 
 
 def remove_if_unused(folder: str | Path) -> bool:
