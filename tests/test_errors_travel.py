@@ -97,3 +97,55 @@ def test_a_closed_session_arrives_from_a_worker_as_raised(echo_url: str) -> None
     assert type(error) is SessionClosedError
     assert str(error).startswith("session closed: ")
     assert error.reason in str(error)
+
+
+SECRET = "s3cret-key-in-the-url"
+
+
+def refused_port() -> int:
+    with socket.socket() as taken:  # bound, then closed: nothing listens there
+        taken.bind(("127.0.0.1", 0))
+        port: int = taken.getsockname()[1]
+    return port
+
+
+async def first_failure(url: str, client: str) -> Exception:
+    from openenv.client import MuxClient, WebSocketEnvClient
+    from openenv.runtime import RunConfig, Runners, Task
+
+    try:
+        if client == "env":
+            async with WebSocketEnvClient(url, connect_timeout=5) as env:
+                await env.reset()
+        elif client == "mux":
+            async with MuxClient(url, connect_timeout=5) as mux:
+                await mux.open()
+        else:
+
+            async def agent(session: object) -> None:
+                await session.reset()  # type: ignore[attr-defined]
+
+            results = await Runners.run_task([Task(id="t", env=url, agent=agent)], RunConfig())
+            assert results[0].error is not None
+            return RuntimeError(results[0].error.message)
+    except (OpenEnvError, ValueError) as exc:  # ValueError: a URL that cannot be one
+        return exc
+    raise AssertionError("no failure")
+
+
+@pytest.mark.parametrize("client", ["env", "mux", "runners"])
+@pytest.mark.parametrize("where", ["refused", "wrong key", "bad port"])
+async def test_a_key_in_the_url_is_not_repeated_in_errors(client: str, where: str) -> None:
+    # Errors go to logs, tracebacks and results files (TaskResult.error): the URL
+    # in them once carried a key given as ?api_key=, as browsers give it.
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, api_key="the-right-key")
+    with run_server(app) as served:
+        url = {
+            "refused": f"ws://127.0.0.1:{refused_port()}/ws?api_key={SECRET}",
+            "wrong key": f"{served}/ws?api_key={SECRET}",
+            "bad port": f"ws://127.0.0.1:port/ws?api_key={SECRET}",
+        }[where]
+        error = await first_failure(url, client)
+    assert str(error)  # the failure is told
+    assert SECRET not in str(error), error
+    assert SECRET not in repr(error.__dict__), error.__dict__

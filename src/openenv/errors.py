@@ -41,6 +41,7 @@ ConnectionError``) catches them unchanged: ``ServerError`` is a
 from __future__ import annotations
 
 import functools
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,11 +72,30 @@ __all__ = [
     "SessionError",
     "UnknownToolError",
     "server_error",
+    "shown_url",
 ]
 
 
 class OpenEnvError(Exception):
     """Root of every openenv exception."""
+
+
+_KEY_IN_QUERY = re.compile(r"([?&]api_key=)[^&#\s'\"]*", re.IGNORECASE)
+_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/@:?#]*:)[^/@?#]*@", re.IGNORECASE)
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for a message or a log: a key in its query (``?api_key=``, which
+    browsers send) and a password in it replaced by ``***``.
+
+    Errors travel into logs, tracebacks and ``TaskResult.error`` (results files).
+
+    >>> shown_url("ws://h:8000/ws?api_key=s3cret&x=1")
+    'ws://h:8000/ws?api_key=***&x=1'
+    >>> shown_url("http://me:pw@h/")
+    'http://me:***@h/'
+    """
+    return _PASSWORD.sub(r"\1***@", _KEY_IN_QUERY.sub(r"\1***", url))
 
 
 class EnvError(OpenEnvError):
@@ -105,6 +125,7 @@ class ConnectionFailedError(OpenEnvError, ConnectionError):
     """A session could not be opened: nothing listening, a timeout, or a bad URL."""
 
     def __init__(self, url: str, reason: str) -> None:
+        url = shown_url(url)
         super().__init__(f"cannot connect to {url}: {reason}")
         self.url = url
         self.reason = reason
@@ -144,6 +165,7 @@ class RequestFailedError(OpenEnvError):
     """An HTTP introspection request failed; ``detail`` is the server's explanation."""
 
     def __init__(self, url: str, status_code: int, detail: str) -> None:
+        url = shown_url(url)
         super().__init__(f"GET {url} failed ({status_code}): {detail}")
         self.url = url
         self.status_code = status_code

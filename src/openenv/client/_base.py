@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict
 
 from openenv import protocol
-from openenv.errors import ServerError, server_error
+from openenv.errors import ServerError, server_error, shown_url
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
@@ -76,7 +76,7 @@ def ws_url(base_url: str, path: str = "/ws") -> str:
         scheme = None
     if scheme is None or not parts.netloc:
         raise ValueError(
-            f"{base_url!r} isn't a valid environment URL; "
+            f"{shown_url(base_url)!r} isn't a valid environment URL; "
             f"use http://host:port, https://..., ws://... or wss://..."
         )
     route = parts.path.rstrip("/")

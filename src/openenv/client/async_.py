@@ -32,6 +32,7 @@ from openenv.errors import (
     ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
+    shown_url,
 )
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
@@ -419,7 +420,8 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                     return await self._reply(ws)
             except TimeoutError:
                 raise EnvTimeoutError(
-                    f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
+                    f"no reply to {kind!r} within {self.message_timeout}s "
+                    f"from {shown_url(self.url)}"
                 ) from None
             except ConnectionClosed as exc:
                 if not sent:  # the server may have said why (e.g. at capacity) before closing

@@ -33,7 +33,12 @@ from openenv.client._base import (
 from openenv.client.loop_aware import close_when_dropped
 from openenv.client.mux_wire import Kind, MuxWire
 from openenv.client.sockets import close_by, deadline_in, open_socket
-from openenv.errors import ConnectionFailedError, EnvTimeoutError, SessionClosedError
+from openenv.errors import (
+    ConnectionFailedError,
+    EnvTimeoutError,
+    SessionClosedError,
+    shown_url,
+)
 from openenv.tasks import TaskSpec
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
@@ -309,7 +314,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         except TimeoutError:
             self._forget(futures)
             raise EnvTimeoutError(
-                f"no reply to {len(calls)} requests within {self.message_timeout}s from {self.url}"
+                f"no reply to {len(calls)} requests within {self.message_timeout}s "
+                f"from {shown_url(self.url)}"
             ) from None
         # Every error is retrieved, the first raised: asyncio would log the
         # others as "never retrieved", one ERROR for each failing session.
@@ -336,7 +342,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         except TimeoutError:
             self._forget([future])
             raise EnvTimeoutError(
-                f"no reply to {kind!r} within {self.message_timeout}s from {self.url}"
+                f"no reply to {kind!r} within {self.message_timeout}s from {shown_url(self.url)}"
             ) from None
         if session.on_exchange is not None:  # recorded as the v1 frames they stand for
             frame = protocol.request_frame(kind, data)  # type: ignore[arg-type]
