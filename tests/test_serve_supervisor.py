@@ -177,34 +177,6 @@ def make() -> PidEnvironment:
 """
 
 
-@pytest.mark.timeout(120)
-def test_a_killed_workers_slots_are_freed_though_its_environment_forked(tmp_path: Path) -> None:
-    folder = write_env(tmp_path / "env", factory=FORKING)
-    log = folder / "serve.log"
-
-    async def scenario(url: str) -> None:
-        await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
-        held = await open_sessions(url, 4)
-        try:
-            victim = held[0][1]
-            os.kill(victim, signal.SIGKILL)
-            others = [(client, pid) for client, pid in held if pid != victim]
-            await eventually(
-                lambda: (
-                    health(url).get("active_sessions") == len(others)
-                    and health(url).get("workers") == 2
-                ),
-                "the dead worker's slots stayed taken",
-                log,
-            )
-            held = others + await open_sessions(url, len(held) - len(others))
-        finally:
-            await asyncio.gather(*(client.close() for client, _ in held))
-
-    with serving(folder, "--workers", "2", "--max-sessions", "4") as (url, proc), reaped(proc):
-        asyncio.run(scenario(url))
-
-
 # A step past the supervisor's deadline for apps it has not seen (10 s + 2 x 10 s),
 # within this app's own shutdown_timeout.
 LONG_STEP = """\
@@ -331,15 +303,18 @@ def make() -> PidEnvironment:
 
 
 @pytest.mark.timeout(120)
-def test_a_killed_workers_slots_are_freed_though_its_environment_forked_from_c(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("factory", "cap"), [(FORKING, 4), (FORKING_FROM_C, 2)], ids=["python fork", "fork from C"]
+)
+def test_a_killed_workers_slots_are_freed_though_its_environment_forked(
+    tmp_path: Path, factory: str, cap: int
 ) -> None:
-    folder = write_env(tmp_path / "env", factory=FORKING_FROM_C)
+    folder = write_env(tmp_path / "env", factory=factory)
     log = folder / "serve.log"
 
     async def scenario(url: str) -> None:
         await eventually(lambda: health(url).get("workers") == 2, "a worker did not start", log)
-        held = await open_sessions(url, 2)
+        held = await open_sessions(url, cap)
         try:
             victim = held[0][1]
             os.kill(victim, signal.SIGKILL)
@@ -356,7 +331,10 @@ def test_a_killed_workers_slots_are_freed_though_its_environment_forked_from_c(
         finally:
             await asyncio.gather(*(client.close() for client, _ in held))
 
-    with serving(folder, "--workers", "2", "--max-sessions", "2") as (url, proc), reaped(proc):
+    with (
+        serving(folder, "--workers", "2", "--max-sessions", str(cap)) as (url, proc),
+        reaped(proc),
+    ):
         asyncio.run(scenario(url))
 
 
