@@ -69,6 +69,7 @@ class Shapes(Action):
     size: int = Field(default=0, alias="__proto__")
     constructor: int = 0
     big: int = Field(default=0, title="Größe 📏")
+    heading: int = 0  # its input's id would be the page's own "action-heading"
 
 
 class Anything(Observation):
@@ -226,6 +227,21 @@ async def test_hard_field_shapes_are_sent_typed(
     await page.get_by_role("button", name="Step").click()
     await expect(page.locator("#action-pet-error")).to_contain_text("meows")
     await expect(action(page, "Pet")).to_have_attribute("aria-invalid", "true")
+
+
+async def test_a_field_named_like_a_part_of_the_page_is_still_labelled(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Heading").fill("90")
+    await step(page)
+    assert (await observation(page))["action"]["heading"] == 90
+    duplicated = await page.evaluate(
+        "(() => { const ids = [...document.querySelectorAll('[id]')].map(e => e.id);"
+        " return ids.filter((id, i) => ids.indexOf(id) !== i); })()"
+    )
+    assert duplicated == []
 
 
 async def test_an_integer_too_large_for_the_browser_is_refused_not_rounded(

@@ -140,10 +140,14 @@ export function element(tag, attributes = {}, text = "") {
   return node;
 }
 
+// An id unique in the whole page, its "-help" and "-error" ids included: a
+// field named "heading" would otherwise share "action-heading" with the page's
+// own heading, and its label would point at that heading instead of the field.
 function safeId(name, taken, prefix) {
+  const ids = (id) => [id, `${id}-help`, `${id}-error`];
   let id = `${prefix}${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
-  while (taken.has(id)) id += "_";
-  taken.add(id);
+  while (ids(id).some((one) => taken.has(one) || document.getElementById(one))) id += "_";
+  for (const one of ids(id)) taken.add(one);
   return id;
 }
 
