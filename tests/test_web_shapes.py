@@ -70,6 +70,7 @@ class Shapes(Action):
     constructor: int = 0
     big: int = Field(default=0, title="Größe 📏")
     heading: int = 0  # its input's id would be the page's own "action-heading"
+    stdin: str | None = ""  # its box shows the default as it shows null: empty
 
 
 class Anything(Observation):
@@ -198,6 +199,21 @@ async def test_a_cleared_field_sends_empty_not_its_default(
         "red",
         "hello",
     )
+
+
+async def test_an_optional_text_field_whose_default_is_empty_sends_it_untouched(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await expect(action(page, "Stdin")).to_have_value("")
+    await step(page)
+    assert (await observation(page))["action"]["stdin"] == ""
+    # Typed in, then emptied: what the hint says, null.
+    await action(page, "Stdin").fill("x")
+    await action(page, "Stdin").fill("")
+    await step(page)
+    assert (await observation(page))["action"]["stdin"] is None
 
 
 async def test_hard_field_shapes_are_sent_typed(

@@ -198,7 +198,10 @@ export class ActionForm {
       wrapper.append(label, input, help, error);
     }
     // Editing a field clears the error it showed.
-    input.addEventListener("input", () => this.setError(field, null));
+    input.addEventListener("input", () => {
+      field.edited = true;
+      this.setError(field, null);
+    });
     Object.assign(field, { wrapper, input, error });
     return field;
   }
@@ -326,6 +329,9 @@ export class ActionForm {
         return kind === "integer" ? exactInteger(input.value) : Number(input.value);
       case "text":
       case "multiline":
+        // An Optional string whose default is "" shows it as an empty box, as it
+        // shows null: untouched, it is the default, left to the server.
+        if (input.value === "" && !field.edited && schema.default === "") return undefined;
         return input.value === "" ? empty() : input.value;
       default: {
         const text = input.value.trim();
