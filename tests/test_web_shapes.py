@@ -71,6 +71,7 @@ class Shapes(Action):
     big: int = Field(default=0, title="Größe 📏")
     heading: int = 0  # its input's id would be the page's own "action-heading"
     stdin: str | None = ""  # its box shows the default as it shows null: empty
+    op: Literal["", "add"] = "add"  # a choice of the empty string
 
 
 class Anything(Observation):
@@ -214,6 +215,17 @@ async def test_an_optional_text_field_whose_default_is_empty_sends_it_untouched(
     await action(page, "Stdin").fill("")
     await step(page)
     assert (await observation(page))["action"]["stdin"] is None
+
+
+async def test_a_choice_of_the_empty_string_is_shown_and_sent(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await expect(page.locator("#action-op option")).to_have_text(['""', "add"])
+    await action(page, "Op").select_option(label='""')
+    await step(page)
+    assert (await observation(page))["action"]["op"] == ""
 
 
 async def test_hard_field_shapes_are_sent_typed(

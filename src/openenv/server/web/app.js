@@ -3,7 +3,7 @@
 // Every tab opens its own WebSocket, so every tab is its own session with its
 // own environment instance on the server.
 
-import { ActionForm, exactInteger } from "./form.js";
+import { ActionForm, choiceText, exactInteger } from "./form.js";
 import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
@@ -302,7 +302,7 @@ function showQuickActions(choices) {
     ...choices.values.map((value) => {
       const button = document.createElement("button");
       button.type = "button";
-      button.textContent = `${choices.name} = ${typeof value === "string" ? value : JSON.stringify(value)}`;
+      button.textContent = `${choices.name} = ${choiceText(value)}`;
       button.disabled = true;
       button.addEventListener("click", () => {
         page.form.set(choices.name, value);

@@ -120,6 +120,10 @@ function describeType(schema, kind) {
 
 const hasValue = (value) => value !== undefined && value !== null;
 
+// A choice as it is shown: a string as itself, other values as JSON, and the
+// empty string as "" (an empty option would read as no choice at all).
+export const choiceText = (value) => (typeof value === "string" && value !== "" ? value : JSON.stringify(value));
+
 // A browser's numbers hold integers exactly up to 2^53 only: a larger one typed
 // in (a 64-bit seed, an id) would be sent rounded, a different number, unseen.
 // Refuse it instead. Not a whole number (1.5) goes as typed, for the server to judge.
@@ -218,8 +222,7 @@ export class ActionForm {
         select.append(element("option", { value: "" }, blank));
       }
       options.forEach((option, index) => {
-        const text = typeof option === "string" ? option : JSON.stringify(option);
-        select.append(element("option", { value: String(index) }, text));
+        select.append(element("option", { value: String(index) }, choiceText(option)));
       });
       const chosen = options.findIndex((option) => JSON.stringify(option) === JSON.stringify(preset));
       select.value = hasValue(preset) && chosen >= 0 ? String(chosen) : "";
