@@ -113,6 +113,23 @@ async def test_server_closing_the_session_says_why(
         await expect(page.get_by_role("button", name="Reconnect")).to_be_visible()
 
 
+async def test_a_request_too_large_for_the_server_says_so(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, max_message_size=1000)
+    with run_server(app) as url:
+        page = await new_page(url)
+        await reset(page)
+        await page.get_by_label("Message").fill("x" * 2000)
+        await page.get_by_role("button", name="Step").click()
+        await expect(page.locator("#connection-banner")).to_contain_text(
+            "the last request was larger than it accepts"
+        )
+        await page.get_by_role("button", name="Reconnect").click()
+        await reset(page)
+        await step_echo(page, "small")
+
+
 # -- keyboard and layout -------------------------------------------------------------------
 
 

@@ -94,6 +94,7 @@ function endpoint(path, websocket = false) {
 }
 
 const pretty = (value) => JSON.stringify(value, null, 2);
+const MESSAGE_TOO_BIG = 1009; // the WebSocket close code for a frame over the server's limit
 
 function setStatus(text) {
   ui.status.textContent = text;
@@ -346,6 +347,13 @@ function connect() {
       } else if (info.error) {
         setStatus("Disconnected.");
         showBanner(`Disconnected: ${info.error.message}.`, "Reconnect");
+      } else if (info.code === MESSAGE_TOO_BIG) {
+        // Said by the close code alone: the server sends no frame before it.
+        setStatus("Disconnected.");
+        showBanner(
+          "The server closed the session: the last request was larger than it accepts (its max_message_size).",
+          "Reconnect",
+        );
       } else if (!info.opened) {
         setStatus("Could not connect.");
         showBanner("Could not connect to the server.", "Reconnect");
