@@ -9,6 +9,7 @@ of 100,000 tasks; a tool with the same argument shapes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal
@@ -86,6 +87,8 @@ def shape(name: str) -> dict[str, Any]:
         return {"players": [{"name": "ann", "cards": ["2H", "3D", "KS"]}]}
     if name == "numbers":
         return {"numbers": [i * 0.1 for i in range(10_000)]}
+    if name == "huge":  # 3,000,000 characters: a web page's HTML, a long log
+        return {"page": "<p>a line</p>\n" * 214_286}
     if name == "nulls":
         return {"a": None, "b": [None], "c": {"x": None}, "d": [{"k": None}]}
     return {}
@@ -361,6 +364,29 @@ async def test_a_long_episode_keeps_no_second_copy_of_every_reply(
     detail = page.locator("#history tr.detail").nth(3)
     await expect(detail).to_be_visible()
     assert len(json.loads(await detail.inner_text())["observation"]["numbers"]) == 10_000
+
+
+async def test_a_huge_observation_is_shown_cut_and_kept_whole(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Show").fill("huge")
+    await step(page)
+    whole = len(shape("huge")["page"])
+    # Laid out whole, each copy of it would hold the tab for seconds.
+    await expect(page.locator("#views pre")).to_contain_text(
+        f"… {whole - 1_000_000:,} more characters"
+    )
+    await expect(page.locator("#observation")).to_contain_text(
+        re.compile(r"… [\d,]+ more characters")
+    )
+    for shown in (page.locator("#views pre"), page.locator("#observation")):
+        assert await shown.evaluate("e => e.textContent.length") < 1_001_000
+    await page.locator("#history tbody tr:not(.detail)").last.get_by_role("button").click()
+    detail = page.locator("#history tr.detail").last
+    await expect(detail).to_be_visible()
+    assert json.loads(await detail.inner_text())["observation"]["page"] == shape("huge")["page"]
 
 
 # -- tasks ------------------------------------------------------------------------------------

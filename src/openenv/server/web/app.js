@@ -8,7 +8,7 @@ import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js"
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
-import { messageOf, renderFrames, renderViews } from "./views.js";
+import { messageOf, renderFrames, renderViews, shown } from "./views.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -159,7 +159,7 @@ function showObservation(data) {
   const fields = renderFrames($("frames"), data.observation);
   renderViews($("views"), fields);
   ui.outcome.textContent = messageOf(fields);
-  ui.observation.textContent = pretty({ ...fields, ...metadata });
+  ui.observation.textContent = shown(pretty({ ...fields, ...metadata }));
   ui.stepCount.textContent = String(page.steps);
   ui.reward.textContent = formatNumber(data.reward);
   ui.totalReward.textContent = formatNumber(page.total);
@@ -270,7 +270,7 @@ async function step() {
 async function refreshState() {
   const reply = await page.session.request("state");
   ui.state.textContent =
-    reply.type === "error" ? `Unavailable: ${reply.data.message}` : pretty(reply.data);
+    reply.type === "error" ? `Unavailable: ${reply.data.message}` : shown(pretty(reply.data));
 }
 
 function toolCalled(name, args, reply) {
