@@ -136,6 +136,15 @@ async def test_a_request_too_large_for_the_server_says_so(
         await step_echo(page, "small")
 
 
+async def test_a_server_shutting_down_says_so(new_page: Callable[..., Awaitable[Page]]) -> None:
+    with run_server(echo_app()) as url:  # plain uvicorn: it closes every socket with 1012
+        page = await new_page(url)
+        await reset(page)
+    await expect(page.locator("#connection-banner")).to_contain_text(
+        "The server is shutting down or restarting"
+    )
+
+
 class Stuck(Action):
     pass
 

@@ -95,6 +95,7 @@ function endpoint(path, websocket = false) {
 
 const pretty = (value) => JSON.stringify(value, null, 2);
 const MESSAGE_TOO_BIG = 1009; // the WebSocket close code for a frame over the server's limit
+const SERVICE_RESTART = 1012; // plain uvicorn's close on shutdown, sent with no frame
 
 function setStatus(text) {
   ui.status.textContent = text;
@@ -354,6 +355,9 @@ function connect() {
           "The server closed the session: the last request was larger than it accepts (its max_message_size).",
           "Reconnect",
         );
+      } else if (info.code === SERVICE_RESTART) {
+        setStatus("Disconnected.");
+        showBanner("The server is shutting down or restarting: Reconnect once it is back.", "Reconnect");
       } else if (!info.opened) {
         setStatus("Could not connect.");
         showBanner("Could not connect to the server.", "Reconnect");
