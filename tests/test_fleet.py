@@ -197,6 +197,11 @@ def test_the_directory_answers_the_environments_other_routes_from_a_replica(
         # The web page is sent to a replica whole, since it plays over its own /web/ws.
         page = httpx.get(f"{url}/web?api_key={key}")
         assert (page.status_code, page.headers["location"]) == (307, f"{replica}/web?api_key={key}")
+        page = httpx.get(f"{url}/web/?api_key={key}")  # as a server's own /web/ redirects
+        assert (page.status_code, page.headers.get("location")) == (
+            307,
+            f"{replica}/web?api_key={key}",
+        )
         # DNS rebinding (security.md): the directory asks replicas by address, so
         # it must refuse a rebound name itself, as a replica would.
         rebound = {"Host": "evil.example", "Authorization": f"Bearer {key}"}

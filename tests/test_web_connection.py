@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -26,7 +28,11 @@ from web_page_kit import (
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
 from openenv import (
+    Action,
     ConcurrencyConfig,
+    Environment,
+    Observation,
+    State,
     create_app,
 )
 from openenv.testing import run_server
@@ -111,6 +117,69 @@ async def test_server_closing_the_session_says_why(
             "Disconnected: session closed after being idle too long."
         )
         await expect(page.get_by_role("button", name="Reconnect")).to_be_visible()
+
+
+async def test_a_request_too_large_for_the_server_says_so(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, max_message_size=1000)
+    with run_server(app) as url:
+        page = await new_page(url)
+        await reset(page)
+        await page.get_by_label("Message").fill("x" * 2000)
+        await page.get_by_role("button", name="Step").click()
+        await expect(page.locator("#connection-banner")).to_contain_text(
+            "the last request was larger than it accepts"
+        )
+        await page.get_by_role("button", name="Reconnect").click()
+        await reset(page)
+        await step_echo(page, "small")
+
+
+async def test_a_server_shutting_down_says_so(new_page: Callable[..., Awaitable[Page]]) -> None:
+    with run_server(echo_app()) as url:  # plain uvicorn: it closes every socket with 1012
+        page = await new_page(url)
+        await reset(page)
+    await expect(page.locator("#connection-banner")).to_contain_text(
+        "The server is shutting down or restarting"
+    )
+
+
+class Stuck(Action):
+    pass
+
+
+class StuckEnvironment(Environment[Stuck, Observation, State]):
+    """Its step blocks until the test lets it go: past any step_timeout."""
+
+    released = threading.Event()
+
+    def reset(self, **kwargs: Any) -> Observation:
+        return Observation()
+
+    def step(self, action: Stuck, **kwargs: Any) -> Observation:
+        self.released.wait(30)
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+async def test_a_session_closed_for_an_overrunning_step_says_why(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    app = create_app(StuckEnvironment, Stuck, Observation, step_timeout=0.2)
+    with run_server(app) as url:
+        try:
+            page = await new_page(url)
+            await reset(page)
+            await page.get_by_role("button", name="Step").click()
+            await expect(page.locator("#connection-banner")).to_contain_text(
+                "Disconnected: step() did not return within 0.2s"
+            )
+        finally:
+            StuckEnvironment.released.set()  # the step's thread ends before the server does
 
 
 # -- keyboard and layout -------------------------------------------------------------------

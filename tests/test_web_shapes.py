@@ -9,6 +9,7 @@ of 100,000 tasks; a tool with the same argument shapes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal
@@ -69,6 +70,9 @@ class Shapes(Action):
     size: int = Field(default=0, alias="__proto__")
     constructor: int = 0
     big: int = Field(default=0, title="Größe 📏")
+    heading: int = 0  # its input's id would be the page's own "action-heading"
+    stdin: str | None = ""  # its box shows the default as it shows null: empty
+    op: Literal["", "add"] = "add"  # a choice of the empty string
 
 
 class Anything(Observation):
@@ -83,6 +87,8 @@ def shape(name: str) -> dict[str, Any]:
         return {"players": [{"name": "ann", "cards": ["2H", "3D", "KS"]}]}
     if name == "numbers":
         return {"numbers": [i * 0.1 for i in range(10_000)]}
+    if name == "huge":  # 3,000,000 characters: a web page's HTML, a long log
+        return {"page": "<p>a line</p>\n" * 214_286}
     if name == "nulls":
         return {"a": None, "b": [None], "c": {"x": None}, "d": [{"k": None}]}
     return {}
@@ -199,6 +205,32 @@ async def test_a_cleared_field_sends_empty_not_its_default(
     )
 
 
+async def test_an_optional_text_field_whose_default_is_empty_sends_it_untouched(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await expect(action(page, "Stdin")).to_have_value("")
+    await step(page)
+    assert (await observation(page))["action"]["stdin"] == ""
+    # Typed in, then emptied: what the hint says, null.
+    await action(page, "Stdin").fill("x")
+    await action(page, "Stdin").fill("")
+    await step(page)
+    assert (await observation(page))["action"]["stdin"] is None
+
+
+async def test_a_choice_of_the_empty_string_is_shown_and_sent(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await expect(page.locator("#action-op option")).to_have_text(['""', "add"])
+    await action(page, "Op").select_option(label='""')
+    await step(page)
+    assert (await observation(page))["action"]["op"] == ""
+
+
 async def test_hard_field_shapes_are_sent_typed(
     shapes_url: str, new_page: Callable[..., Awaitable[Page]]
 ) -> None:
@@ -226,6 +258,21 @@ async def test_hard_field_shapes_are_sent_typed(
     await page.get_by_role("button", name="Step").click()
     await expect(page.locator("#action-pet-error")).to_contain_text("meows")
     await expect(action(page, "Pet")).to_have_attribute("aria-invalid", "true")
+
+
+async def test_a_field_named_like_a_part_of_the_page_is_still_labelled(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Heading").fill("90")
+    await step(page)
+    assert (await observation(page))["action"]["heading"] == 90
+    duplicated = await page.evaluate(
+        "(() => { const ids = [...document.querySelectorAll('[id]')].map(e => e.id);"
+        " return ids.filter((id, i) => ids.indexOf(id) !== i); })()"
+    )
+    assert duplicated == []
 
 
 async def test_an_integer_too_large_for_the_browser_is_refused_not_rounded(
@@ -317,6 +364,29 @@ async def test_a_long_episode_keeps_no_second_copy_of_every_reply(
     detail = page.locator("#history tr.detail").nth(3)
     await expect(detail).to_be_visible()
     assert len(json.loads(await detail.inner_text())["observation"]["numbers"]) == 10_000
+
+
+async def test_a_huge_observation_is_shown_cut_and_kept_whole(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Show").fill("huge")
+    await step(page)
+    whole = len(shape("huge")["page"])
+    # Laid out whole, each copy of it would hold the tab for seconds.
+    await expect(page.locator("#views pre")).to_contain_text(
+        f"… {whole - 1_000_000:,} more characters"
+    )
+    await expect(page.locator("#observation")).to_contain_text(
+        re.compile(r"… [\d,]+ more characters")
+    )
+    for shown in (page.locator("#views pre"), page.locator("#observation")):
+        assert await shown.evaluate("e => e.textContent.length") < 1_001_000
+    await page.locator("#history tbody tr:not(.detail)").last.get_by_role("button").click()
+    detail = page.locator("#history tr.detail").last
+    await expect(detail).to_be_visible()
+    assert json.loads(await detail.inner_text())["observation"]["page"] == shape("huge")["page"]
 
 
 # -- tasks ------------------------------------------------------------------------------------

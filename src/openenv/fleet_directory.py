@@ -96,10 +96,12 @@ class Directory:
             random.shuffle(views)
             views.sort(key=lambda v: v.status != "healthy")  # healthy first; sort is stable
             query = f"?{request.url.query}" if request.url.query else ""
-            if path == "/web" and views:
+            if path in ("/web", "/web/") and views:
                 # The page plays over its own server's /web/ws, and browsers do not
                 # follow a redirect on a WebSocket handshake: send the page itself.
-                return RedirectResponse(views[0].url + path + query, 307)
+                # "/web/" too: passed on, the replica's redirect to its own /web
+                # would come back without its Location, a blank page.
+                return RedirectResponse(views[0].url + "/web" + query, 307)
             passed = {k: v for k, v in request.headers.items() if k in _PASSED_ON}
             async with httpx.AsyncClient(timeout=30.0) as http:
                 for view in views:

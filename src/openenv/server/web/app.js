@@ -3,12 +3,12 @@
 // Every tab opens its own WebSocket, so every tab is its own session with its
 // own environment instance on the server.
 
-import { ActionForm, exactInteger } from "./form.js";
+import { ActionForm, choiceText, exactInteger } from "./form.js";
 import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
 import { TaskPicker } from "./tasks.js";
 import { ToolsPanel } from "./tools.js";
-import { messageOf, renderFrames, renderViews } from "./views.js";
+import { messageOf, renderFrames, renderViews, shown } from "./views.js";
 import { Session, SessionClosed } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
@@ -94,6 +94,8 @@ function endpoint(path, websocket = false) {
 }
 
 const pretty = (value) => JSON.stringify(value, null, 2);
+const MESSAGE_TOO_BIG = 1009; // the WebSocket close code for a frame over the server's limit
+const SERVICE_RESTART = 1012; // plain uvicorn's close on shutdown, sent with no frame
 
 function setStatus(text) {
   ui.status.textContent = text;
@@ -158,7 +160,7 @@ function showObservation(data) {
   const fields = renderFrames($("frames"), data.observation);
   renderViews($("views"), fields);
   ui.outcome.textContent = messageOf(fields);
-  ui.observation.textContent = pretty({ ...fields, ...metadata });
+  ui.observation.textContent = shown(pretty({ ...fields, ...metadata }));
   ui.stepCount.textContent = String(page.steps);
   ui.reward.textContent = formatNumber(data.reward);
   ui.totalReward.textContent = formatNumber(page.total);
@@ -269,7 +271,7 @@ async function step() {
 async function refreshState() {
   const reply = await page.session.request("state");
   ui.state.textContent =
-    reply.type === "error" ? `Unavailable: ${reply.data.message}` : pretty(reply.data);
+    reply.type === "error" ? `Unavailable: ${reply.data.message}` : shown(pretty(reply.data));
 }
 
 function toolCalled(name, args, reply) {
@@ -302,7 +304,7 @@ function showQuickActions(choices) {
     ...choices.values.map((value) => {
       const button = document.createElement("button");
       button.type = "button";
-      button.textContent = `${choices.name} = ${typeof value === "string" ? value : JSON.stringify(value)}`;
+      button.textContent = `${choices.name} = ${choiceText(value)}`;
       button.disabled = true;
       button.addEventListener("click", () => {
         page.form.set(choices.name, value);
@@ -346,6 +348,16 @@ function connect() {
       } else if (info.error) {
         setStatus("Disconnected.");
         showBanner(`Disconnected: ${info.error.message}.`, "Reconnect");
+      } else if (info.code === MESSAGE_TOO_BIG) {
+        // Said by the close code alone: the server sends no frame before it.
+        setStatus("Disconnected.");
+        showBanner(
+          "The server closed the session: the last request was larger than it accepts (its max_message_size).",
+          "Reconnect",
+        );
+      } else if (info.code === SERVICE_RESTART) {
+        setStatus("Disconnected.");
+        showBanner("The server is shutting down or restarting: Reconnect once it is back.", "Reconnect");
       } else if (!info.opened) {
         setStatus("Could not connect.");
         showBanner("Could not connect to the server.", "Reconnect");

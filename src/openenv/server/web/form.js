@@ -120,6 +120,10 @@ function describeType(schema, kind) {
 
 const hasValue = (value) => value !== undefined && value !== null;
 
+// A choice as it is shown: a string as itself, other values as JSON, and the
+// empty string as "" (an empty option would read as no choice at all).
+export const choiceText = (value) => (typeof value === "string" && value !== "" ? value : JSON.stringify(value));
+
 // A browser's numbers hold integers exactly up to 2^53 only: a larger one typed
 // in (a 64-bit seed, an id) would be sent rounded, a different number, unseen.
 // Refuse it instead. Not a whole number (1.5) goes as typed, for the server to judge.
@@ -140,10 +144,14 @@ export function element(tag, attributes = {}, text = "") {
   return node;
 }
 
+// An id unique in the whole page, its "-help" and "-error" ids included: a
+// field named "heading" would otherwise share "action-heading" with the page's
+// own heading, and its label would point at that heading instead of the field.
 function safeId(name, taken, prefix) {
+  const ids = (id) => [id, `${id}-help`, `${id}-error`];
   let id = `${prefix}${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
-  while (taken.has(id)) id += "_";
-  taken.add(id);
+  while (ids(id).some((one) => taken.has(one) || document.getElementById(one))) id += "_";
+  for (const one of ids(id)) taken.add(one);
   return id;
 }
 
@@ -194,7 +202,10 @@ export class ActionForm {
       wrapper.append(label, input, help, error);
     }
     // Editing a field clears the error it showed.
-    input.addEventListener("input", () => this.setError(field, null));
+    input.addEventListener("input", () => {
+      field.edited = true;
+      this.setError(field, null);
+    });
     Object.assign(field, { wrapper, input, error });
     return field;
   }
@@ -211,8 +222,7 @@ export class ActionForm {
         select.append(element("option", { value: "" }, blank));
       }
       options.forEach((option, index) => {
-        const text = typeof option === "string" ? option : JSON.stringify(option);
-        select.append(element("option", { value: String(index) }, text));
+        select.append(element("option", { value: String(index) }, choiceText(option)));
       });
       const chosen = options.findIndex((option) => JSON.stringify(option) === JSON.stringify(preset));
       select.value = hasValue(preset) && chosen >= 0 ? String(chosen) : "";
@@ -322,6 +332,9 @@ export class ActionForm {
         return kind === "integer" ? exactInteger(input.value) : Number(input.value);
       case "text":
       case "multiline":
+        // An Optional string whose default is "" shows it as an empty box, as it
+        // shows null: untouched, it is the default, left to the server.
+        if (input.value === "" && !field.edited && schema.default === "") return undefined;
         return input.value === "" ? empty() : input.value;
       default: {
         const text = input.value.trim();

@@ -1,8 +1,9 @@
 // One WebSocket session speaking openenv's wire protocol (v1).
 //
 // Each request carries an "id"; its reply carries the same one. Frames with no
-// id are the server's last word before it closes the socket (at capacity, idle
-// timeout, shutdown): they are kept and handed to onclose.
+// id, and fatal replies, are the server's last word before it closes the socket
+// (at capacity, idle timeout, shutdown, a step past its timeout): they are kept
+// and handed to onclose.
 
 export const CAPACITY_REACHED = "CAPACITY_REACHED";
 const TRY_AGAIN_LATER = 1013;
@@ -62,9 +63,9 @@ export class Session {
     if (waiter) {
       this.pending.delete(frame.id);
       waiter.resolve(frame);
-    } else if (frame.type === "error") {
-      this.finalError = frame.data;
     }
+    // A fatal reply (a step past step_timeout) is also why the socket closes next.
+    if (frame.type === "error" && (!waiter || frame.data?.fatal)) this.finalError = frame.data;
   }
 
   close() {

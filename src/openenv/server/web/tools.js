@@ -6,17 +6,18 @@
 
 import { ActionForm, element } from "./form.js";
 import { rewardOf } from "./history.js";
+import { shown } from "./views.js";
 
 // Render a tool result's content blocks: text as text, JSON as JSON, images as images.
 function renderContent(output) {
   const nodes = [];
   for (const block of output.content || []) {
-    if (block.type === "text") nodes.push(element("pre", { class: "json" }, block.text));
+    if (block.type === "text") nodes.push(element("pre", { class: "json" }, shown(String(block.text ?? ""))));
     else if (block.type === "image" && block.data) {
       const image = element("img", { alt: "tool result image", class: "frame" });
       image.src = `data:${block.mime_type || block.mimeType || "image/png"};base64,${block.data}`;
       nodes.push(image);
-    } else nodes.push(element("pre", { class: "json" }, JSON.stringify(block.data ?? block, null, 2)));
+    } else nodes.push(element("pre", { class: "json" }, shown(JSON.stringify(block.data ?? block, null, 2))));
   }
   if (nodes.length === 0) nodes.push(element("p", { class: "muted" }, "(no content)"));
   return nodes;

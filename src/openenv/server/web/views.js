@@ -11,6 +11,17 @@
 
 const MAX_ROWS = 200;
 
+// Text past this many characters is shown cut: laying out megabytes of text
+// (a page's HTML, a long log) freezes the tab for seconds a copy. The reply's
+// row in History and Export JSONL keep it whole.
+export const SHOWN_CHARS = 1_000_000;
+
+export function shown(text) {
+  if (text.length <= SHOWN_CHARS) return text;
+  const rest = (text.length - SHOWN_CHARS).toLocaleString("en");
+  return `${text.slice(0, SHOWN_CHARS)}\n… ${rest} more characters (the whole reply: its row in History, or Export JSONL)`;
+}
+
 function isRecord(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
 }
@@ -19,8 +30,8 @@ const isScalar = (value) => value === null || typeof value !== "object";
 
 function cellText(value) {
   if (value === undefined) return "";
-  if (Array.isArray(value) && value.every(isScalar)) return value.join(" ");
-  return isScalar(value) ? String(value) : JSON.stringify(value);
+  if (Array.isArray(value) && value.every(isScalar)) return shown(value.join(" "));
+  return shown(isScalar(value) ? String(value) : JSON.stringify(value));
 }
 
 function make(tag, className, text) {
@@ -126,9 +137,9 @@ function renderGrid(name, rows) {
 
 // A value as text; multi-line text in a block that keeps its lines.
 function valueNode(value) {
-  if (typeof value === "string" && value.includes("\n")) return make("pre", "text", value);
+  if (typeof value === "string" && value.includes("\n")) return make("pre", "text", shown(value));
   if (value === "") return make("span", "muted", "(empty)");
-  return make("span", "", typeof value === "string" ? value : cellText(value));
+  return make("span", "", typeof value === "string" ? shown(value) : cellText(value));
 }
 
 // A nested object: a row per field.
