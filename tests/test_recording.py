@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -283,3 +286,25 @@ def test_load_skips_a_line_that_is_json_but_not_an_event(tmp_path: Path) -> None
     with pytest.warns(UserWarning, match=rf"not JSON objects: {file.name} \(2\)"):
         (episode,) = load(tmp_path / "rec")
     assert [s.kind for s in episode.steps] == ["reset"]
+
+
+def test_a_recording_folder_that_is_a_file_is_refused_at_start(tmp_path: Path) -> None:
+    # The server started, then stopped inside its lifespan with a raw FileExistsError.
+    taken = tmp_path / "recordings"
+    taken.write_text("not a folder")
+    with pytest.raises(ValueError, match="record") as refused:
+        create_app(EchoEnvironment, EchoAction, EchoObservation, record=str(taken))
+    assert "is a file" in str(refused.value)
+    echo = Path(__file__).parents[1] / "envs" / "echo_env"
+    openenv = Path(sys.executable).with_name("openenv")
+    served = subprocess.run(
+        [openenv, "serve", str(echo), "--port", "0"],
+        env={**os.environ, "OPENENV_RECORD": str(taken)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert served.returncode == 1, served.stderr
+    assert "record" in served.stderr, served.stderr
+    assert "is a file" in served.stderr, served.stderr
+    assert "Traceback" not in served.stderr, served.stderr

@@ -184,6 +184,7 @@ class ServerSettings(BaseModel):
     )
     record: str | None = Field(
         default_factory=lambda: os.environ.get("OPENENV_RECORD") or None,
+        validate_default=True,  # OPENENV_RECORD is checked too
         description=(
             "A folder to record every session's requests and replies into, as JSON "
             "Lines (one file per server process); openenv.trajectories reads them. "
@@ -237,6 +238,15 @@ class ServerSettings(BaseModel):
             "cap (at least 1), so no single address can take every slot."
         ),
     )
+
+    @field_validator("record")
+    @classmethod
+    def _a_folder(cls, record: str | None) -> str | None:
+        # Found at the first session instead, it stopped the server's start with
+        # a raw FileExistsError from inside its lifespan.
+        if record is not None and os.path.exists(record) and not os.path.isdir(record):
+            raise ValueError(f"{record} is a file; record sessions into a folder")
+        return record
 
     @field_validator("api_key")
     @classmethod
