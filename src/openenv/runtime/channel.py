@@ -73,6 +73,8 @@ def keep_from_forks(fd: int, *, keep: bool = True) -> None:
 
 
 def _let_go_in_child() -> None:
+    if not _channel_fds:
+        return  # not a worker (the driver, a server): nothing to let go of
     null = os.open(os.devnull, os.O_RDWR)
     for fd in _channel_fds:
         os.dup2(null, fd, inheritable=False)
