@@ -43,15 +43,16 @@ class PingClient(EnvClient[Ping, Pong, State]):
     pass
 
 
-def app(cap: int, queue_timeout: float = 0.0) -> object:
+def app(cap: int, queue_timeout: float = 0.0, api_key: str | None = None) -> object:
     concurrency = ConcurrencyConfig(max_concurrent_envs=cap, queue_timeout=queue_timeout)
-    return create_app(PingEnvironment, Ping, Pong, concurrency)
+    keyed = {} if api_key is None else {"api_key": api_key}  # else $OPENENV_API_KEY, if set
+    return create_app(PingEnvironment, Ping, Pong, concurrency, **keyed)
 
 
 @contextlib.contextmanager
-def servers(*caps: int) -> Iterator[list[str]]:
+def servers(*caps: int, api_key: str | None = None) -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(run_server(app(cap))) for cap in caps]
+        yield [stack.enter_context(run_server(app(cap, api_key=api_key))) for cap in caps]
 
 
 def active(url: str) -> int:
@@ -401,14 +402,7 @@ async def resets(session: EpisodeSession) -> str:
 
 def test_the_sessions_a_pool_places_carry_its_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENENV_API_KEY", raising=False)
-    keyed = ConcurrencyConfig(max_concurrent_envs=2)
-    with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(
-                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
-            )
-            for _ in range(2)
-        ]
+    with servers(2, 2, api_key="k") as urls:
         pool = ServerPool(urls, api_key="k")
 
         async def play() -> str:
@@ -441,14 +435,7 @@ def test_a_pool_moved_to_a_process_that_knows_its_servers_keeps_its_own_key(
 ) -> None:
     # As in a Ray worker that ran an earlier run on the same servers, named "url1,url2".
     monkeypatch.delenv("OPENENV_API_KEY", raising=False)
-    keyed = ConcurrencyConfig(max_concurrent_envs=2)
-    with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(
-                run_server(create_app(PingEnvironment, Ping, Pong, keyed, api_key="k"))
-            )
-            for _ in range(2)
-        ]
+    with servers(2, 2, api_key="k") as urls:
         earlier = as_pool(",".join(urls))
         moved = pickle.loads(pickle.dumps(ServerPool(urls, api_key="k", wait=5)))
         assert (moved.api_key, moved.wait) == ("k", 5)
