@@ -29,7 +29,6 @@ routes' bodies (``openenv/protocol_http.py``) are re-exported from here.
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -53,6 +52,13 @@ from openenv.protocol_http import (
     ReplicaList,
     SplitList,
     TaskPage,
+)
+from openenv.protocol_json import (
+    frame_text,
+    observation_frame,
+    observation_reply,
+    reward_from,
+    reward_value,
 )
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Observation, State
@@ -385,7 +391,7 @@ def _frame(kind: str, data: Any, request_id: RequestId | None) -> str:
     frame: dict[str, Any] = {"type": kind, "data": data}
     if request_id is not None:
         frame["id"] = request_id
-    return orjson.dumps(frame, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return frame_text(frame)
 
 
 def json_text(value: Any) -> str:
@@ -394,84 +400,7 @@ def json_text(value: Any) -> str:
     >>> json_text({"value": 3})
     '{"value":3}'
     """
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-
-
-def reward_value(reward: Any) -> Any:
-    """``reward`` as a frame carries it: a NaN or infinite float as the text
-    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which JSON lacks numbers for.
-
-    Written as pydantic's ``ser_json_inf_nan="strings"`` writes them, so that
-    ``float()``, a pydantic ``float`` field, NumPy and JavaScript's ``Number()``
-    all read them back; orjson would write ``null``, and a trainer would take a
-    NaN reward for no reward at all.
-
-    >>> reward_value(0.5), reward_value(float("nan")), reward_value(float("-inf"))
-    (0.5, 'NaN', '-Infinity')
-    >>> float(reward_value(float("inf")))
-    inf
-    """
-    if reward.__class__ is float and reward - reward:  # only NaN and ±inf are not 0
-        return "NaN" if reward != reward else "Infinity" if reward > 0 else "-Infinity"
-    return reward
-
-
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def reward_from(value: Any) -> Any:
-    """A reward as ``reward_value`` wrote it, back to its float; anything else as it is.
-
-    >>> reward_from("-Infinity"), reward_from(1.5), reward_from(None)
-    (-inf, 1.5, None)
-    """
-    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
-
-
-def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
-    """Encode an observation reply; reward and done travel beside the fields."""
-    return orjson.dumps(
-        observation_reply(observation, request_id), option=orjson.OPT_SERIALIZE_NUMPY
-    ).decode()
-
-
-def observation_reply(
-    observation: Observation,
-    request_id: RequestId | None = None,
-    into: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """``observation_frame`` before encoding: the reply's fields, added to ``into``
-    (a v2 reply's ``session``), for a caller that encodes many replies at once.
-
-    >>> class Seen(Observation):
-    ...     text: str
-    >>> reply = observation_reply(Seen(text="hi", reward=1.0), 7, {"session": 2})
-    >>> reply["session"], reply["type"], reply["id"]
-    (2, 'observation', 7)
-    >>> reply["data"]
-    {'observation': {'text': 'hi'}, 'reward': 1.0, 'done': False}
-    """
-    # The model's prebuilt serializer, without an ``exclude`` set to resolve on
-    # every call; the envelope's fields are then moved out of the dump (read from
-    # it, not the model: a pydantic attribute read passes through the model's
-    # __getattr__ hook, several times dearer than a dict's).
-    fields = observation.__pydantic_serializer__.to_python(observation, mode=observation.dump_mode)
-    reward = fields["reward"]
-    payload: dict[str, Any] = {
-        "observation": fields,
-        "reward": reward_value(reward) if reward.__class__ is float and reward - reward else reward,
-        "done": fields["done"],
-    }
-    metadata = fields["metadata"]
-    del fields["reward"], fields["done"], fields["metadata"]
-    if metadata:
-        payload["metadata"] = metadata
-    reply = {} if into is None else into
-    reply["type"] = "observation"
-    reply["data"] = payload
-    if request_id is not None:
-        reply["id"] = request_id
-    return reply
+    return frame_text(value)
 
 
 def state_frame(
@@ -523,7 +452,7 @@ def request_frame(
         frame["data"] = data
     if request_id is not None:
         frame["id"] = request_id
-    return orjson.dumps(frame, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return frame_text(frame)
 
 
 ObsT = TypeVar("ObsT", bound=Observation)

@@ -60,6 +60,7 @@ from typing import Any
 import orjson
 
 from openenv.protocol import CloseCode, ErrorCode, FrameError, RequestId
+from openenv.protocol_json import frame_text
 
 __all__ = [
     "SUBPROTOCOL",
@@ -149,7 +150,7 @@ def replies_text(replies: list[dict[str, Any]]) -> str:
     >>> replies_text([{"session": 0, "type": "opened"}, {"session": 1, "type": "opened"}])
     '{"session":0,"type":"opened"},{"session":1,"type":"opened"}'
     """
-    return orjson.dumps(replies, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1]
+    return frame_text(replies)[1:-1]
 
 
 def request(frame: str, key: SessionKey) -> str:
@@ -176,4 +177,4 @@ def _frame(kind: str, data: dict[str, Any], request_id: RequestId | None) -> str
     frame: dict[str, Any] = {"type": kind, "data": data}
     if request_id is not None:
         frame["id"] = request_id
-    return orjson.dumps(frame).decode()
+    return frame_text(frame)

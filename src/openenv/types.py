@@ -39,7 +39,9 @@ class Action(BaseModel):
     {'direction': 'up'}
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # NaN and ±inf kept as floats in a JSON-mode dump, Any-typed values too
+    # (else None), for frames to write as "NaN", "Infinity" and "-Infinity".
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     # Kept out of the JSON Schema (forms, MCP tool schemas and sampled actions
     # describe only what the environment reads) and out of dumps while empty
@@ -71,7 +73,8 @@ class Observation(BaseModel):
     ``openenv.adapters.gymnasium`` does both).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # As Action's: NaN and ±inf reach frames as floats, to be written as text.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
     dump_mode: ClassVar[Literal["json", "python"]] = "json"
 
     reward: float | None = Field(default=None, description="Reward for the last action.")

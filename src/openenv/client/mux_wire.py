@@ -68,7 +68,7 @@ class MuxWire:
         item: dict[str, Any] = {"session": session.key, "type": kind, "id": request_id}
         if data is not None:
             item["data"] = data
-        self._outbox.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+        self._outbox.append(protocol.json_text(item))
         self._flush_soon()
         return future
 

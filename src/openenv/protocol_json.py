@@ -1,0 +1,152 @@
+"""How a frame is written as JSON, and the floats JSON lacks.
+
+JSON has no number for NaN or infinity, and orjson writes ``null`` for them.
+Frames carry them as the text ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``,
+as pydantic's ``ser_json_inf_nan="strings"`` writes them: ``float()``, a
+pydantic ``float`` field, NumPy given a float dtype and JavaScript's
+``Number()`` all read them back, where a ``null`` would fail a typed client's
+validation, and a trainer would take a NaN reward for no reward at all.
+
+``openenv.protocol`` re-exports everything here.
+
+>>> class Seen(Observation):
+...     score: float
+>>> observation_frame(Seen(score=float("-inf"), reward=float("nan")), 7)
+'{"type":"observation","data":{"observation":{"score":"-Infinity"},"reward":"NaN","done":false},"id":7}'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import orjson
+import pydantic_core
+
+from openenv.protocol_errors import RequestId
+from openenv.types import Observation
+
+__all__ = [
+    "frame_text",
+    "observation_frame",
+    "observation_reply",
+    "reward_from",
+    "reward_value",
+]
+
+
+def frame_text(value: Any) -> str:
+    """``value`` as a frame's JSON text, NaN and ±inf as text (see above).
+
+    >>> frame_text({"seen": [1.5, float("nan")], "left": None})
+    '{"seen":[1.5,"NaN"],"left":null}'
+    >>> import numpy as np
+    >>> frame_text({"box": np.array([0.5, np.inf], dtype=np.float32), "left": None})
+    '{"box":[0.5,"Infinity"],"left":null}'
+    """
+    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    # orjson is the fast writer, and writes NaN and ±inf as null: a text with a
+    # null that is not an observation's empty reward is written again, by
+    # pydantic's writer. Looked for by the null's "u" first, which memchr finds
+    # many times faster than a search for the word (most frames have none).
+    if b"u" in text and _other_null(text):
+        # What only orjson writes keeps its nulls.
+        with contextlib.suppress(ValueError, TypeError):  # pydantic's error is a ValueError
+            text = pydantic_core.to_json(value, inf_nan_mode="strings", fallback=_plain)
+    return text.decode()
+
+
+# How an observation reply without a reward is written (observation_reply's order).
+_NO_REWARD = b'"reward":null,"done":'
+
+
+def _other_null(text: bytes) -> bool:
+    """Whether ``text`` holds a ``null`` but an observation's empty reward (a
+    NaN's, maybe), in one pass."""
+    at = text.find(b"null")
+    while at >= 0:
+        if at < 9 or not text.startswith(_NO_REWARD, at - 9):
+            return True
+        at = text.find(b"null", at + 4)
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """What pydantic's writer leaves to its caller, as Python values it writes:
+    NumPy arrays and scalars (orjson writes them itself)."""
+    tolist = getattr(value, "tolist", None)
+    if tolist is None:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return tolist()
+
+
+def reward_value(reward: Any) -> Any:
+    """``reward`` as a frame carries it: a NaN or infinite float as the text
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which JSON lacks numbers for.
+
+    >>> reward_value(0.5), reward_value(float("nan")), reward_value(float("-inf"))
+    (0.5, 'NaN', '-Infinity')
+    >>> float(reward_value(float("inf")))
+    inf
+    """
+    if reward.__class__ is float and reward - reward:  # only NaN and ±inf are not 0
+        return "NaN" if reward != reward else "Infinity" if reward > 0 else "-Infinity"
+    return reward
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def reward_from(value: Any) -> Any:
+    """A reward as ``reward_value`` wrote it, back to its float; anything else as it is.
+
+    >>> reward_from("-Infinity"), reward_from(1.5), reward_from(None)
+    (-inf, 1.5, None)
+    """
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def observation_frame(observation: Observation, request_id: RequestId | None = None) -> str:
+    """Encode an observation reply; reward and done travel beside the fields."""
+    return frame_text(observation_reply(observation, request_id))
+
+
+def observation_reply(
+    observation: Observation,
+    request_id: RequestId | None = None,
+    into: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``observation_frame`` before encoding: the reply's fields, added to ``into``
+    (a v2 reply's ``session``), for a caller that encodes many replies at once
+    (with ``frame_text``).
+
+    >>> class Seen(Observation):
+    ...     text: str
+    >>> reply = observation_reply(Seen(text="hi", reward=1.0), 7, {"session": 2})
+    >>> reply["session"], reply["type"], reply["id"]
+    (2, 'observation', 7)
+    >>> reply["data"]
+    {'observation': {'text': 'hi'}, 'reward': 1.0, 'done': False}
+    """
+    # The model's prebuilt serializer, without an ``exclude`` set to resolve on
+    # every call; the envelope's fields are then moved out of the dump (read from
+    # it, not the model: a pydantic attribute read passes through the model's
+    # __getattr__ hook, several times dearer than a dict's).
+    fields = observation.__pydantic_serializer__.to_python(observation, mode=observation.dump_mode)
+    reward = fields["reward"]
+    payload: dict[str, Any] = {
+        "observation": fields,
+        "reward": reward_value(reward) if reward.__class__ is float and reward - reward else reward,
+        "done": fields["done"],
+    }
+    metadata = fields["metadata"]
+    del fields["reward"], fields["done"], fields["metadata"]
+    if metadata:
+        payload["metadata"] = metadata
+    reply = {} if into is None else into
+    reply["type"] = "observation"
+    reply["data"] = payload
+    if request_id is not None:
+        reply["id"] = request_id
+    return reply

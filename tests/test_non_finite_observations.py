@@ -1,0 +1,170 @@
+"""NaN and ±inf in an observation's own fields reach a typed client as those floats.
+
+JSON has no numbers for them, and orjson writes ``null``: an observation with a
+NaN ``float`` field used to reach a typed client as ``null``, which its model
+refused (a ``ValidationError`` out of ``step``), and an action with one was
+refused by the server. Frames now write them as the text ``"NaN"``,
+``"Infinity"`` and ``"-Infinity"`` (pydantic's ``ser_json_inf_nan="strings"``),
+as they already wrote rewards, nested models and lists included; a frame
+stays strict JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from pydantic import BaseModel, field_serializer
+from websockets.asyncio.client import connect
+
+from openenv import (
+    Action,
+    ConcurrencyConfig,
+    Environment,
+    MuxClient,
+    Observation,
+    State,
+    WebSocketEnvClient,
+    create_app,
+)
+from openenv.client import ws_url
+from openenv.testing import run_server
+
+ODD = [math.nan, math.inf, -math.inf]
+
+
+class Point(BaseModel):
+    x: float
+
+
+class Reading(Observation):
+    score: float = 0.0
+    trace: list[float] = []
+    where: Point = Point(x=0.0)
+
+
+class Rounded(Reading):
+    """Its own serializer on the reward: its replies are written another way."""
+
+    @field_serializer("reward")
+    def _rounded(self, reward: float | None) -> float | None:
+        return reward if reward is None or not math.isfinite(reward) else round(reward, 1)
+
+
+class Ask(Action):
+    value: float = 0.0
+    note: bool = False  # put the value in the metadata too
+
+
+def make_env(observation_cls: type[Reading]) -> type[Environment[Ask, Reading, State]]:
+    class Odd(Environment[Ask, Reading, State]):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            self._state = State()
+
+        def reset(
+            self, seed: int | None = None, episode_id: str | None = None, **kw: Any
+        ) -> Reading:
+            return observation_cls(score=math.nan)
+
+        def step(self, action: Ask, **kwargs: Any) -> Reading:
+            value = action.value
+            return observation_cls(
+                score=value,
+                trace=[1.0, value, -value],
+                where=Point(x=value),
+                reward=0.44,
+                metadata={"value": value} if action.note else {},
+            )
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+    return Odd
+
+
+def serve(observation_cls: type[Reading]) -> Iterator[str]:
+    app = create_app(
+        make_env(observation_cls), Ask, observation_cls, ConcurrencyConfig(max_concurrent_envs=8)
+    )
+    with run_server(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    yield from serve(Reading)
+
+
+@pytest.fixture(scope="module")
+def rounded_url() -> Iterator[str]:
+    yield from serve(Rounded)
+
+
+def same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def holds(observation: Reading, value: float) -> bool:
+    return (
+        same(observation.score, value)
+        and all(map(same, observation.trace, [1.0, value, -value]))
+        and same(observation.where.x, value)
+    )
+
+
+@pytest.mark.parametrize("value", ODD)
+async def test_a_typed_client_gets_the_floats_back(url: str, value: float) -> None:
+    async with WebSocketEnvClient(url, action_cls=Ask, observation_cls=Reading) as env:
+        assert math.isnan((await env.reset()).observation.score)
+        result = await env.step(Ask(value=value))
+    assert holds(result.observation, value)
+    assert result.reward == 0.44
+
+
+async def test_a_v2_batch_gets_each_sessions_floats_back(url: str) -> None:
+    async with MuxClient(url, action_cls=Ask, observation_cls=Reading) as mux:
+        sessions = await mux.open(len(ODD) + 1)
+        await mux.reset(sessions)
+        results = await mux.step(sessions, [Ask(value=v) for v in [*ODD, 2.5]])
+    assert [holds(r.observation, v) for r, v in zip(results, [*ODD, 2.5], strict=True)] == [
+        True
+    ] * 4
+
+
+async def test_the_frame_is_strict_json_with_the_floats_as_text(url: str) -> None:
+    async with connect(ws_url(url)) as ws:
+        await ws.send('{"type":"reset"}')
+        reset = orjson.loads(await ws.recv())  # strict JSON: no NaN token
+        await ws.send(orjson.dumps({"type": "step", "data": {"value": "-Infinity", "note": True}}))
+        step = orjson.loads(await ws.recv())
+    assert reset["data"]["observation"]["score"] == "NaN"
+    assert step["data"]["observation"] == {
+        "score": "-Infinity",
+        "trace": [1.0, "-Infinity", "Infinity"],
+        "where": {"x": "-Infinity"},
+    }
+    assert step["data"]["metadata"] == {"value": "-Infinity"}
+    assert (step["data"]["reward"], step["data"]["done"]) == (0.44, False)
+
+
+def test_openenvs_http_step_writes_them_as_text(url: str) -> None:
+    step = orjson.loads(httpx.post(f"{url}/step", json={"action": {"value": "NaN"}}).content)
+    assert step["observation"]["trace"] == [1.0, "NaN", "NaN"]
+
+
+async def test_a_models_own_serializers_still_apply(rounded_url: str) -> None:
+    async with connect(ws_url(rounded_url)) as ws:
+        await ws.send('{"type":"reset"}')
+        await ws.recv()
+        await ws.send('{"type":"step","data":{"value":"Infinity"}}')
+        step = orjson.loads(await ws.recv())
+    assert step["data"]["reward"] == 0.4  # through the model's serializer
+    assert step["data"]["observation"]["score"] == "Infinity"
+    assert set(step["data"]["observation"]) == {"score", "trace", "where"}
