@@ -236,6 +236,9 @@ def describe(space: spaces.Space[Any]) -> dict[str, Any]:
     >>> space = spaces.Dict({"pos": spaces.Box(-1.0, np.inf, (2,)), "mode": spaces.Discrete(3)})
     >>> rebuild(describe(space)) == space
     True
+    >>> full = spaces.Box(-np.inf, np.inf, (2,), dtype=np.int64)  # int64's whole range
+    >>> rebuild(describe(full)) == full
+    True
     """
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
@@ -273,8 +276,10 @@ def rebuild(description: Mapping[str, Any]) -> spaces.Space[Any]:
         return spaces.Discrete(description["n"], start=description["start"])
     if kind == "Box":
         dtype = np.dtype(description["dtype"])
-        low = np.asarray(description["low"], dtype=np.float64).astype(dtype)
-        high = np.asarray(description["high"], dtype=np.float64).astype(dtype)
+        # Integer bounds are JSON integers; float ones may be "inf" text.
+        read_as = dtype if np.issubdtype(dtype, np.integer) else np.float64
+        low = np.asarray(description["low"], dtype=read_as).astype(dtype)
+        high = np.asarray(description["high"], dtype=read_as).astype(dtype)
         return spaces.Box(low, high, tuple(description["shape"]), dtype=dtype)
     if kind == "MultiDiscrete":
         return spaces.MultiDiscrete(
@@ -290,6 +295,10 @@ def rebuild(description: Mapping[str, Any]) -> spaces.Space[Any]:
 
 
 def _finite_or_text(values: np.ndarray[Any, Any]) -> Any:
+    if np.issubdtype(values.dtype, np.integer):
+        # Exact: through float64, int64's largest (a Box made with infinite
+        # bounds has it) would come back as its smallest.
+        return values.tolist()
     as_float = np.asarray(values, dtype=np.float64)
     if np.isfinite(as_float).all():
         return as_float.tolist()

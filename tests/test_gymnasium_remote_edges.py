@@ -1,0 +1,69 @@
+"""RemoteVectorEnv and RemoteGymnasiumEnv at the edges a user meets: spaces that
+stretch their dtype, clients dropped without ``close()``, seeds that do not fit."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import SyncVectorEnv
+
+from openenv import ConcurrencyConfig
+from openenv.adapters.gymnasium import (
+    RemoteVectorEnv,
+    create_gymnasium_app,
+    create_gymnasium_vector_app,
+)
+from openenv.testing import run_server
+
+MAKERS = [create_gymnasium_app, create_gymnasium_vector_app]
+
+
+class Counters(gymnasium.Env[np.ndarray, np.int64]):
+    """Observes integers from anywhere in its space's dtype (as a Box made with
+    infinite bounds does)."""
+
+    def __init__(self, dtype: type[np.integer[Any]] = np.int64) -> None:
+        bounds = np.iinfo(dtype)
+        self.observation_space = spaces.Box(bounds.min, bounds.max, (2,), dtype=dtype)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        return self.observation_space.sample(), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_integer_boxes_spanning_their_dtype_keep_their_bounds(
+    make_app: Callable[..., Any], dtype: type[np.integer[Any]]
+) -> None:
+    factory = functools.partial(Counters, dtype)
+    here = SyncVectorEnv([factory] * 2)
+    with run_server(make_app(factory, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, 2)
+        try:
+            # Through float64, the top bound (2**63 - 1, 2**64 - 1) came back as the bottom one.
+            assert remote.single_observation_space == here.single_observation_space
+            assert remote.observation_space == here.observation_space
+            want, _ = here.reset(seed=3)
+            got, _ = remote.reset(seed=3)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+            assert remote.observation_space.contains(got)
+            got = remote.step(np.array([0, 1]))[0]
+            np.testing.assert_array_equal(got, here.step(np.array([0, 1]))[0])
+        finally:
+            remote.close()
+            here.close()
