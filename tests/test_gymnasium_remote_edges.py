@@ -4,6 +4,8 @@ stretch their dtype, clients dropped without ``close()``, seeds that do not fit.
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -12,9 +14,11 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
+from servers import slots_free
 
 from openenv import ConcurrencyConfig
 from openenv.adapters.gymnasium import (
+    RemoteGymnasiumEnv,
     RemoteVectorEnv,
     create_gymnasium_app,
     create_gymnasium_vector_app,
@@ -67,3 +71,27 @@ def test_integer_boxes_spanning_their_dtype_keep_their_bounds(
         finally:
             remote.close()
             here.close()
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+async def test_a_remote_env_dropped_without_close_frees_its_slots(
+    make_app: Callable[..., Any],
+) -> None:
+    # Two slots: each client below needs them all, so a leaked one fails the next.
+    with run_server(make_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=2))) as url:
+        for _ in range(3):
+            envs = RemoteVectorEnv(url, 2 if make_app is create_gymnasium_app else 1)
+            envs.reset(seed=0)
+            envs.step(envs.action_space.sample())
+            dropped = weakref.ref(envs)
+            del envs
+            gc.collect()
+            assert dropped() is None  # its connection's keepalive does not keep it alive
+            await slots_free(url)
+        env = RemoteGymnasiumEnv(url)
+        env.reset(seed=0)
+        single = weakref.ref(env)
+        del env
+        gc.collect()
+        assert single() is None
+        await slots_free(url)
