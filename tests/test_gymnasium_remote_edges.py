@@ -95,3 +95,41 @@ async def test_a_remote_env_dropped_without_close_frees_its_slots(
         gc.collect()
         assert single() is None
         await slots_free(url)
+
+
+class Labelled(gymnasium.Env[np.ndarray, np.int64]):
+    """Infos of texts and of lists mixing numbers and texts."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (1,))
+    action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {"label": "start", "pair": [1, "a"]}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.zeros(1, np.float32), 0.0, False, False, {"label": "b" * (1 + int(action))}
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+def test_infos_of_texts_and_mixed_lists_arrive_as_sync_vector_env_gives_them(
+    make_app: Callable[..., Any],
+) -> None:
+    here = SyncVectorEnv([Labelled] * 2)
+    with run_server(make_app(Labelled, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, 2)
+        try:
+            got, want = remote.reset(seed=0)[1], here.reset(seed=0)[1]
+            # A vector session's infos made [1, "a"] the strings ["1", "a"].
+            assert [list(pair) for pair in got["pair"]] == [[1, "a"], [1, "a"]]
+            assert got["label"].dtype == want["label"].dtype == object
+            assert got["label"].tolist() == want["label"].tolist()
+            actions = np.array([0, 1])
+            got, want = remote.step(actions)[4], here.step(actions)[4]
+            assert got["label"].dtype == object
+            assert got["label"].tolist() == want["label"].tolist() == ["b", "bb"]
+        finally:
+            remote.close()
+            here.close()

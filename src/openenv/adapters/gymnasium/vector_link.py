@@ -190,8 +190,8 @@ def seconds_until(deadline: float) -> float:
 
 
 def decode_infos(value: Any) -> Any:
-    """A batched info dict from JSON: numbers and flags as arrays, anything ragged
-    (``final_obs`` of environments that did not finish is ``None``) as object arrays.
+    """A batched info dict from JSON: numbers and flags as arrays, anything else
+    (texts; ``final_obs`` of environments that did not finish is ``None``) as object arrays.
 
     >>> infos = decode_infos({"_final_obs": [True, False], "final_obs": [[0.5, 1.0], None]})
     >>> infos["_final_obs"], infos["final_obs"][0], infos["final_obs"][1]
@@ -203,12 +203,25 @@ def decode_infos(value: Any) -> Any:
         return value
     with contextlib.suppress(ValueError):
         array = np.asarray(value)
-        if array.dtype != object:
+        # Numbers and flags only: numpy would make [1, "a"] the strings ["1", "a"],
+        # and a batch of texts is an object array in SyncVectorEnv, not "<U".
+        if array.dtype.kind in "biuf":
             return array
     out = np.empty(len(value), dtype=object)
     for i, item in enumerate(value):
-        out[i] = decode_infos(item)
+        out[i] = _decode_item(item)
     return out
+
+
+def _decode_item(item: Any) -> Any:
+    """One environment's entry of a batch: numbers as an array, other lists as they came."""
+    if not isinstance(item, list):
+        return decode_infos(item)
+    with contextlib.suppress(ValueError):
+        array = np.asarray(item)
+        if array.dtype.kind in "biuf":
+            return array
+    return item
 
 
 def final_observations(infos: dict[str, Any], space: gymnasium.Space[Any]) -> dict[str, Any]:
