@@ -133,3 +133,21 @@ def test_infos_of_texts_and_mixed_lists_arrive_as_sync_vector_env_gives_them(
         finally:
             remote.close()
             here.close()
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+def test_a_wrong_number_of_seeds_is_a_value_error_as_in_sync_vector_env(
+    make_app: Callable[..., Any],
+) -> None:
+    here = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+    with run_server(make_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=2))) as url:
+        remote = RemoteVectorEnv(url, 2)
+        try:
+            for envs in (here, remote):
+                # A vector session's server refused it: an EnvExecutionError.
+                with pytest.raises(ValueError, match="num_envs=2"):
+                    envs.reset(seed=[1, 2, 3])
+            np.testing.assert_array_equal(remote.reset(seed=[4, 5])[0], here.reset(seed=[4, 5])[0])
+        finally:
+            remote.close()
+            here.close()

@@ -186,16 +186,16 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """Reset every environment (or those of ``options["reset_mask"]``)."""
         if options and "reset_mask" in options:
             _check_mask(options["reset_mask"], self.num_envs)
-        if self._link is not None:
-            return self._batched(self._link.reset(seed, _listed(options)))
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, int):
             seeds = [seed + i for i in range(self.num_envs)]
         else:
             seeds = list(seed)
-        if len(seeds) != self.num_envs:
+        if len(seeds) != self.num_envs:  # before either kind of server hears of it
             raise ValueError(f"{len(seeds)} seeds for num_envs={self.num_envs}")
+        if self._link is not None:
+            return self._batched(self._link.reset(seed, _listed(options)))
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         if mask is None:
