@@ -13,6 +13,7 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium import spaces
+from gymnasium.utils.env_match import check_environments_match
 from gymnasium.vector import SyncVectorEnv
 from servers import slots_free
 
@@ -151,3 +152,37 @@ def test_a_wrong_number_of_seeds_is_a_value_error_as_in_sync_vector_env(
         finally:
             remote.close()
             here.close()
+
+
+class Scalars(gymnasium.Env[dict[str, Any], np.int64]):
+    """Observes 0-d arrays, on their own and nested."""
+
+    def __init__(self) -> None:  # a space (and its generator) of its own
+        self.observation_space = spaces.Dict(
+            {"x": spaces.Box(-1.0, 1.0, ()), "t": spaces.Tuple((spaces.Box(0.0, 9.0, ()),))}
+        )
+        self.action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        return self.observation_space.sample(), {}
+
+    def step(self, action: np.int64) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+def test_one_remote_environment_gives_0_d_observations_as_arrays() -> None:
+    with run_server(create_gymnasium_app(Scalars)) as url:
+        remote = RemoteGymnasiumEnv(url)
+        try:
+            observation, _ = remote.reset(seed=1)
+            # Gymnasium's iterate made them numpy scalars.
+            assert isinstance(observation["x"], np.ndarray)
+            assert observation["x"].shape == ()
+            assert isinstance(observation["t"][0], np.ndarray)
+            check_environments_match(Scalars(), remote, num_steps=5, seed=2, skip_render=True)
+        finally:
+            remote.close()
