@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.utils.env_match import check_environments_match
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 
-from openenv import ConcurrencyConfig
+from openenv import ConcurrencyConfig, EnvExecutionError
 from openenv.adapters.gymnasium import (
     RemoteGymnasiumEnv,
     RemoteVectorEnv,
@@ -186,3 +186,27 @@ def test_one_remote_environment_gives_0_d_observations_as_arrays() -> None:
             check_environments_match(Scalars(), remote, num_steps=5, seed=2, skip_render=True)
         finally:
             remote.close()
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+def test_without_autoreset_a_step_before_resetting_ended_envs_steps_none(
+    make_app: Callable[..., Any],
+) -> None:
+    settings = {"make_kwargs": {"max_episode_steps": 2}}
+    app = make_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=2), **settings)
+    with run_server(app) as url:
+        envs = RemoteVectorEnv(url, 2, autoreset_mode=AutoresetMode.DISABLED)
+        try:
+            envs.reset(seed=0)
+            envs.step(np.array([0, 1]))
+            assert envs.step(np.array([0, 1]))[3].all()  # both truncated at the time limit
+            envs.reset(options={"reset_mask": np.array([True, False])})
+            with pytest.raises(EnvExecutionError, match=r"environments \[1\]") as refused:
+                envs.step(np.array([0, 1]))  # environment 1 was not reset
+            assert refused.value.details["envs"] == [1]
+            envs.reset(options={"reset_mask": np.array([False, True])})
+            # Environment 0 stepped once since its reset, not twice: its episode goes on.
+            truncations = envs.step(np.array([0, 1]))[3]
+            np.testing.assert_array_equal(truncations, [False, False])
+        finally:
+            envs.close()

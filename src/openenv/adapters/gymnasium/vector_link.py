@@ -26,6 +26,7 @@ from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
     EnvTimeoutError,
     SessionClosedError,
+    server_error,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "VectorLink",
     "decode_infos",
     "final_observations",
+    "refuse_unreset",
     "seconds_until",
     "stack_lists",
 ]
@@ -178,6 +180,22 @@ def _answer(frame: str | bytes, kind: str, request_id: int) -> dict[str, Any] | 
         if missing:
             raise KeyError(f"a batch without {', '.join(missing)}")
     return data
+
+
+def refuse_unreset(mode: AutoresetMode, ended: np.ndarray[Any, Any]) -> None:
+    """Refuse a step, before any environment takes it, while ``DISABLED`` autoreset
+    leaves environments whose episode ended unreset (``ended``). ``SyncVectorEnv``
+    asserts midway, after stepping those before; here the others would step, their
+    results lost with the call's error, and end their episodes a step early."""
+    if mode is AutoresetMode.DISABLED and ended.any():
+        envs = np.flatnonzero(ended).tolist()
+        raise server_error(
+            protocol.ErrorCode.EXECUTION_ERROR,
+            f"the episodes of environments {envs} are over and autoreset_mode is DISABLED: "
+            "reset them first (reset(), or reset(options={'reset_mask': mask})); "
+            "no environment stepped",
+            {"envs": envs},
+        )
 
 
 def seconds_until(deadline: float) -> float:
