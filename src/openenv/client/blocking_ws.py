@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -119,9 +120,15 @@ class BlockingWebSocket:
         except BaseException:
             self._sock.close()
             raise
+        # The thread holds the connection weakly, and dropping it unclosed hangs
+        # up: a forgotten client frees its server's slots (and this thread).
         self._keeper = threading.Thread(
-            target=self._keep_alive, args=(keepalive,), name="openenv-ws-keepalive", daemon=True
+            target=_keep_alive,
+            args=(weakref.ref(self), self._stop, keepalive),
+            name="openenv-ws-keepalive",
+            daemon=True,
         )
+        weakref.finalize(self, _hang_up, self._stop, self._sock).atexit = False
         self._keeper.start()
 
     @property
@@ -266,13 +273,29 @@ class BlockingWebSocket:
             protocol.close_rcvd, protocol.close_sent, protocol.close_rcvd_then_sent
         )
 
-    def _keep_alive(self, every: float) -> None:
-        while not self._stop.wait(every):
-            if not self._lock.acquire(blocking=False):
-                continue  # a call is reading: it answers the pings itself
-            try:
-                self._poll(until=0.0)  # what has come, without waiting for more
-            except (OSError, ConnectionClosed):
-                pass  # the next call hears of it
-            finally:
-                self._lock.release()
+    def _read_idle(self) -> None:
+        """Read what has come (answering pings), unless a call is reading already."""
+        if not self._lock.acquire(blocking=False):
+            return  # a call is reading: it answers the pings itself
+        try:
+            self._poll(until=0.0)  # what has come, without waiting for more
+        except (OSError, ConnectionClosed):
+            pass  # the next call hears of it
+        finally:
+            self._lock.release()
+
+
+def _keep_alive(
+    connection: weakref.ref[BlockingWebSocket], stop: threading.Event, every: float
+) -> None:
+    while not stop.wait(every):
+        ws = connection()
+        if ws is None:
+            return
+        ws._read_idle()
+        del ws  # not held while waiting
+
+
+def _hang_up(stop: threading.Event, sock: socket.socket) -> None:
+    stop.set()
+    sock.close()

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import datetime
+import math
 import random
 import re
 import string
@@ -150,28 +151,36 @@ class _Sampler:
     def _integer(self, schema: dict[str, Any], where: str) -> int:
         low, high = -100, 100
         if "minimum" in schema:
-            low = int(schema["minimum"])
+            low = math.ceil(schema["minimum"])
             high = max(high, low)
         if "exclusiveMinimum" in schema:
-            low = int(schema["exclusiveMinimum"]) + 1
+            low = math.floor(schema["exclusiveMinimum"]) + 1
             high = max(high, low)
         if "maximum" in schema:
-            high = int(schema["maximum"])
+            high = math.floor(schema["maximum"])
             low = min(low, high)
         if "exclusiveMaximum" in schema:
-            high = int(schema["exclusiveMaximum"]) - 1
+            high = math.ceil(schema["exclusiveMaximum"]) - 1
             low = min(low, high)
         step = int(schema.get("multipleOf", 1))
-        choices = range(-(-low // step) * step, high + 1, step)
-        if not choices:
+        first = -(-low // step) * step
+        if first > high:
             raise TypeError(f"RandomAgent cannot sample {where}: no integer fits {schema}")
-        return self.rng.choice(choices)
+        # randrange, not choice(range(...)): a range past 2**63 (int64's whole
+        # span) has no len(). The same draws as choice otherwise.
+        return self.rng.randrange(first, high + 1, step)
 
     def _number(self, schema: dict[str, Any], where: str) -> float:
         if "multipleOf" in schema:
             return float(self._integer(schema, where))
-        low = float(schema.get("minimum", schema.get("exclusiveMinimum", -100.0)))
-        high = float(schema.get("maximum", schema.get("exclusiveMaximum", max(100.0, low + 1))))
+        given_low = schema.get("minimum", schema.get("exclusiveMinimum"))
+        given_high = schema.get("maximum", schema.get("exclusiveMaximum"))
+        # Unbounded sides are drawn within 100 of zero, or just past the other bound.
+        if given_low is not None:
+            low = float(given_low)
+        else:
+            low = -100.0 if given_high is None else min(-100.0, float(given_high) - 1.0)
+        high = float(given_high) if given_high is not None else max(100.0, low + 1)
         value = self.rng.uniform(low, high)
         # An exclusive bound excludes its end point, which uniform() may return.
         if value == schema.get("exclusiveMinimum") or value == schema.get("exclusiveMaximum"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
+import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
@@ -56,6 +57,15 @@ class RemoteGymnasiumEnv(gymnasium.Env[Any, Any]):
 
 
 def _first(space: gymnasium.Space[Any], batched: Any) -> Any:
+    """Environment 0's value of a batch of one, arrays as arrays: ``iterate`` gives a
+    0-d ``Box``'s value as a numpy scalar, where the environment gave a 0-d array."""
+    spaces = gymnasium.spaces
+    if isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary):
+        return np.array(batched[0], dtype=space.dtype)
+    if isinstance(space, spaces.Dict):
+        return {key: _first(sub, batched[key]) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_first(sub, item) for sub, item in zip(space, batched, strict=True))
     return next(iter(iterate(batch_space(space, 1), batched)))
 
 

@@ -38,7 +38,7 @@ __all__ = [
     "to_json",
 ]
 
-# A 1-D Box with per-element bounds up to this long gets one schema per element.
+# A Box with per-element bounds of up to this many elements gets one schema per element.
 _MAX_PREFIX_ITEMS = 32
 _HUGE = float(np.finfo(np.float32).max)
 _SUPPORTED = "Discrete, Box, MultiDiscrete, MultiBinary, Dict and Tuple"
@@ -175,15 +175,23 @@ def _array(item: type, low: Any, high: Any, enforce: bool) -> Any:
         element = Annotated[list[element], Field(min_length=size, max_length=size)]
     size = low.shape[0]
     uniform = bool((low == low.flat[0]).all() and (high == high.flat[0]).all())
-    if low.ndim == 1 and not uniform and size <= _MAX_PREFIX_ITEMS:
-        # The schema gives each element its own bounds (JSON Schema's prefixItems).
-        bounds = zip(low.tolist(), high.tolist(), strict=True)
-        prefix = [_item_schema(item, lo, hi) for lo, hi in bounds]
+    if not uniform and low.size <= _MAX_PREFIX_ITEMS:
+        # The schema gives each element its own bounds (JSON Schema's prefixItems,
+        # per axis), so that a value drawn from it (RandomAgent's) is in the space.
+        prefix = [_nested_schema(item, low[i], high[i]) for i in range(size)]
         per_item = functools.partial(_use_prefix_items, prefix)
         return Annotated[
             list[element], Field(min_length=size, max_length=size, json_schema_extra=per_item)
         ]
     return Annotated[list[element], Field(min_length=size, max_length=size)]
+
+
+def _nested_schema(item: type, low: np.ndarray[Any, Any], high: np.ndarray[Any, Any]) -> JsonDict:
+    if low.ndim == 0:
+        return _item_schema(item, low.item(), high.item())
+    size = low.shape[0]
+    prefix: list[JsonDict] = [_nested_schema(item, low[i], high[i]) for i in range(size)]
+    return {"type": "array", "prefixItems": list(prefix), "minItems": size, "maxItems": size}
 
 
 def _item_schema(item: type, low: float, high: float) -> JsonDict:
@@ -236,6 +244,9 @@ def describe(space: spaces.Space[Any]) -> dict[str, Any]:
     >>> space = spaces.Dict({"pos": spaces.Box(-1.0, np.inf, (2,)), "mode": spaces.Discrete(3)})
     >>> rebuild(describe(space)) == space
     True
+    >>> full = spaces.Box(-np.inf, np.inf, (2,), dtype=np.int64)  # int64's whole range
+    >>> rebuild(describe(full)) == full
+    True
     """
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
@@ -273,8 +284,10 @@ def rebuild(description: Mapping[str, Any]) -> spaces.Space[Any]:
         return spaces.Discrete(description["n"], start=description["start"])
     if kind == "Box":
         dtype = np.dtype(description["dtype"])
-        low = np.asarray(description["low"], dtype=np.float64).astype(dtype)
-        high = np.asarray(description["high"], dtype=np.float64).astype(dtype)
+        # Integer bounds are JSON integers; float ones may be "inf" text.
+        read_as = dtype if np.issubdtype(dtype, np.integer) else np.float64
+        low = np.asarray(description["low"], dtype=read_as).astype(dtype)
+        high = np.asarray(description["high"], dtype=read_as).astype(dtype)
         return spaces.Box(low, high, tuple(description["shape"]), dtype=dtype)
     if kind == "MultiDiscrete":
         return spaces.MultiDiscrete(
@@ -290,6 +303,10 @@ def rebuild(description: Mapping[str, Any]) -> spaces.Space[Any]:
 
 
 def _finite_or_text(values: np.ndarray[Any, Any]) -> Any:
+    if np.issubdtype(values.dtype, np.integer):
+        # Exact: through float64, int64's largest (a Box made with infinite
+        # bounds has it) would come back as its smallest.
+        return values.tolist()
     as_float = np.asarray(values, dtype=np.float64)
     if np.isfinite(as_float).all():
         return as_float.tolist()

@@ -49,6 +49,7 @@ from openenv.adapters.gymnasium.vector_link import (
     VectorLink,
     decode_infos,
     final_observations,
+    refuse_unreset,
     seconds_until,
     stack_lists,
 )
@@ -186,16 +187,18 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """Reset every environment (or those of ``options["reset_mask"]``)."""
         if options and "reset_mask" in options:
             _check_mask(options["reset_mask"], self.num_envs)
-        if self._link is not None:
-            return self._batched(self._link.reset(seed, _listed(options)))
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, int):
             seeds = [seed + i for i in range(self.num_envs)]
         else:
             seeds = list(seed)
-        if len(seeds) != self.num_envs:
+        if len(seeds) != self.num_envs:  # before either kind of server hears of it
             raise ValueError(f"{len(seeds)} seeds for num_envs={self.num_envs}")
+        if self._link is not None:
+            batch = self._batched(self._link.reset(seed, _listed(options)))
+            self._autoreset_envs[(options or {}).get("reset_mask", slice(None))] = False
+            return batch
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         if mask is None:
@@ -222,16 +225,15 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every environment with its action (autoresetting as ``SyncVectorEnv``)."""
+        refuse_unreset(self.autoreset_mode, self._autoreset_envs)
         if self._link is not None:
             fields = self._link.step(actions)
             batch, batch_infos = self._batched(fields)
-            return (
-                batch,
-                np.asarray(fields["rewards"], dtype=np.float64),
-                np.asarray(fields["terminations"], dtype=np.bool_),
-                np.asarray(fields["truncations"], dtype=np.bool_),
-                batch_infos,
-            )
+            terminations = np.asarray(fields["terminations"], dtype=np.bool_)
+            truncations = np.asarray(fields["truncations"], dtype=np.bool_)
+            self._autoreset_envs = terminations | truncations
+            rewards = np.asarray(fields["rewards"], dtype=np.float64)
+            return batch, rewards, terminations, truncations, batch_infos
         values = self._checked(actions)
         requests: list[tuple[str, dict[str, Any] | None] | None] = []
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP

@@ -26,6 +26,7 @@ from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
     EnvTimeoutError,
     SessionClosedError,
+    server_error,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "VectorLink",
     "decode_infos",
     "final_observations",
+    "refuse_unreset",
     "seconds_until",
     "stack_lists",
 ]
@@ -180,6 +182,22 @@ def _answer(frame: str | bytes, kind: str, request_id: int) -> dict[str, Any] | 
     return data
 
 
+def refuse_unreset(mode: AutoresetMode, ended: np.ndarray[Any, Any]) -> None:
+    """Refuse a step, before any environment takes it, while ``DISABLED`` autoreset
+    leaves environments whose episode ended unreset (``ended``). ``SyncVectorEnv``
+    asserts midway, after stepping those before; here the others would step, their
+    results lost with the call's error, and end their episodes a step early."""
+    if mode is AutoresetMode.DISABLED and ended.any():
+        envs = np.flatnonzero(ended).tolist()
+        raise server_error(
+            protocol.ErrorCode.EXECUTION_ERROR,
+            f"the episodes of environments {envs} are over and autoreset_mode is DISABLED: "
+            "reset them first (reset(), or reset(options={'reset_mask': mask})); "
+            "no environment stepped",
+            {"envs": envs},
+        )
+
+
 def seconds_until(deadline: float) -> float:
     """Seconds left until ``deadline`` (``time.monotonic()``); ``TimeoutError`` if none
     are: a frame already in would be handed out by ``recv`` however late."""
@@ -190,8 +208,8 @@ def seconds_until(deadline: float) -> float:
 
 
 def decode_infos(value: Any) -> Any:
-    """A batched info dict from JSON: numbers and flags as arrays, anything ragged
-    (``final_obs`` of environments that did not finish is ``None``) as object arrays.
+    """A batched info dict from JSON: numbers and flags as arrays, anything else
+    (texts; ``final_obs`` of environments that did not finish is ``None``) as object arrays.
 
     >>> infos = decode_infos({"_final_obs": [True, False], "final_obs": [[0.5, 1.0], None]})
     >>> infos["_final_obs"], infos["final_obs"][0], infos["final_obs"][1]
@@ -203,12 +221,25 @@ def decode_infos(value: Any) -> Any:
         return value
     with contextlib.suppress(ValueError):
         array = np.asarray(value)
-        if array.dtype != object:
+        # Numbers and flags only: numpy would make [1, "a"] the strings ["1", "a"],
+        # and a batch of texts is an object array in SyncVectorEnv, not "<U".
+        if array.dtype.kind in "biuf":
             return array
     out = np.empty(len(value), dtype=object)
     for i, item in enumerate(value):
-        out[i] = decode_infos(item)
+        out[i] = _decode_item(item)
     return out
+
+
+def _decode_item(item: Any) -> Any:
+    """One environment's entry of a batch: numbers as an array, other lists as they came."""
+    if not isinstance(item, list):
+        return decode_infos(item)
+    with contextlib.suppress(ValueError):
+        array = np.asarray(item)
+        if array.dtype.kind in "biuf":
+            return array
+    return item
 
 
 def final_observations(infos: dict[str, Any], space: gymnasium.Space[Any]) -> dict[str, Any]:
