@@ -191,8 +191,20 @@ def write_results(results: list[TaskResult], path: Path) -> None:
             file.write(_line(result))
 
 
+# NumPy scalars and arrays as numbers and lists, dict keys such as 1 as "1".
+_JSON = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
 def _line(result: TaskResult) -> bytes:
-    return orjson.dumps(result.to_dict(), default=repr) + b"\n"
+    data = result.to_dict()
+    try:
+        return orjson.dumps(data, default=repr, option=_JSON)
+    except TypeError:
+        # A value orjson refuses even with repr to fall back on (an int past 64
+        # bits, a tuple key): the whole value as its repr, not a run that ends
+        # with its results unwritten.
+        data["value"] = repr(result.value)
+        return orjson.dumps(data, default=repr, option=_JSON)
 
 
 def _play(
