@@ -165,8 +165,11 @@ def run(
         fail(exc, 2)
     results = [fresh[t.id] if t.id in fresh else kept[t.id] for t in batch]
     if out is not None:  # complete: the same lines, now in task order
+        # Resumed with fewer --tasks: the results of tasks past them stay, after these.
+        ids = {t.id for t in batch}
+        others = [r for task_id, r in kept.items() if task_id not in ids]
         staged = out.with_name(f".{out.name}.partial")
-        write_results(results, staged)
+        write_results(results + others, staged)
         os.replace(staged, out)
     render_summary(results, elapsed, console)
     if out is not None:
