@@ -253,3 +253,12 @@ async def held_echo(session: EpisodeSession) -> str:
 async def answer_agent(session: EpisodeSession) -> str:
     """Answers its task's input, with no environment: an AWorld-style agent."""
     return f"answer to {session.input}"
+
+
+async def odd_value_agent(session: EpisodeSession) -> Any:
+    """Returns what agents return and JSON has no direct spelling for."""
+    import numpy as np
+
+    if session.task.id == "task-0":
+        return {1: "one", "score": np.float32(0.5), "logits": np.arange(3)}
+    return 2**70  # past orjson's 64 bits

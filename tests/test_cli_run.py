@@ -258,3 +258,30 @@ def test_resume_drops_a_half_written_last_line_and_plays_its_task(
     assert "resuming: 1 of 3 tasks done" in outcome.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["task_id"], r["status"]) for r in rows] == [(f"task-{i}", "ok") for i in range(3)]
+
+
+def test_out_keeps_results_whose_values_are_not_plain_json(echo_url: str, tmp_path: Path) -> None:
+    """An int-keyed dict, NumPy numbers, a huge int: written, not the run ended with exit 2."""
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--agent", "runtime_agents:odd_value_agent"]
+    outcome = runner.invoke(app, [*command, "--tasks", "2", "--out", str(out)])
+    assert outcome.exit_code == 0, outcome.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["value"] for r in rows] == [
+        {"1": "one", "score": 0.5, "logits": [0, 1, 2]},
+        str(2**70),
+    ]
+
+
+def test_resume_with_fewer_tasks_keeps_the_results_of_the_others(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """--resume "keeps the results already in --out": none is dropped when the file is redone."""
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--max-steps", "1", "--out", str(out)]
+    assert runner.invoke(app, [*command, "--tasks", "4"]).exit_code == 0
+    before = out.read_text().splitlines()
+    outcome = runner.invoke(app, [*command, "--tasks", "2", "--resume"])
+    assert outcome.exit_code == 0, outcome.output
+    assert "2 (2 ok, 0 error, 0 timeout)" in outcome.output  # the summary is of this run's tasks
+    assert out.read_text().splitlines() == before

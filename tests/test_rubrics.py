@@ -113,3 +113,42 @@ def test_plain_parts_score_on_a_running_loop_and_async_parts_say_how() -> None:
 def test_mismatched_weights_fail_at_construction() -> None:
     with pytest.raises(ValueError, match="2 parts but 3 weights"):
         WeightedSum([Fixed(1), Fixed(1)], weights=[1, 1, 1])
+
+
+@pytest.mark.parametrize("scoring", ["plain", "async"])
+def test_parts_sequential_skips_report_no_score_of_an_earlier_step(scoring: str) -> None:
+    """A part skipped after a zero shows None (and no error), not what it scored last step."""
+
+    class Compiles(Rubric):
+        def forward(self, action: Any, observation: Any) -> float:
+            return 1.0 if action == "good" else 0.0
+
+    class Judge(Rubric):
+        def forward(self, action: Any, observation: Any) -> float:
+            if action == "flaky":
+                raise ConnectionError("judge unreachable")
+            return 0.9
+
+    rubric = Sequential(Compiles(), WeightedSum({"judge": Judge()}, weights=[1.0]))
+
+    def score(action: str) -> dict[str, Any]:
+        if scoring == "plain":
+            rubric(action, Observation())
+        else:
+            asyncio.run(rubric.evaluate(action, Observation()))
+        return rubric.annotate(Observation()).metadata
+
+    assert score("good")["reward_parts"] == {"part0": 1.0, "part1": 0.9, "part1.judge": 0.9}
+    assert score("bad") == {"reward_parts": {"part0": 0.0, "part1": None, "part1.judge": None}}
+    rubric.part0 = Fixed(1.0)  # the judge runs, and fails
+    assert score("flaky")["reward_errors"] == {"part1.judge": "ConnectionError: judge unreachable"}
+    rubric.part0 = Fixed(0.0)
+    assert "reward_errors" not in score("flaky")  # skipped: the last step's error is not this one's
+
+
+def test_weights_by_name_must_name_every_part_and_only_them() -> None:
+    parts = {"solved": Fixed(1), "short": Fixed(1)}
+    with pytest.raises(ValueError, match=r"no weight for part 'short'"):
+        WeightedSum(parts, weights={"solved": 1.0})
+    with pytest.raises(ValueError, match=r"weights for no part: 'shrot'.*parts: solved, short"):
+        WeightedSum(parts, weights={"solved": 1.0, "short": 0.5, "shrot": 0.5})

@@ -147,6 +147,15 @@ def test_task_checks_its_arguments() -> None:
         Task(id="", env=EchoEnvironment, agent=echo_agent)
 
 
+def test_an_agent_class_instead_of_an_instance_is_refused_naming_the_fix() -> None:
+    # Played as is, every episode failed: "act() missing 1 required positional argument".
+    with pytest.raises(
+        TypeError, match=r"agent is the class AsyncCounter; .* agent=AsyncCounter\(\)"
+    ):
+        Task(id="t", env=EchoEnvironment, agent=AsyncCounter)
+    assert Task(id="t", env=EchoEnvironment, agent=AsyncCounter()).agent is not None
+
+
 def test_task_ids_must_be_unique() -> None:
     tasks = [factory_task("same", echo_agent), factory_task("same", echo_agent)]
     with pytest.raises(ValueError, match="repeated: same"):

@@ -26,6 +26,7 @@ import pytest
 from runtime_agents import (
     BlockingActor,
     Shouter,
+    answer_agent,
     blocking_async_agent,
     echo_agent,
     thread_stuck_agent,
@@ -485,3 +486,25 @@ def test_a_start_timeout_that_is_met_changes_nothing(
     tasks = [echo_task(f"t{i}", echo_agent) for i in range(4)]
     config = RunConfig(**engine(request, name), start_timeout=SLACK, progress=False)
     assert {r.status.value for r in Runners.sync_run_task(tasks, config)} == {"ok"}
+
+
+def test_a_huge_max_concurrency_costs_worker_engines_nothing_for_a_few_tasks() -> None:
+    """``max_concurrency`` as "no bound" on worker processes: the few tasks run at once.
+
+    It made a slot coroutine per unit of ``max_concurrency``: three tasks took a
+    minute and gigabytes.
+    """
+    tasks = [Task(id=f"t{i}", agent=answer_agent, input=i) for i in range(3)]
+    config = RunConfig(worker_num=2, max_concurrency=10**6, progress=False)
+    results: list[Any] = []
+    done = threading.Event()
+
+    def play() -> None:
+        results.extend(Runners.sync_run_task(tasks, config))
+        done.set()
+
+    threading.Thread(target=play, daemon=True).start()
+    assert done.wait(30), "three trivial tasks done within 30 s"
+    assert [(r.status.value, r.value) for r in results] == [
+        ("ok", f"answer to {i}") for i in range(3)
+    ]

@@ -383,3 +383,17 @@ def test_an_episode_whose_recording_fails_still_gives_back_its_session(tmp_path:
         results = Runners.sync_run_task(tasks, config)
     assert played == ["t0", "t1"]
     assert [r.error.type if r.error else None for r in results] == ["FileExistsError"] * 2
+
+
+def test_the_record_folder_may_be_a_path(tmp_path: Path) -> None:
+    """``RunConfig(record=tmp_path / "rec")``: refused as "not a valid string" before."""
+
+    async def say_hi(session: EpisodeSession) -> None:
+        await session.reset()
+        await session.step(EchoAction(message="hi"))
+
+    config = RunConfig(record=tmp_path / "rec", progress=False)  # type: ignore[arg-type]
+    assert config.record == str(tmp_path / "rec")
+    results = Runners.sync_run_task([Task(id="p0", env=EchoEnvironment, agent=say_hi)], config)
+    assert results[0].ok, results[0].msg
+    assert [(e.session, len(e.steps)) for e in load(tmp_path / "rec")] == [("p0", 2)]

@@ -12,6 +12,7 @@ is replaced by fixed tool calls; everything else is a real server and client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import multiprocessing
 import socket
@@ -21,12 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from servers import slots_free
+from servers import Ping, PingEnvironment, Pong, slots_free
 from tcp_proxy import TcpProxy
 
 from echo_env import EchoAction, EchoEnv, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, ConnectionFailedError, TRLEnv, create_app
+from openenv import ConcurrencyConfig, ConnectionFailedError, EnvClient, State, TRLEnv, create_app
 from openenv.testing import run_server
 
 ROWS = [
@@ -289,3 +290,54 @@ def _bound_port(sock: socket.socket) -> int:
     sock.bind(("127.0.0.1", 0))
     port: int = sock.getsockname()[1]
     return port
+
+
+class PingClient(EnvClient[Ping, Pong, State]):
+    pass
+
+
+class CutShort(PingEnvironment):
+    """An ``async def`` step that hangs when asked to, until the server cancels it."""
+
+    async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
+        if action.block:
+            await asyncio.Event().wait()
+        return PingEnvironment.step(self, action)
+
+
+@pytest.mark.parametrize("environment", [PingEnvironment, CutShort])
+def test_a_step_the_server_timed_out_leaves_the_rollout_unscorable(environment: type) -> None:
+    """A step past the server's ``step_timeout`` may have been applied and rewarded
+    unseen (a blocking one runs on, its session ended; an async one was cut short
+    part-way), so the rollout's reward is unknown, as when its reply never came."""
+    gate = threading.Event()
+    factory = functools.partial(environment, None, gate)
+    # Room for the next episode's session while the overrun step holds its slot.
+    config = ConcurrencyConfig(max_concurrent_envs=2)
+    app = create_app(factory, Ping, Pong, config, step_timeout=0.2)
+    with run_server(app) as url:
+
+        class Pinger(TRLEnv):
+            client_cls = PingClient
+            base_url = url
+
+            def ping(self, block: bool = False) -> str:
+                """Ping the environment.
+
+                Args:
+                    block: Whether the step should hang.
+                """
+                return str(self._step(Ping(block=block)).message)
+
+        trainer = Trainer(Pinger)
+        try:
+            calls = [[call("ping"), call("ping", block=True)]]
+            replies, rewards = trainer.rollouts(ROWS[:1], calls)
+            assert replies[0][0] == "ping"
+            assert "did not return within 0.2s" in replies[0][1]
+            assert rewards == [None]
+            replies, rewards = trainer.rollouts(ROWS[:1], [[call("ping")]])  # a new episode
+            assert (replies, rewards) == ([["ping"]], [1.0])
+        finally:
+            trainer.pool[0]._close()
+            gate.set()  # the blocked step's thread ends, and the server with it

@@ -170,7 +170,7 @@ class WeightedSum(_Combined):
     ) -> None:
         super().__init__(parts)
         if isinstance(weights, Mapping):
-            weights = [weights[name] for name in self._parts]
+            weights = _by_name(weights, list(self._parts))
         if len(weights) != len(self._parts):
             raise ValueError(f"{len(self._parts)} parts but {len(weights)} weights")
         self.weights = [float(w) for w in weights]
@@ -209,17 +209,29 @@ class Sequential(_Combined):
 
     def _attempt(self, action: Any, observation: Any) -> float | BaseException:
         score = 0.0
-        for part in self._parts.values():
+        parts = list(self._parts.values())
+        for k, part in enumerate(parts):
             if (score := part(action, observation)) == 0:
+                _unscored(parts[k + 1 :])
                 return 0.0
         return score
 
     async def _attempt_async(self, action: Any, observation: Any) -> float | BaseException:
         score = 0.0
-        for part in self._parts.values():
+        parts = list(self._parts.values())
+        for k, part in enumerate(parts):
             if (score := await part.evaluate(action, observation)) == 0:
+                _unscored(parts[k + 1 :])
                 return 0.0
         return score
+
+
+def _unscored(skipped: list[Rubric]) -> None:
+    # Parts not scored this step: their last scores (and errors) are an earlier
+    # step's, and annotate() would report them as this one's.
+    for part in skipped:
+        for rubric in (part, *(below for _, below in part.parts())):
+            rubric.last_score = rubric.last_error = None
 
 
 class TrajectoryRubric(Rubric):
@@ -260,6 +272,18 @@ def _run_here(awaitable: Any) -> Any:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _by_name(weights: Mapping[str, float], names: list[str]) -> list[float]:
+    # A misspelt name would otherwise be a bare KeyError, or, beside a full
+    # set of weights, a weight silently never applied.
+    missing = [name for name in names if name not in weights]
+    if missing:
+        raise ValueError(f"no weight for part {missing[0]!r}; parts: {', '.join(names)}")
+    unknown = [repr(name) for name in weights if name not in names]
+    if unknown:
+        raise ValueError(f"weights for no part: {', '.join(unknown)}; parts: {', '.join(names)}")
+    return [weights[name] for name in names]
 
 
 def _numbered(parts: Sequence[Rubric]) -> Iterator[tuple[str, Rubric]]:

@@ -165,8 +165,11 @@ def run(
         fail(exc, 2)
     results = [fresh[t.id] if t.id in fresh else kept[t.id] for t in batch]
     if out is not None:  # complete: the same lines, now in task order
+        # Resumed with fewer --tasks: the results of tasks past them stay, after these.
+        ids = {t.id for t in batch}
+        others = [r for task_id, r in kept.items() if task_id not in ids]
         staged = out.with_name(f".{out.name}.partial")
-        write_results(results, staged)
+        write_results(results + others, staged)
         os.replace(staged, out)
     render_summary(results, elapsed, console)
     if out is not None:
@@ -191,8 +194,20 @@ def write_results(results: list[TaskResult], path: Path) -> None:
             file.write(_line(result))
 
 
+# NumPy scalars and arrays as numbers and lists, dict keys such as 1 as "1".
+_JSON = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
 def _line(result: TaskResult) -> bytes:
-    return orjson.dumps(result.to_dict(), default=repr) + b"\n"
+    data = result.to_dict()
+    try:
+        return orjson.dumps(data, default=repr, option=_JSON)
+    except TypeError:
+        # A value orjson refuses even with repr to fall back on (an int past 64
+        # bits, a tuple key): the whole value as its repr, not a run that ends
+        # with its results unwritten.
+        data["value"] = repr(result.value)
+        return orjson.dumps(data, default=repr, option=_JSON)
 
 
 def _play(

@@ -33,6 +33,7 @@ from openenv.client.pool import ServerPool
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
+    DeadlineError,
     EnvTimeoutError,
     SessionClosedError,
     SessionError,
@@ -40,6 +41,17 @@ from openenv.errors import (
 from openenv.types import Action
 
 __all__ = ["TRLEnv"]
+
+# A step that failed so: it may have changed the episode, and earned a reward,
+# unseen. DeadlineError is a step past the server's step_timeout: a blocking
+# one runs on (its session ended), an async one was cut short part-way.
+_UNSEEN = (
+    SessionClosedError,
+    SessionError,
+    ConnectionFailedError,
+    EnvTimeoutError,
+    DeadlineError,
+)
 
 
 class TRLEnv:
@@ -119,7 +131,8 @@ class TRLEnv:
         """The rewards of this episode's steps, summed; TRL calls this at the end.
 
         ``None`` if the session was lost mid-episode (a server restart, a
-        dropped connection, a reply that never came): that step may have been
+        dropped connection, a reply that never came, a step past the server's
+        ``step_timeout``): that step may have been
         applied and rewarded unseen, so the sum is unknown. TRL scores such a
         rollout as NaN and gives it no advantage, rather than teaching the
         model that its moves earned nothing.
@@ -132,7 +145,7 @@ class TRLEnv:
             raise RuntimeError("the episode is over; no more actions")
         try:
             result = self._client.step(action)
-        except (SessionClosedError, SessionError, ConnectionFailedError, EnvTimeoutError):
+        except _UNSEEN:
             self._lost = True
             raise  # TRL shows the model the error; the rollout is unscored
         self._reward += result.reward or 0.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,10 +60,11 @@ class RunConfig(BaseModel):
             are never retried.
         retry_backoff: Seconds before the first retry; doubles each time.
         progress: Show a progress bar; ``None``: when stderr is a terminal.
-        record: A folder to record every episode into, step by step, as JSON
-            Lines (one file per process; see ``openenv.runtime.recording``);
-            ``openenv.trajectories.load(folder)`` reads it back. A folder that
-            cannot be written to is a ``ValueError`` before any task starts.
+        record: A folder (a ``str`` or a ``Path``) to record every episode
+            into, step by step, as JSON Lines (one file per process; see
+            ``openenv.runtime.recording``); ``openenv.trajectories.load(folder)``
+            reads it back. A folder that cannot be written to is a
+            ``ValueError`` before any task starts.
         multiplex: Drive served environments over a few shared connections
             (openenv's protocol v2: many sessions per connection, their
             requests gathered into frames) when the server speaks it, else
@@ -94,6 +96,12 @@ class RunConfig(BaseModel):
     record: str | None = None
     multiplex: bool = True
     start_timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("record", mode="before")
+    @classmethod
+    def _a_folder(cls, value: object) -> object:
+        # A pathlib.Path (pytest's tmp_path / "runs") names a folder as well as a str.
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("engine_name", mode="before")
     @classmethod

@@ -292,6 +292,10 @@ async def serve(
     slots: int,
 ) -> None:
     """Run ``workers`` workers of ``slots`` slots each until every task has its result."""
+    # No worker plays more episodes at once than there are tasks: a huge
+    # max_concurrency (a run "without a bound") made a coroutine per slot, and
+    # two tasks took a minute and gigabytes.
+    slots = min(slots, len(dispatcher.tasks))
     reasons: list[str] = []
     holders: dict[int, RemoteWorker] = {}
     stopped: set[int] = set()  # id() of workers stopped for another task's stalled loop

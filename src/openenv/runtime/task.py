@@ -102,6 +102,13 @@ class Task:
             )
         if self.agent is None:
             raise TypeError(f"Task {self.id!r} needs an agent: Task(..., agent=...)")
+        if isinstance(self.agent, type):
+            # Played as is, its act() was called unbound and every episode
+            # failed with "act() missing 1 required positional argument".
+            name = self.agent.__name__
+            raise TypeError(
+                f"Task {self.id!r}: agent is the class {name}; pass an instance: agent={name}()"
+            )
         if not callable(getattr(self.agent, "act", None)) and not callable(self.agent):
             raise TypeError(
                 f"Task {self.id!r}: agent must be an `async def agent(session)` or an "
