@@ -12,12 +12,16 @@ stays strict JSON.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import gymnasium
 import httpx
+import numpy as np
 import orjson
 import pytest
+from gymnasium import spaces
+from gymnasium.vector import SyncVectorEnv
 from pydantic import BaseModel, field_serializer
 from websockets.asyncio.client import connect
 
@@ -30,6 +34,11 @@ from openenv import (
     State,
     WebSocketEnvClient,
     create_app,
+)
+from openenv.adapters.gymnasium import (
+    RemoteVectorEnv,
+    create_gymnasium_app,
+    create_gymnasium_vector_app,
 )
 from openenv.client import ws_url
 from openenv.testing import run_server
@@ -168,3 +177,40 @@ async def test_a_models_own_serializers_still_apply(rounded_url: str) -> None:
     assert step["data"]["reward"] == 0.4  # through the model's serializer
     assert step["data"]["observation"]["score"] == "Infinity"
     assert set(step["data"]["observation"]) == {"score", "trace", "where"}
+
+
+class Diverging(gymnasium.Env[np.ndarray, np.int64]):
+    """A simulation that blows up: its Box observations and infos hold ±inf and NaN."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, (3,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.array([0.5, np.inf, -np.inf], dtype=np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        seen = np.array([np.nan, -np.inf, 0.25], dtype=np.float32)
+        return seen, 1.0, False, False, {"energy": np.inf}
+
+
+@pytest.mark.parametrize("make_app", [create_gymnasium_app, create_gymnasium_vector_app])
+def test_a_remote_vector_env_gets_box_observations_and_infos_as_sync_vector_env(
+    make_app: Callable[..., Any],
+) -> None:
+    here = SyncVectorEnv([Diverging] * 2)
+    with run_server(make_app(Diverging, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, 2)
+        try:
+            np.testing.assert_array_equal(remote.reset(seed=1)[0], here.reset(seed=1)[0])
+            got, _, _, _, infos = remote.step(np.array([0, 1]))
+            want, _, _, _, want_infos = here.step(np.array([0, 1]))
+        finally:
+            remote.close()
+            here.close()
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # NaN where NaN, each inf with its sign
+    np.testing.assert_array_equal(infos["energy"], want_infos["energy"])

@@ -214,6 +214,8 @@ def decode_infos(value: Any) -> Any:
     >>> infos = decode_infos({"_final_obs": [True, False], "final_obs": [[0.5, 1.0], None]})
     >>> infos["_final_obs"], infos["final_obs"][0], infos["final_obs"][1]
     (array([ True, False]), array([0.5, 1. ]), None)
+    >>> decode_infos({"energy": [1.5, "-Infinity"], "names": ["NaN", "ok"]})
+    {'energy': array([ 1.5, -inf]), 'names': array(['NaN', 'ok'], dtype=object)}
     """
     if isinstance(value, dict):
         return {key: decode_infos(item) for key, item in value.items()}
@@ -225,10 +227,23 @@ def decode_infos(value: Any) -> Any:
         # and a batch of texts is an object array in SyncVectorEnv, not "<U".
         if array.dtype.kind in "biuf":
             return array
+        if array.dtype.kind == "U" and _non_finite(value):
+            return np.asarray([protocol.reward_from(item) for item in value], dtype=np.float64)
     out = np.empty(len(value), dtype=object)
     for i, item in enumerate(value):
         out[i] = _decode_item(item)
     return out
+
+
+def _non_finite(items: list[Any]) -> bool:
+    """Whether a batch of numbers has some written as JSON lacks them ("NaN",
+    "Infinity", "-Infinity"), and no other text."""
+    return all(
+        item in ("NaN", "Infinity", "-Infinity")
+        if isinstance(item, str)
+        else isinstance(item, int | float) and not isinstance(item, bool)
+        for item in items
+    )
 
 
 def _decode_item(item: Any) -> Any:
@@ -289,6 +304,11 @@ def _stacked(values: Any, present: Any) -> Any:
     if not isinstance(values, np.ndarray) or values.dtype != object:
         return values
     given = [values[i] for i in np.flatnonzero(present)]
+    if given and any(isinstance(item, str) for item in given) and _non_finite(given):
+        # Numbers, some NaN or infinite (written as text): SyncVectorEnv's floats.
+        numbers = np.zeros(len(values), dtype=np.float64)
+        numbers[np.asarray(present, dtype=np.bool_)] = [protocol.reward_from(i) for i in given]
+        return numbers
     if not given or not all(isinstance(item, list) for item in given):
         return values
     try:
