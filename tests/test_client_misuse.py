@@ -11,6 +11,7 @@ import signal
 import threading
 
 import httpx
+import numpy as np
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 
@@ -129,3 +130,39 @@ def test_clients_dropped_unclosed_free_their_sessions_when_collected() -> None:
         # lived; collected, each connection is closed and its slot freed.
         tracker.wait_closed(6)
         asyncio.run(slots_free(url))
+
+
+async def test_a_batch_with_another_clients_session_is_refused_before_anything_is_sent() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=4)) as url:
+        async with (
+            MuxClient(url, action_cls=Ping, observation_cls=Pong) as a,
+            MuxClient(url, action_cls=Ping, observation_cls=Pong) as b,
+        ):
+            (mine,) = await a.open(1)
+            (theirs,) = await b.open(1)
+            # Both are session 0 of their connection: sent on a's, b's step would step a's.
+            with pytest.raises(ValueError, match="another MuxClient"):
+                await a.step([mine, theirs], [Ping(), Ping()])
+            with pytest.raises(ValueError, match="another MuxClient"):
+                await a.close_sessions([theirs])
+            assert (await mine.state()).step_count == 0
+            assert not theirs.closed
+            assert [r.observation.count for r in await b.step([theirs], [Ping()])] == [1]
+        await slots_free(url)
+
+
+async def test_a_batch_reset_takes_numpy_integer_seeds() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            envs = await mux.open(2)
+            rng = np.random.default_rng(0)
+            seed = rng.integers(100, 200)  # a numpy integer, one for all
+            results = await mux.reset(envs, seed=seed)
+            assert [r.observation.message for r in results] == [f"reset:{seed}"] * 2
+            results = await mux.reset(envs, seed=np.arange(2))
+            assert [r.observation.message for r in results] == ["reset:0", "reset:1"]
+            with pytest.raises(TypeError):
+                await mux.reset(envs, seed=1.5)  # type: ignore[arg-type]
+        await slots_free(url)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -233,12 +234,12 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         **kwargs: Any,
     ) -> list[StepResult[ObsT]]:
         """Reset every session in one frame; ``seed`` is one per session (or one for all)."""
-        if seed is None or isinstance(seed, int):
-            seeds: list[int | None] = [seed] * len(sessions)
-        else:
-            seeds = list(seed)
+        if isinstance(seed, Iterable):
+            seeds: list[int | None] = list(seed)
             if len(seeds) != len(sessions):
                 raise ValueError(f"{len(seeds)} seeds for {len(sessions)} sessions")
+        else:  # one for all: an int, numpy's included
+            seeds = [None if seed is None else operator.index(seed)] * len(sessions)
         calls: list[tuple[MuxSession, Kind, dict[str, Any] | None]] = [
             (s, "reset", self.encode_reset(sd, episode_id, kwargs))
             for s, sd in zip(sessions, seeds, strict=True)
@@ -304,6 +305,10 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
     ) -> list[dict[str, Any] | BaseException]:
         if not calls:  # a batch of no sessions (every episode done, say): nothing to ask
             return []
+        # Keys are per connection: another client's session 0 would be this one's.
+        stranger = next((s for s, _, _ in calls if s.mux is not self), None)
+        if stranger is not None:
+            raise ValueError(f"{stranger!r} belongs to another MuxClient ({stranger.url})")
         futures = [self._queue(session, kind, data) for session, kind, data in calls]
         try:
             async with asyncio.timeout(self.message_timeout):
