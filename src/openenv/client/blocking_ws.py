@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -119,9 +120,16 @@ class BlockingWebSocket:
         except BaseException:
             self._sock.close()
             raise
+        # The keeper holds this object weakly: one dropped unclosed is collected,
+        # and its socket closed (the server frees its sessions), not kept open
+        # by its own keepalive for the life of the process.
         self._keeper = threading.Thread(
-            target=self._keep_alive, args=(keepalive,), name="openenv-ws-keepalive", daemon=True
+            target=_keep_alive,
+            args=(weakref.ref(self), self._stop, keepalive),
+            name="openenv-ws-keepalive",
+            daemon=True,
         )
+        self._on_drop = weakref.finalize(self, _dropped, self._stop, self._sock)
         self._keeper.start()
 
     @property
@@ -174,6 +182,7 @@ class BlockingWebSocket:
 
     def close(self) -> None:
         """Close the connection (the closing handshake, at most two seconds); idempotent."""
+        self._on_drop.detach()
         self._stop.set()
         with self._lock:
             try:
@@ -266,13 +275,26 @@ class BlockingWebSocket:
             protocol.close_rcvd, protocol.close_sent, protocol.close_rcvd_then_sent
         )
 
-    def _keep_alive(self, every: float) -> None:
-        while not self._stop.wait(every):
-            if not self._lock.acquire(blocking=False):
-                continue  # a call is reading: it answers the pings itself
-            try:
-                self._poll(until=0.0)  # what has come, without waiting for more
-            except (OSError, ConnectionClosed):
-                pass  # the next call hears of it
-            finally:
-                self._lock.release()
+    def _keep_once(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # a call is reading: it answers the pings itself
+        try:
+            self._poll(until=0.0)  # what has come, without waiting for more
+        except (OSError, ConnectionClosed):
+            pass  # the next call hears of it
+        finally:
+            self._lock.release()
+
+
+def _keep_alive(ws: weakref.ref[BlockingWebSocket], stop: threading.Event, every: float) -> None:
+    while not stop.wait(every):
+        alive = ws()
+        if alive is None:
+            return
+        alive._keep_once()
+        del alive  # not held while waiting: the connection may be dropped meanwhile
+
+
+def _dropped(stop: threading.Event, sock: socket.socket) -> None:
+    stop.set()
+    sock.close()
