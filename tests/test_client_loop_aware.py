@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import pytest
+from servers import slots_free
 
 from echo_env import EchoAction, EchoEnv
 from echo_env.models import EchoObservation
@@ -95,6 +96,37 @@ def test_a_client_opened_on_a_loop_that_stopped_says_so(echo_url: str) -> None:
         warnings.simplefilter("ignore", ResourceWarning)
         clients.clear()
         gc.collect()
+
+
+def test_closing_a_client_whose_loop_has_stopped_frees_its_slot() -> None:
+    # A script's pattern: the client made at the top, an episode under
+    # asyncio.run, and close() at the end (or in a finally).
+    echo = create_app(EchoEnvironment, EchoAction, EchoObservation)  # one slot
+    with run_server(echo) as url:
+        clients = [EchoEnv(url), EchoEnv(url)]
+
+        async def play(env: EchoEnv) -> None:
+            await env.reset()
+
+        asyncio.run(play(clients[0]))
+        assert clients[0].close() is None  # from plain code: cut, not refused
+        clients[0].close()  # idempotent
+        asyncio.run(slots_free(url))
+        with pytest.raises(SessionClosedError, match="closed"):
+            clients[0].step(EchoAction(message="after close"))
+
+        asyncio.run(play(clients[1]))  # the slot was free to take
+
+        async def close_later(env: EchoEnv) -> None:
+            await env.close()
+
+        asyncio.run(close_later(clients[1]))  # from another loop
+        asyncio.run(slots_free(url))
+        # Their sockets' file descriptors went with their loops, which never closed them.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            clients.clear()
+            gc.collect()
 
 
 def test_a_client_whose_first_connect_failed_connects_from_a_new_loop() -> None:
