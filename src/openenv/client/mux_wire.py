@@ -48,7 +48,8 @@ class MuxWire:
         self._outbox: list[str] = []
         self._flushing = False
         self.lost: SessionClosedError | None = None
-        self.reader = asyncio.get_running_loop().create_task(_read(ws, weakref.ref(self)))
+        self.loop = asyncio.get_running_loop()  # the connection's: its calls run there
+        self.reader = self.loop.create_task(_read(ws, weakref.ref(self)))
 
     # -- requests ---------------------------------------------------------------
 
