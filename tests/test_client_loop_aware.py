@@ -206,6 +206,8 @@ def _in_forked_child(url: str, inherited: EchoEnv, results: Any) -> None:
         inherited.step(EchoAction(message="parent's session"))
     except SessionClosedError as exc:
         results.put(str(exc))
+    inherited.close()  # forgotten here; the connection stays the parent's
+    results.put("closed")
 
 
 def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: str) -> None:
@@ -222,6 +224,7 @@ def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: 
         assert results.get(timeout=60) == "child"
         # The parent's connection is not the child's to use.
         assert "forked" in results.get(timeout=60)
+        assert results.get(timeout=60) == "closed"
     finally:
         child.join(60)
         if child.is_alive():
