@@ -9,6 +9,7 @@ import asyncio
 import gc
 import signal
 import threading
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -166,3 +167,39 @@ async def test_a_batch_reset_takes_numpy_integer_seeds() -> None:
             with pytest.raises(TypeError):
                 await mux.reset(envs, seed=1.5)  # type: ignore[arg-type]
         await slots_free(url)
+
+
+SECRET = "sesame-sesame-sesame"
+
+
+@pytest.mark.parametrize("key", [f"{SECRET}\n", f"{SECRET}\r\nX-Injected: 1", f"{SECRET}é"])
+def test_an_api_key_no_header_can_carry_is_refused_without_being_shown(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key read from a file keeps its line break: sent, the HTTP libraries'
+    # errors printed it whole, into the training log.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2, api_key=SECRET)) as url:
+
+        async def mux_open() -> None:
+            async with MuxClient(url, action_cls=Ping, observation_cls=Pong, api_key=key) as mux:
+                await mux.open(1)
+
+        uses: list[Callable[[], object]] = [
+            lambda: ping_client(url, api_key=key).reset(),
+            lambda: asyncio.run(mux_open()),
+            lambda: RemoteEnv(url, api_key=key).sync().list_tools(),
+        ]
+        for use in uses:
+            with pytest.raises(ValueError, match="API key has a character") as raised:
+                use()
+            assert SECRET not in str(raised.value)
+        monkeypatch.setenv("OPENENV_API_KEY", key)
+        with pytest.raises(ValueError, match=r"\$OPENENV_API_KEY has a character") as raised:
+            ping_client(url).reset()
+        assert SECRET not in str(raised.value)
+        monkeypatch.setenv("OPENENV_API_KEY", SECRET)
+        env = ping_client(url)
+        assert env.reset().observation.message == "reset:None"
+        env.close()
+        asyncio.run(slots_free(url))

@@ -106,10 +106,27 @@ def auth_headers(
     {'X-Trace': '1', 'Authorization': 'Bearer k'}
     """
     extra = dict(headers or {})
+    for name, value in extra.items():
+        if not _sendable(value):
+            raise ValueError(f"header {name!r} has a character an HTTP header cannot carry")
+    given = api_key
     api_key = api_key or os.environ.get("OPENENV_API_KEY")
     if api_key:
+        if not _sendable(api_key):
+            # Not shown: sent, the HTTP libraries' errors would print it whole.
+            where = "the API key" if given else "$OPENENV_API_KEY"
+            raise ValueError(
+                f"{where} has a character an HTTP header cannot carry "
+                f"(a line break read from a file with the key, say)"
+            )
         extra["Authorization"] = f"Bearer {api_key}"
     return extra
+
+
+def _sendable(value: str) -> bool:
+    """Whether ``value`` can be a header's value: visible ASCII, spaces and tabs,
+    no line break."""
+    return value.isascii() and all(c == "\t" or " " <= c <= "~" for c in value)
 
 
 def handshake_headers(
