@@ -8,7 +8,7 @@ import ssl
 import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,6 +32,7 @@ __all__ = [
     "http_detail",
     "http_url",
     "ssl_context",
+    "url_key",
     "ws_url",
 ]
 
@@ -94,6 +95,16 @@ def http_url(base_url: str) -> str:
     parts = urlsplit(ws_url(base_url))
     scheme = "https" if parts.scheme == "wss" else "http"
     return urlunsplit((scheme, parts.netloc, parts.path.removesuffix("/ws"), "", ""))
+
+
+def url_key(url: str) -> str | None:
+    """The API key a URL carries as ``?api_key=`` (browsers send it so), if any.
+
+    >>> url_key("http://localhost:8000/?api_key=k"), url_key("http://localhost:8000")
+    ('k', None)
+    """
+    values = parse_qs(urlsplit(url).query).get("api_key")
+    return values[0] if values else None
 
 
 def auth_headers(
