@@ -10,9 +10,11 @@ accepts, and no thread or slot left behind.
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
 import subprocess
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,41 @@ async def test_replies_come_in_order_and_close_frees_the_slot_and_the_thread() -
         assert keepers() == []
         with pytest.raises(ConnectionClosed):
             ws.send("{}")
+
+
+async def test_a_connection_dropped_unclosed_frees_its_slot_and_its_thread() -> None:
+    with run_server(echo_app(sessions=1)) as url:
+        ws = BlockingWebSocket(ws_url(url), keepalive=0.01)  # its keeper busy, not asleep
+        exchange(ws, {"type": "reset"})
+        dropped = weakref.ref(ws)
+        del ws
+        gc.collect()
+        assert dropped() is None  # its own keepalive thread does not keep it alive
+        await slots_free(url)
+        await until(_none_left, what="the keepalive thread ended")
+        again = BlockingWebSocket(ws_url(url))  # the one slot is there to take
+        try:
+            assert exchange(again, {"type": "reset"})["type"] == "observation"
+        finally:
+            again.close()
+
+
+async def test_a_remote_vector_env_dropped_unclosed_frees_its_sessions() -> None:
+    from openenv.adapters.gymnasium import RemoteVectorEnv, create_gymnasium_app
+
+    app = create_gymnasium_app("CartPole-v1", ConcurrencyConfig(max_concurrent_envs=2))
+    with run_server(app) as url:
+        for _ in range(3):  # one a run, never closed: each needs both slots
+            envs = RemoteVectorEnv(url, num_envs=2)
+            envs.reset(seed=0)
+            del envs
+            gc.collect()
+            await slots_free(url)
+        await until(_none_left, what="the keepalive threads ended")
+
+
+async def _none_left() -> bool:
+    return keepers() == []
 
 
 async def test_it_offers_subprotocols_and_reports_the_one_chosen() -> None:

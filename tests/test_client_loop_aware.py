@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import pytest
+from servers import slots_free
 
 from echo_env import EchoAction, EchoEnv
 from echo_env.models import EchoObservation
@@ -97,6 +98,37 @@ def test_a_client_opened_on_a_loop_that_stopped_says_so(echo_url: str) -> None:
         gc.collect()
 
 
+def test_closing_a_client_whose_loop_has_stopped_frees_its_slot() -> None:
+    # A script's pattern: the client made at the top, an episode under
+    # asyncio.run, and close() at the end (or in a finally).
+    echo = create_app(EchoEnvironment, EchoAction, EchoObservation)  # one slot
+    with run_server(echo) as url:
+        clients = [EchoEnv(url), EchoEnv(url)]
+
+        async def play(env: EchoEnv) -> None:
+            await env.reset()
+
+        asyncio.run(play(clients[0]))
+        assert clients[0].close() is None  # from plain code: cut, not refused
+        clients[0].close()  # idempotent
+        asyncio.run(slots_free(url))
+        with pytest.raises(SessionClosedError, match="closed"):
+            clients[0].step(EchoAction(message="after close"))
+
+        asyncio.run(play(clients[1]))  # the slot was free to take
+
+        async def close_later(env: EchoEnv) -> None:
+            await env.close()
+
+        asyncio.run(close_later(clients[1]))  # from another loop
+        asyncio.run(slots_free(url))
+        # Their sockets' file descriptors went with their loops, which never closed them.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            clients.clear()
+            gc.collect()
+
+
 def test_a_client_whose_first_connect_failed_connects_from_a_new_loop() -> None:
     # The server not up yet, then retried under a new asyncio.run: no connection
     # was opened on the first loop, so nothing ties the client to it; not even
@@ -174,6 +206,8 @@ def _in_forked_child(url: str, inherited: EchoEnv, results: Any) -> None:
         inherited.step(EchoAction(message="parent's session"))
     except SessionClosedError as exc:
         results.put(str(exc))
+    inherited.close()  # forgotten here; the connection stays the parent's
+    results.put("closed")
 
 
 def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: str) -> None:
@@ -190,6 +224,7 @@ def test_a_forked_child_gets_its_own_loop_instead_of_waiting_for_ever(echo_url: 
         assert results.get(timeout=60) == "child"
         # The parent's connection is not the child's to use.
         assert "forked" in results.get(timeout=60)
+        assert results.get(timeout=60) == "closed"
     finally:
         child.join(60)
         if child.is_alive():

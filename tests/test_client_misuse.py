@@ -9,8 +9,10 @@ import asyncio
 import gc
 import signal
 import threading
+from collections.abc import Callable
 
 import httpx
+import numpy as np
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 
@@ -128,4 +130,76 @@ def test_clients_dropped_unclosed_free_their_sessions_when_collected() -> None:
         # Their keepalives held all six sessions open for as long as the process
         # lived; collected, each connection is closed and its slot freed.
         tracker.wait_closed(6)
+        asyncio.run(slots_free(url))
+
+
+async def test_a_batch_with_another_clients_session_is_refused_before_anything_is_sent() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=4)) as url:
+        async with (
+            MuxClient(url, action_cls=Ping, observation_cls=Pong) as a,
+            MuxClient(url, action_cls=Ping, observation_cls=Pong) as b,
+        ):
+            (mine,) = await a.open(1)
+            (theirs,) = await b.open(1)
+            # Both are session 0 of their connection: sent on a's, b's step would step a's.
+            with pytest.raises(ValueError, match="another MuxClient"):
+                await a.step([mine, theirs], [Ping(), Ping()])
+            with pytest.raises(ValueError, match="another MuxClient"):
+                await a.close_sessions([theirs])
+            assert (await mine.state()).step_count == 0
+            assert not theirs.closed
+            assert [r.observation.count for r in await b.step([theirs], [Ping()])] == [1]
+        await slots_free(url)
+
+
+async def test_a_batch_reset_takes_numpy_integer_seeds() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            envs = await mux.open(2)
+            rng = np.random.default_rng(0)
+            seed = rng.integers(100, 200)  # a numpy integer, one for all
+            results = await mux.reset(envs, seed=seed)
+            assert [r.observation.message for r in results] == [f"reset:{seed}"] * 2
+            results = await mux.reset(envs, seed=np.arange(2))
+            assert [r.observation.message for r in results] == ["reset:0", "reset:1"]
+            with pytest.raises(TypeError):
+                await mux.reset(envs, seed=1.5)  # type: ignore[arg-type]
+        await slots_free(url)
+
+
+SECRET = "sesame-sesame-sesame"
+
+
+@pytest.mark.parametrize("key", [f"{SECRET}\n", f"{SECRET}\r\nX-Injected: 1", f"{SECRET}é"])
+def test_an_api_key_no_header_can_carry_is_refused_without_being_shown(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key read from a file keeps its line break: sent, the HTTP libraries'
+    # errors printed it whole, into the training log.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2, api_key=SECRET)) as url:
+
+        async def mux_open() -> None:
+            async with MuxClient(url, action_cls=Ping, observation_cls=Pong, api_key=key) as mux:
+                await mux.open(1)
+
+        uses: list[Callable[[], object]] = [
+            lambda: ping_client(url, api_key=key).reset(),
+            lambda: asyncio.run(mux_open()),
+            lambda: RemoteEnv(url, api_key=key).sync().list_tools(),
+        ]
+        for use in uses:
+            with pytest.raises(ValueError, match="API key has a character") as raised:
+                use()
+            assert SECRET not in str(raised.value)
+        monkeypatch.setenv("OPENENV_API_KEY", key)
+        with pytest.raises(ValueError, match=r"\$OPENENV_API_KEY has a character") as raised:
+            ping_client(url).reset()
+        assert SECRET not in str(raised.value)
+        monkeypatch.setenv("OPENENV_API_KEY", SECRET)
+        env = ping_client(url)
+        assert env.reset().observation.message == "reset:None"
+        env.close()
         asyncio.run(slots_free(url))

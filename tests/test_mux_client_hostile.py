@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
-from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, Tracker, slots_free
+from servers import Held, Hold, Holding, Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 from tcp_proxy import TcpProxy
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -261,3 +261,28 @@ async def test_a_session_opened_after_its_caller_gave_up_is_closed_again() -> No
         (session,) = await late.open(1)  # the client goes on
         assert (await session.step(Ping())).observation.count == 1
         await late.close()
+
+
+async def test_a_batch_larger_than_a_frame_may_carry_goes_out_in_several() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            (env,) = await mux.open(1)
+            count = 4096 + 10  # past max_requests_in_flight: one frame of them is refused
+            results = await mux.step([env] * count, [Ping()] * count)
+            assert [r.observation.count for r in results] == list(range(1, count + 1))
+        await slots_free(url)
+
+
+async def test_a_frame_the_server_refuses_whole_fails_its_calls_at_once() -> None:
+    # A server that takes fewer requests in a frame than a batch holds: which
+    # calls the refused frame held is not said, and none of them will run.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=32, max_requests_in_flight=16)) as url:
+        mux = MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=None)
+        async with asyncio.timeout(30):  # not a wait for replies that never come
+            with pytest.raises(SessionClosedError, match="at most 16 requests"):
+                await mux.open(20)
+        assert mux.closed
+        await mux.close()
+        await slots_free(url)

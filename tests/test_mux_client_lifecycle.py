@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import warnings
 import weakref
 from typing import Any
 
@@ -112,3 +113,37 @@ async def test_sessions_opened_before_open_gave_up_are_closed_again() -> None:
         mux.message_timeout = 60
         assert len(await mux.open(2)) == 2
         await mux.close()
+
+
+def test_a_client_used_after_its_event_loop_ended_says_so_and_closing_frees_the_slots() -> None:
+    # A script's pattern: the client made at the top, one asyncio.run to set up,
+    # another to train. The connection died with the first loop's reader.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        muxes = [MuxClient(url, action_cls=Ping, observation_cls=Pong, message_timeout=10)]
+
+        async def set_up(mux: MuxClient[Ping, Pong, Any]) -> list[Any]:
+            sessions = await mux.open(2)
+            await mux.reset(sessions)
+            return sessions
+
+        sessions = asyncio.run(set_up(muxes[0]))
+
+        async def train(mux: MuxClient[Ping, Pong, Any]) -> None:
+            # At once, not after message_timeout.
+            with pytest.raises(SessionClosedError, match="event loop that has stopped"):
+                await mux.step(sessions, [Ping()] * 2)
+            with pytest.raises(SessionClosedError, match="event loop that has stopped"):
+                await sessions[0].state()
+            await mux.close()  # cuts the connection its loop can no longer close
+            assert mux.closed
+            assert all(session.closed for session in sessions)
+            await slots_free(url)
+
+        asyncio.run(train(muxes[0]))
+        # Its socket's file descriptor went with the first loop, which never closed it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            muxes.clear()
+            sessions.clear()
+            gc.collect()

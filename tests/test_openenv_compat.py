@@ -186,6 +186,31 @@ def test_openenvs_tool_client_calls_our_tools(counter_url: str) -> None:
         assert env.call_tool("get_value") == 2
 
 
+def test_openenvs_sync_wrapper_drives_the_tool_client_and_a_clients_own_methods(
+    counter_url: str,
+) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+    from openenv.core.sync_client import SyncEnvClient
+
+    class Counter(MCPToolClient):
+        async def bump_twice(self, amount: int) -> Any:  # a client's own async method
+            await self.call_tool("increment", amount=amount)
+            return await self.call_tool("increment", amount=amount)
+
+    # OpenEnv's wrapper, `.sync()`: its tools by keyword, the client's own async
+    # methods blocking, the client itself as `async_client`.
+    with Counter(base_url=counter_url).sync() as env:
+        assert isinstance(env, SyncEnvClient)
+        assert isinstance(env.async_client, Counter)
+        env.reset()
+        assert env.call_tool("increment", amount=2) == {"value": 2}
+        assert env.bump_twice(1) == {"value": 4}
+        assert env.call_tool("get_value") == 4
+        assert "increment" in {tool.name for tool in env.list_tools()}
+        with pytest.raises(AttributeError, match="no_such_method"):
+            env.no_such_method()
+
+
 async def test_openenvs_tool_client_awaited(counter_url: str) -> None:
     from openenv.core.mcp_client import MCPToolClient
 

@@ -15,6 +15,7 @@ from openenv import (
     NotFoundError,
     RemoteEnv,
     RequestFailedError,
+    WebSocketEnvClient,
     create_app,
     create_multi_app,
 )
@@ -43,6 +44,39 @@ async def test_the_api_key_goes_with_every_http_call(keyed_url: str) -> None:
 async def test_openenv_style_headers_carry_the_key_too(keyed_url: str) -> None:
     env = RemoteEnv(keyed_url, headers={"Authorization": f"Bearer {KEY}"})
     assert await env.list_splits() == ["train", "test"]
+
+
+async def test_a_key_in_the_url_goes_with_every_call_as_it_does_for_a_client(
+    keyed_url: str,
+) -> None:
+    # `?api_key=` in the URL, as browsers send it: EnvClient and MuxClient kept
+    # it; RemoteEnv, MultiEnvClient and pools dropped it with the URL's query.
+    url = f"{keyed_url}/?api_key={KEY}"
+    env = RemoteEnv(url, task_cls=CounterTask)
+    assert await env.list_splits() == ["train", "test"]
+    async with env.session(split="test", index=1) as session:
+        assert session.task is not None
+        assert session.task.id == "test-1"
+        assert (await session.step(CounterAction(amount=2))).observation.value == 2
+    pooled = RemoteEnv(f"{url},{url}")  # a ServerPool of the two
+    assert "increment" in {tool.name for tool in await pooled.list_tools()}
+    async with pooled.session() as session:
+        assert session.first is not None
+    client = WebSocketEnvClient(f"{url},{url}")
+    try:
+        assert not (await client.reset()).done
+    finally:
+        await client.close()
+
+
+async def test_a_key_in_a_multi_environment_servers_url_opens_its_environments() -> None:
+    spec = EnvSpec(CounterEnvironment, CounterAction, CounterObservation, api_key=KEY)
+    with run_server(create_multi_app({"counter": spec})) as root:
+        client = MultiEnvClient(f"{root}/?api_key={KEY}")
+        assert [env.name for env in await client.environments.list()] == ["counter"]
+        env = client.environments.get("counter")
+        async with env.session() as session:
+            assert session.first is not None
 
 
 async def test_a_wrong_key_is_refused_on_http_and_on_the_session(keyed_url: str) -> None:

@@ -8,7 +8,7 @@ import ssl
 import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,6 +32,7 @@ __all__ = [
     "http_detail",
     "http_url",
     "ssl_context",
+    "url_key",
     "ws_url",
 ]
 
@@ -96,6 +97,16 @@ def http_url(base_url: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path.removesuffix("/ws"), "", ""))
 
 
+def url_key(url: str) -> str | None:
+    """The API key a URL carries as ``?api_key=`` (browsers send it so), if any.
+
+    >>> url_key("http://localhost:8000/?api_key=k"), url_key("http://localhost:8000")
+    ('k', None)
+    """
+    values = parse_qs(urlsplit(url).query).get("api_key")
+    return values[0] if values else None
+
+
 def auth_headers(
     headers: Mapping[str, str] | None = None, api_key: str | None = None
 ) -> dict[str, str]:
@@ -106,10 +117,27 @@ def auth_headers(
     {'X-Trace': '1', 'Authorization': 'Bearer k'}
     """
     extra = dict(headers or {})
+    for name, value in extra.items():
+        if not _sendable(value):
+            raise ValueError(f"header {name!r} has a character an HTTP header cannot carry")
+    given = api_key
     api_key = api_key or os.environ.get("OPENENV_API_KEY")
     if api_key:
+        if not _sendable(api_key):
+            # Not shown: sent, the HTTP libraries' errors would print it whole.
+            where = "the API key" if given else "$OPENENV_API_KEY"
+            raise ValueError(
+                f"{where} has a character an HTTP header cannot carry "
+                f"(a line break read from a file with the key, say)"
+            )
         extra["Authorization"] = f"Bearer {api_key}"
     return extra
+
+
+def _sendable(value: str) -> bool:
+    """Whether ``value`` can be a header's value: visible ASCII, spaces and tabs,
+    no line break."""
+    return value.isascii() and all(c == "\t" or " " <= c <= "~" for c in value)
 
 
 def handshake_headers(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -23,7 +23,7 @@ from openenv.client._base import (
     http_url,
     ws_url,
 )
-from openenv.client.loop_aware import close_when_dropped, loop_aware
+from openenv.client.loop_aware import abandoned, close_when_dropped, cut, loop_aware
 from openenv.client.pool import ServerPool, as_pool
 from openenv.client.sockets import close_by, closed_error, deadline_in, open_socket
 from openenv.client.sync import run_sync
@@ -293,8 +293,7 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         data = {} if task is None else {"task": task.model_dump(mode="json")}
         return self.decode_prompt(await self._request("get_prompt", data))
 
-    @loop_aware
-    async def close(self) -> None:
+    def close(self) -> Coroutine[Any, Any, None]:
         """End the session; the server closes the environment. Idempotent.
 
         Returns once the server has closed the environment and freed the slot,
@@ -302,7 +301,21 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         ``connect_timeout`` (a call of another coroutine still runs, the server
         is hung), after closing the connection: the server frees the slot when
         the running call ends, and that call raises ``SessionClosedError``.
+        A connection whose event loop has stopped (an ``asyncio.run`` that
+        returned) is cut, and the server frees the slot.
         """
+        home = self.home_loop
+        if home is not None and abandoned(home):
+            # Nothing runs its loop to close it there: the session would hold
+            # its slot for as long as this object lives.
+            ws, self._ws, self.home_loop = self._ws, None, None
+            self._forget_drop()
+            if ws is not None:
+                cut(ws.transport, home)
+        return self._end()
+
+    @loop_aware
+    async def _end(self) -> None:
         self._closed = True
         if self.pool is not None:
             self._unplace(self.pool.ended)

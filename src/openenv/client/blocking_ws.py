@@ -120,15 +120,16 @@ class BlockingWebSocket:
         except BaseException:
             self._sock.close()
             raise
-        # The thread holds the connection weakly, and dropping it unclosed hangs
-        # up: a forgotten client frees its server's slots (and this thread).
+        # The keeper holds this object weakly: one dropped unclosed is collected,
+        # and its socket closed (the server frees its sessions), not kept open
+        # by its own keepalive for the life of the process.
         self._keeper = threading.Thread(
             target=_keep_alive,
             args=(weakref.ref(self), self._stop, keepalive),
             name="openenv-ws-keepalive",
             daemon=True,
         )
-        weakref.finalize(self, _hang_up, self._stop, self._sock).atexit = False
+        self._on_drop = weakref.finalize(self, _dropped, self._stop, self._sock)
         self._keeper.start()
 
     @property
@@ -181,6 +182,7 @@ class BlockingWebSocket:
 
     def close(self) -> None:
         """Close the connection (the closing handshake, at most two seconds); idempotent."""
+        self._on_drop.detach()
         self._stop.set()
         with self._lock:
             try:
@@ -273,8 +275,7 @@ class BlockingWebSocket:
             protocol.close_rcvd, protocol.close_sent, protocol.close_rcvd_then_sent
         )
 
-    def _read_idle(self) -> None:
-        """Read what has come (answering pings), unless a call is reading already."""
+    def _keep_once(self) -> None:
         if not self._lock.acquire(blocking=False):
             return  # a call is reading: it answers the pings itself
         try:
@@ -285,17 +286,15 @@ class BlockingWebSocket:
             self._lock.release()
 
 
-def _keep_alive(
-    connection: weakref.ref[BlockingWebSocket], stop: threading.Event, every: float
-) -> None:
+def _keep_alive(ws: weakref.ref[BlockingWebSocket], stop: threading.Event, every: float) -> None:
     while not stop.wait(every):
-        ws = connection()
-        if ws is None:
+        alive = ws()
+        if alive is None:
             return
-        ws._read_idle()
-        del ws  # not held while waiting
+        alive._keep_once()
+        del alive  # not held while waiting: the connection may be dropped meanwhile
 
 
-def _hang_up(stop: threading.Event, sock: socket.socket) -> None:
+def _dropped(stop: threading.Event, sock: socket.socket) -> None:
     stop.set()
     sock.close()

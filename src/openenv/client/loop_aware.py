@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import socket
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
@@ -26,7 +27,14 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 from openenv.client.sync import blocked_loop, forked_away, run_sync
 from openenv.errors import SessionClosedError
 
-__all__ = ["HasHomeLoop", "close_when_dropped", "loop_aware", "on_home_loop"]
+__all__ = [
+    "HasHomeLoop",
+    "abandoned",
+    "close_when_dropped",
+    "cut",
+    "loop_aware",
+    "on_home_loop",
+]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -72,6 +80,23 @@ async def on_home_loop(client: HasHomeLoop, make: Callable[[], Coroutine[Any, An
             "calling its blocking ones (.sync(), with)"
         )
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), home))
+
+
+def abandoned(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no thread runs ``loop`` (closed or stopped), or it is the loop of the
+    process this one was forked from: what lives on it can only be cut."""
+    return loop.is_closed() or not loop.is_running() or forked_away(loop)
+
+
+def cut(transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop) -> None:
+    """Cut the connection of ``transport``, whose ``loop`` is ``abandoned``: the
+    peer hears the end of the stream (a server frees the session's slot)."""
+    if forked_away(loop):
+        return  # the parent's connection too: a word on it here would end it there
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already gone
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def loop_aware(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +31,7 @@ from openenv.client._base import (
     handshake_headers,
     ws_url,
 )
-from openenv.client.loop_aware import close_when_dropped
+from openenv.client.loop_aware import abandoned, close_when_dropped, cut
 from openenv.client.mux_wire import Kind, MuxWire
 from openenv.client.sockets import close_by, deadline_in, open_socket
 from openenv.errors import (
@@ -200,6 +201,19 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             return
         if self._on_drop is not None:
             self._on_drop.detach()
+        if wire.loop is not asyncio.get_running_loop():
+            if not abandoned(wire.loop):  # running in another thread: closed there
+                home = asyncio.run_coroutine_threadsafe(self._close_wire(wire), wire.loop)
+                return await asyncio.wrap_future(home)
+            # Nothing runs its loop to close it there (an asyncio.run that returned).
+            cut(wire.ws.transport, wire.loop)
+            for session in self.sessions.values():
+                session.closed = True
+            self.sessions.clear()
+            return
+        await self._close_wire(wire)
+
+    async def _close_wire(self, wire: MuxWire) -> None:
         deadline = deadline_in(self.connect_timeout)  # one limit for all of closing
         try:
             if self.sessions and wire.lost is None:
@@ -233,12 +247,12 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         **kwargs: Any,
     ) -> list[StepResult[ObsT]]:
         """Reset every session in one frame; ``seed`` is one per session (or one for all)."""
-        if seed is None or isinstance(seed, int):
-            seeds: list[int | None] = [seed] * len(sessions)
-        else:
-            seeds = list(seed)
+        if isinstance(seed, Iterable):
+            seeds: list[int | None] = list(seed)
             if len(seeds) != len(sessions):
                 raise ValueError(f"{len(seeds)} seeds for {len(sessions)} sessions")
+        else:  # one for all: an int, numpy's included
+            seeds = [None if seed is None else operator.index(seed)] * len(sessions)
         calls: list[tuple[MuxSession, Kind, dict[str, Any] | None]] = [
             (s, "reset", self.encode_reset(sd, episode_id, kwargs))
             for s, sd in zip(sessions, seeds, strict=True)
@@ -304,6 +318,10 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
     ) -> list[dict[str, Any] | BaseException]:
         if not calls:  # a batch of no sessions (every episode done, say): nothing to ask
             return []
+        # Keys are per connection: another client's session 0 would be this one's.
+        stranger = next((s for s, _, _ in calls if s.mux is not self), None)
+        if stranger is not None:
+            raise ValueError(f"{stranger!r} belongs to another MuxClient ({stranger.url})")
         futures = [self._queue(session, kind, data) for session, kind, data in calls]
         try:
             async with asyncio.timeout(self.message_timeout):
@@ -355,6 +373,13 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         wire = self._wire
         if wire is None:  # never connected: no session of it can have opened
             raise SessionClosedError("this client is not connected")
+        if wire.loop is not asyncio.get_running_loop():
+            if abandoned(wire.loop):
+                raise SessionClosedError(
+                    "this client's connection was opened on an event loop that has stopped; "
+                    "create a new client"
+                )
+            raise RuntimeError("a MuxClient is used on the event loop that opened its connection")
         return wire.queue(session, kind, data)
 
     def _forget(self, futures: Sequence[asyncio.Future[dict[str, Any]]]) -> None:

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
 
     from openenv.client.mux import MuxSession
 
-__all__ = ["Kind", "MuxWire"]
+__all__ = ["MOST_A_FRAME", "Kind", "MuxWire"]
+
+# Requests in one frame at most: a server refuses a frame of more than its
+# max_requests_in_flight whole, and this is its default.
+MOST_A_FRAME = 4096
 
 Kind = Literal["open", "close", "reset", "step", "state", "list_tools", "call_tool", "get_prompt"]
 
@@ -48,7 +52,8 @@ class MuxWire:
         self._outbox: list[str] = []
         self._flushing = False
         self.lost: SessionClosedError | None = None
-        self.reader = asyncio.get_running_loop().create_task(_read(ws, weakref.ref(self)))
+        self.loop = asyncio.get_running_loop()  # the connection's: its calls run there
+        self.reader = self.loop.create_task(_read(ws, weakref.ref(self)))
 
     # -- requests ---------------------------------------------------------------
 
@@ -98,10 +103,12 @@ class MuxWire:
         self._flushing = False
         if not self._outbox:
             return
-        frame = "[" + ",".join(self._outbox) + "]"
-        self._outbox = []
-        task = asyncio.get_running_loop().create_task(self.ws.send(frame))
-        task.add_done_callback(self._sent)
+        outbox, self._outbox = self._outbox, []
+        loop = asyncio.get_running_loop()
+        # Sent in order: a session's requests run in the order they were made.
+        for start in range(0, len(outbox), MOST_A_FRAME):
+            frame = "[" + ",".join(outbox[start : start + MOST_A_FRAME]) + "]"
+            loop.create_task(self.ws.send(frame)).add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
@@ -133,6 +140,10 @@ class MuxWire:
         waiting: tuple[asyncio.Future[dict[str, Any]], MuxSession] | None,
     ) -> None:
         request_id = item.get("id")
+        if key is None and request_id is None and item.get("type") == "error":
+            # A frame refused whole (more requests than this server takes in
+            # one): whose calls it held is not said, and they never run.
+            raise error_from(item["data"])
         if item.get("type") == "closed":
             session = self.sessions.pop(key, None) if key is not None else None
             if session is not None:

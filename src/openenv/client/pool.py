@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from openenv import protocol
-from openenv.client._base import auth_headers, http_url, ws_url
+from openenv.client._base import auth_headers, http_url, url_key, ws_url
 from openenv.errors import CapacityError, ConnectionFailedError
 
 __all__ = ["ServerPool", "ServerView", "as_pool"]
@@ -98,7 +98,8 @@ class ServerPool:
             raise ValueError("a ServerPool needs at least one URL")
         self.refresh = refresh
         self.wait = wait
-        self._api_key = api_key
+        # The URLs lose their query here: a key in one (?api_key=) is the pool's.
+        self._api_key = api_key or next(filter(None, map(url_key, items)), None)
         self.health_timeout = health_timeout
         self._servers: dict[str, ServerView] = {}
         self._checked = -float("inf")
@@ -318,6 +319,7 @@ def as_pool(target: str | ServerPool) -> ServerPool | None:
         # Asked once per session (and per episode by Runners): parse each text once.
         pool = _JOINED.get(target)
         if pool is None:
-            pool = _JOINED[target] = ServerPool.shared(ServerPool(target).urls)
+            parsed = ServerPool(target)
+            pool = _JOINED[target] = ServerPool.shared(parsed.urls, api_key=parsed.api_key)
         return pool
     return None

@@ -26,6 +26,7 @@ from openenv.client._base import (
     http_detail,
     http_url,
     ssl_context,
+    url_key,
 )
 from openenv.client.async_ import WebSocketEnvClient
 from openenv.client.pool import ServerPool, as_pool
@@ -102,8 +103,9 @@ class MultiEnvClient:
         self.url = http_url(base_url)
         self.gate = ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
-        self.options = options
-        self.headers = _http_headers(options)
+        in_url = url_key(base_url)  # a ?api_key=, which self.url drops
+        self.options = {"api_key": in_url, **options} if in_url else options
+        self.headers = _http_headers(self.options)
         self.environments = Environments(self)
 
     def sync(self) -> SyncMultiEnvClient:
@@ -191,10 +193,12 @@ class RemoteEnv:
         self.task_cls = task_cls
         self.gate = gate or ConnectGate(max_connecting)
         self.capacity_timeout = capacity_timeout
-        self.options = options
+        # The key of a URL's ?api_key=, which self.url drops, goes to sessions as an option.
+        in_url = url_key(base_url) if isinstance(base_url, str) and self.pool is None else None
+        self.options = {"api_key": in_url, **options} if in_url else options
         # Sessions send the key on their handshake; HTTP calls send it here
         # (a pool's key, as its sessions do, unless given one of its own).
-        key = options.get("api_key") or (self.pool.api_key if self.pool is not None else None)
+        key = self.options.get("api_key") or (self.pool.api_key if self.pool is not None else None)
         self.headers = _http_headers({**options, "api_key": key})
         # On a multi-environment server: its listing and this environment's name.
         self.listed_at: tuple[str, str] | None = None

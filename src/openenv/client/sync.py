@@ -8,6 +8,7 @@ so the blocking API works anywhere, including inside a running event loop
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import threading
@@ -129,6 +130,27 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def __init__(self, client: EnvClient[ActT, ObsT, StateT]) -> None:
         self.client = client
 
+    @property
+    def async_client(self) -> EnvClient[ActT, ObsT, StateT]:
+        """The client this one drives (OpenEnv's name for it)."""
+        return self.client
+
+    def __getattr__(self, name: str) -> Any:
+        # As OpenEnv's SyncEnvClient: what is not defined here is the client's,
+        # its methods blocking (a subclass's own ``async def`` ones included).
+        client = self.__dict__.get("client")
+        if client is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        attribute = getattr(client, name)
+        if not callable(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            return _blocking(attribute(*args, **kwargs))
+
+        return blocking
+
     def connect(self) -> Self:
         """Open the connection (and with it a server-side session)."""
         _blocking(self.client.connect())
@@ -159,6 +181,8 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         **kwargs: Any,
     ) -> ToolOutput:
         """Call a tool; see ``EnvClient.call_tool``."""
+        if arguments is None:  # as given: MCPToolClient takes keyword arguments only
+            return _blocking(self.client.call_tool(name, **kwargs))
         return _blocking(self.client.call_tool(name, arguments, **kwargs))
 
     def get_prompt(self, task: TaskSpec | None = None) -> str:
