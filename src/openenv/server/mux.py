@@ -25,12 +25,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Send
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket
 
 from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
+from openenv.server.mux_ending import ConnectionEnding
 from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import OPEN
@@ -80,7 +81,7 @@ class FrameSteps(StepBatch):
         self.connection._stepped(owner, frame)
 
 
-class MuxConnection:
+class MuxConnection(ConnectionEnding):
     """The I/O of one v2 connection; every session of it is a ``Lane``."""
 
     def __init__(
@@ -421,123 +422,6 @@ class MuxConnection:
 
     def _reply(self, key: SessionKey, frame: str) -> None:
         self.outbox.reply(key, frame)
-
-    # -- ending ----------------------------------------------------------------
-
-    async def _end_all(self, reason: str) -> None:
-        """Close every session of the connection, each exactly once."""
-        self._gone = True
-        lanes = list(self.lanes.values())
-        for lane in lanes:
-            # One the client is closing keeps its close() call.
-            if lane.session is not None and lane.session.state is OPEN:
-                lane.session.cancel_queued("the connection closed")
-            lane.queue.clear()
-        running = list(self._tasks)  # lanes serving requests, and sessions closing
-        for lane in lanes:
-            if not lane.admitted and lane.task is not None:
-                lane.task.cancel()  # still waiting for a slot: admit() is safe to cancel
-        if running:
-            await asyncio.wait(running)
-        for lane in lanes:
-            await self._close_lane(lane, reason)
-        self.lanes.clear()
-
-    async def expire(self, reason: str) -> None:
-        """End every session (a shutdown): a ``closed`` notice each, then close 1001."""
-        if self._ending is not None:
-            return
-        self._ending = reason
-        message = "server shutting down"
-        for lane in list(self.lanes.values()):
-            # A session the client is closing gets the reply to its close instead.
-            if lane.session is not None and lane.session.state is OPEN:
-                lane.session.cancel_queued(message)
-                self._reply(
-                    lane.key, protocol_v2.closed_frame(reason, CloseCode.GOING_AWAY, message)
-                )
-        with contextlib.suppress(*_GONE, TimeoutError):
-            await self._flush_and_close(CloseCode.GOING_AWAY)
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-
-    def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
-        return [
-            self._expire_lane(lane)
-            for lane in self.lanes.values()
-            if lane.task is None
-            and lane.session is not None
-            and lane.session.state is OPEN
-            and not lane.session.busy  # a step the fast path started
-            and lane.session.last_active < deadline
-        ]
-
-    async def _expire_lane(self, lane: Lane) -> None:
-        session = lane.session
-        if (
-            self.lanes.get(lane.key) is not lane
-            or lane.task is not None
-            or session is None
-            or session.busy
-        ):
-            return  # it got work (or closed) since the sweep
-        logger.info("session %s idle over its limit; closing", session.id)
-        # The name is free once the notice is out, as after an error: what the
-        # client sends for it after the notice must not wait on close().
-        del self.lanes[lane.key]
-        self._reply(
-            lane.key,
-            protocol_v2.closed_frame(
-                "idle_timeout", CloseCode.GOING_AWAY, "session closed after being idle too long"
-            ),
-        )
-        await session.aclose("idle_timeout")
-
-    def describe(self, task: asyncio.Task[Any]) -> str | None:
-        for lane in list(self.lanes.values()):
-            session = lane.session
-            if session is not None and task in (lane.task, session.step_task):
-                return f"session {session.id}"
-        return None
-
-    def abort(self) -> None:
-        """Drop the connection now; ``run``'s ``finally`` frees every slot."""
-        for lane in list(self.lanes.values()):
-            if lane.session is not None and lane.session.state is OPEN:
-                lane.session.abandon()
-        for task in list(self._tasks):  # lanes, and sessions that ended and are closing
-            task.cancel()
-        if self._channel is not None:
-            self._channel.abort()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-
-    def stall(self) -> None:
-        logger.warning(
-            "a v2 client did not read its replies within %gs; aborting its connection",
-            self._service.settings.send_timeout,
-        )
-        self._gone = True
-        if self._channel is not None:
-            self._channel.abort()
-        self.outbox.abort()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-
-    async def _flush_and_close(self, code: CloseCode) -> None:
-        if self.websocket.application_state is WebSocketState.DISCONNECTED:
-            return
-        await self.outbox.stop()  # one sender at a time: what it had not sent goes below
-        try:
-            await self.outbox.flush(self.websocket, self._service.settings.send_timeout)
-            await self._close_socket(code)
-        except (*_GONE, TimeoutError):
-            pass
-
-    async def _close_socket(self, code: CloseCode) -> None:
-        with contextlib.suppress(*_GONE, TimeoutError):
-            async with asyncio.timeout(self._service.settings.send_timeout):
-                await self.websocket.close(code)
 
 
 def _request_id(item: dict[str, Any]) -> protocol.RequestId | None:
