@@ -85,7 +85,12 @@ async def _once(
     try:
         reply = await session.handle(protocol.request_frame(kind, data))
     finally:
-        await session.aclose("http_call_done")
+        if session.stuck is None:
+            await session.aclose("http_call_done")
+        else:
+            # A blocking call past its deadline: the reply goes now, and close()
+            # (and the slot) wait for its thread, as on /ws.
+            _close_later(session, "http_call_done")
     assert reply is not None, "only a close request has no reply"
     message = protocol.parse_server_message(reply)
     if isinstance(message, protocol.ErrorReply):
@@ -121,7 +126,7 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
             # A thread cannot be stopped: close() waits for it, as after a step past
             # its deadline, and the slot stays taken until then; the reply does not.
             session.stuck = exc.stuck
-            _close_later(session)
+            _close_later(session, "metadata_timeout")
         raise HTTPException(500, f"get_metadata() {exc}") from None
     except BaseException as exc:  # its text may hold secrets: the type only, as for a step
         if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
@@ -135,12 +140,12 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
     return kept
 
 
-# Closes waiting for a get_metadata() past its deadline, kept from the garbage collector.
+# Closes waiting for a call past its deadline, kept from the garbage collector.
 _closing: set[asyncio.Task[None]] = set()
 
 
-def _close_later(session: Session) -> None:
-    task = asyncio.get_running_loop().create_task(session.aclose("metadata_timeout"))
+def _close_later(session: Session, reason: str) -> None:
+    task = asyncio.get_running_loop().create_task(session.aclose(reason))
     _closing.add(task)
     task.add_done_callback(_closing.discard)
 
