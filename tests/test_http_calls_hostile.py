@@ -4,11 +4,17 @@ full server, a client that leaves while it waits."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 
 import httpx
-from servers import Tracker, health, ping_app, slots_free
+import pytest
+from servers import Tracker, health, ping_app, slots_free, until
 
+from counter_env import CounterAction, CounterObservation
+from counter_env.server.environment import CounterEnvironment
+from openenv import ConcurrencyConfig, WebSocketEnvClient, create_app
 from openenv.testing import run_server
 
 
@@ -33,3 +39,58 @@ async def test_a_blocking_step_past_its_deadline_is_answered_at_the_deadline() -
             gate.set()
         await tracker.until_closed(1)
         await slots_free(url)
+
+
+def _opened(url: str) -> float:
+    """Sessions the server has opened, as ``/metrics`` counts them."""
+    text = httpx.get(f"{url}/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith("openenv_sessions_opened")]
+    return float(line.split()[1])
+
+
+async def _create_request(http: httpx.AsyncClient, path: str) -> httpx.Request:
+    if path == "/reset":
+        return http.build_request("POST", "/reset", json={"seed": 1})
+    # OpenReward's: a session id first, then /create opens the session (a slot).
+    opened = (await http.post("/create_session")).text
+    sid = opened.split("data: ", 1)[1].split()[0]
+    task = {"split": "train", "index": 0}
+    return http.build_request("POST", "/create", json=task, headers={"X-Session-ID": sid})
+
+
+@pytest.mark.parametrize("path", ["/reset", "/create"])
+async def test_a_caller_that_leaves_while_queued_gets_no_environment(path: str) -> None:
+    """production.md: a connection waiting in the admission queue whose client has
+    gone by the time a slot frees is dropped, no environment made for it. HTTP
+    calls (OpenEnv's ``POST /reset``, OpenReward's ``POST /create``) wait in the
+    same line and are dropped the same way."""
+    concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)
+    app = create_app(CounterEnvironment, CounterAction, CounterObservation, concurrency)
+    with run_server(app) as url:
+        holder = WebSocketEnvClient(
+            url, action_cls=CounterAction, observation_cls=CounterObservation
+        )
+        await holder.reset()  # the one slot
+        async with httpx.AsyncClient(base_url=url, timeout=60) as leaving:
+            request = await _create_request(leaving, path)
+            waiting = asyncio.create_task(leaving.send(request))
+
+            async def queued() -> bool:
+                return (await health(url))["queued_sessions"] == 1
+
+            await until(queued, what="the HTTP call waits in line")
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        await holder.close()  # its slot frees: the caller in line has gone
+
+        async def settled() -> bool:
+            now = await health(url)
+            return (now["queued_sessions"], now["active_sessions"]) == (0, 0)
+
+        await until(settled, what="the line and the slots empty")
+        assert await asyncio.to_thread(_opened, url) == 1  # the holder's only
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            answer = await http.send(await _create_request(http, path))
+            assert answer.status_code == 200
+        assert await asyncio.to_thread(_opened, url) == 2
