@@ -89,6 +89,29 @@ def test_sequential_stops_at_the_first_zero() -> None:
     assert Sequential(Fixed(1.0), Fixed(0.6))(None, None) == 0.6
 
 
+@pytest.mark.parametrize("scoring", ["call", "evaluate"])
+def test_parts_a_sequential_skipped_report_no_score_rather_than_the_last_steps(
+    scoring: str,
+) -> None:
+    # Step 1 scores every part; on step 2 the gate fails, and what the skipped
+    # judge said on step 1 must not be reported as its score on step 2.
+    gate, judge = Fixed(1.0), Fixed(0.9)
+    rubric = Sequential(gate, WeightedSum({"judge": judge}, weights=[1.0]))
+
+    def score() -> dict[str, float | None]:
+        if scoring == "call":
+            rubric(None, Observation())
+        else:
+            asyncio.run(rubric.evaluate(None, Observation()))
+        parts: dict[str, float | None] = rubric.annotate(Observation()).metadata["reward_parts"]
+        return parts
+
+    assert score() == {"part0": 1.0, "part1": 0.9, "part1.judge": 0.9}
+    gate.score = 0.0
+    assert score() == {"part0": 0.0, "part1": None, "part1.judge": None}
+    assert judge.calls == 1
+
+
 def test_a_trajectory_rubric_scores_the_episode_when_it_ends() -> None:
     class Shortest(TrajectoryRubric):
         def score_trajectory(self, steps: list[tuple[Any, Any]]) -> float:

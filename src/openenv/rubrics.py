@@ -209,17 +209,28 @@ class Sequential(_Combined):
 
     def _attempt(self, action: Any, observation: Any) -> float | BaseException:
         score = 0.0
-        for part in self._parts.values():
+        parts = list(self._parts.values())
+        for i, part in enumerate(parts):
             if (score := part(action, observation)) == 0:
+                _unscored(parts[i + 1 :])
                 return 0.0
         return score
 
     async def _attempt_async(self, action: Any, observation: Any) -> float | BaseException:
         score = 0.0
-        for part in self._parts.values():
+        parts = list(self._parts.values())
+        for i, part in enumerate(parts):
             if (score := await part.evaluate(action, observation)) == 0:
+                _unscored(parts[i + 1 :])
                 return 0.0
         return score
+
+
+def _unscored(parts: list[Rubric]) -> None:
+    """Parts skipped this step report no score (``None``), not an earlier step's."""
+    for part in parts:
+        for rubric in (part, *(below for _, below in part.parts())):
+            rubric.last_score = rubric.last_error = None
 
 
 class TrajectoryRubric(Rubric):
