@@ -6,6 +6,7 @@ one whole would hold whatever a client sends. ``read_body`` refuses a body
 whose ``Content-Length`` is over the limit before reading any of it, and one
 sent without (chunked) as soon as it passes the limit, so a client that
 announces a gigabyte, or streams for ever, costs the server ``limit`` bytes.
+Once it is read, ``client_gone`` tells whether the client has left since.
 """
 
 from __future__ import annotations
