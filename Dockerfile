@@ -10,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     UVICORN_HOST=0.0.0.0 \
     UVICORN_PORT=8000 \
-    UVICORN_WS=openenv.server.wsprotocol:WebSocketProtocol
+    UVICORN_WS=openenv.server.wsprotocol:WebSocketProtocol \
+    UVICORN_HTTP=openenv.server.httpprotocol:HttpToolsProtocol
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -26,5 +27,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['UVICORN_PORT'] + '/health', timeout=4)"]
 # uvicorn is PID 1 and reads UVICORN_HOST / UVICORN_PORT / UVICORN_WS (openenv's fast
-# WebSocket protocol); SIGTERM stops it cleanly.
+# WebSocket protocol) / UVICORN_HTTP (openenv's HTTP protocol: a client's request headers
+# must end within OPENENV_HEADER_TIMEOUT); SIGTERM stops it cleanly.
 CMD ["uvicorn", "server.app:app"]

@@ -400,3 +400,26 @@ def test_a_bad_header_limit_in_the_environment_is_refused_before_serving(
         f"error: {variable} must be a positive number of {unit}, not {value!r}"
     ]
     assert "serving" not in ran.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--ray", "--workers", "2"], "--workers"),
+        (["--ray", "--reload"], "--reload"),
+        (["--ray", "--session-timeout", "60"], "--session-timeout"),
+        (["--replicas", "4"], "--replicas"),
+        (["--max-replicas", "8"], "--max-replicas"),
+        (["--num-cpus", "2"], "--num-cpus"),
+        (["--start-timeout", "600"], "--start-timeout"),
+    ],
+)
+def test_an_option_the_chosen_way_of_serving_would_drop_is_refused(
+    tmp_path: Path, args: list[str], flag: str
+) -> None:
+    # `openenv serve --replicas 4` served one process, and `--ray --session-timeout`
+    # a fleet whose sessions never timed out as asked: both without a word.
+    folder = str(write_env(tmp_path / "env"))
+    line = refused(folder, "--port", "0", *args)
+    assert line.startswith(f"error: {flag} ")
+    assert ("does not apply to --ray" if "--ray" in args else "is an option of --ray") in line

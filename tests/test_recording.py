@@ -77,6 +77,20 @@ def test_a_recorded_run_reads_back_with_every_step_in_order(tmp_path: Path) -> N
     assert [e.ended for e in load(file)] == ["reset", None]
 
 
+def test_an_episode_that_begins_with_a_step_counts_that_steps_reward(tmp_path: Path) -> None:
+    # OpenEnv's POST /step is a session of one step, never reset; a /ws client may
+    # also step before any reset. Only a reset's reward is left out of the total.
+    import httpx
+
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, record=str(tmp_path / "rec"))
+    with run_server(app) as url:
+        stepped = httpx.post(f"{url}/step", json={"action": {"message": "hello"}})
+        assert stepped.json()["reward"] == 0.5
+    (episode,) = load(tmp_path / "rec")
+    assert [s.kind for s in episode.steps] == ["step"]
+    assert episode.total_reward == 0.5
+
+
 def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:
     with run_server(wordle_app(tmp_path / "rec")) as url:
         asyncio.run(play_two_games(url))

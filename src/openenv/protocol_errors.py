@@ -72,7 +72,7 @@ class CloseCode(IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001  # server shutting down, or the session idled out
-    POLICY_VIOLATION = 1008  # a bad API key or Origin, or too many bad frames
+    POLICY_VIOLATION = 1008  # too many bad frames (a bad key or Origin: HTTP 401/403)
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013  # at capacity

@@ -82,7 +82,8 @@ class Episode:
 
     @property
     def total_reward(self) -> float:
-        return sum(step.reward or 0.0 for step in self.steps[1:])
+        """The sum of its steps' rewards; a reset's does not count."""
+        return sum(step.reward or 0.0 for step in self.steps if step.kind != "reset")
 
 
 def load(path: str | Path) -> list[Episode]:

@@ -3,7 +3,7 @@
 `app` serves the plain `def step` (waits in `time.sleep`, off the event loop);
 `async_app` the `async def step` (waits in `asyncio.sleep`, on the loop).
 `OPENENV_MAX_CONCURRENT_ENVS` sets the session cap (default 1024) and
-`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: none).
+`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: 300; `none` for never).
 """
 
 import os

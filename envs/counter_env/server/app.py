@@ -2,7 +2,8 @@
 
 Sessions over WebSocket at /ws; MCP clients at /mcp. `OPENENV_MAX_CONCURRENT_ENVS`
 sets the session cap (default 256) and `OPENENV_SESSION_TIMEOUT` the idle
-timeout in seconds (default: none for WebSocket, 30 minutes for MCP).
+timeout in seconds (default: 300; `none` for never; MCP sessions then idle out
+after 30 minutes).
 """
 
 import os

@@ -1,7 +1,7 @@
 """The echo environment's ASGI app: `uvicorn server.app:app` from this folder.
 
 `OPENENV_MAX_CONCURRENT_ENVS` sets the session cap (default 64) and
-`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: none).
+`OPENENV_SESSION_TIMEOUT` the idle timeout in seconds (default: 300; `none` for never).
 """
 
 import os

@@ -238,6 +238,29 @@ def serve_command(
     ] = 300.0,
 ) -> None:
     """Serve the environment in PATH (default: this folder) over WebSocket sessions."""
+    # An option the chosen way of serving would drop is refused, not ignored.
+    fleet_only = {
+        "--replicas": replicas != 1,
+        "--min-replicas": min_replicas is not None,
+        "--max-replicas": max_replicas is not None,
+        "--num-cpus": num_cpus != 1.0,
+        "--start-timeout": start_timeout != 300.0,
+    }
+    one_machine = {
+        "--workers": workers != 1,
+        "--reload": reload,
+        "--session-timeout": session_timeout is not None,
+    }
+    dropped = [f for f, given in (one_machine if ray else fleet_only).items() if given]
+    if dropped:
+        why = (
+            "does not apply to --ray: each replica is one process with its app's own "
+            "settings; leave it out"
+            if ray
+            else "is an option of --ray (a fleet of replicas); add --ray or leave it out"
+        )
+        typer.echo(f"error: {dropped[0]} {why}", err=True)
+        raise typer.Exit(1)
     if ray:
         from openenv.cli.serve_fleet import serve_fleet
 

@@ -6,9 +6,14 @@ one whole would hold whatever a client sends. ``read_body`` refuses a body
 whose ``Content-Length`` is over the limit before reading any of it, and one
 sent without (chunked) as soon as it passes the limit, so a client that
 announces a gigabyte, or streams for ever, costs the server ``limit`` bytes.
+Once it is read, ``client_gone`` tells whether the client has left since.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -17,7 +22,7 @@ from starlette.types import Message, Receive, Scope
 
 from openenv.errors import OpenEnvError
 
-__all__ = ["BodyTooLarge", "read_body", "replay", "route_body"]
+__all__ = ["BodyTooLarge", "client_gone", "read_body", "replay", "route_body"]
 
 
 class BodyTooLarge(OpenEnvError):
@@ -73,3 +78,25 @@ def replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+@contextlib.asynccontextmanager
+async def client_gone(receive: Receive) -> AsyncIterator[Callable[[], bool]]:
+    """Whether the client of a request has left: for ``open_session``, so that a
+    caller who gave up while it waited in line for a slot gets no environment.
+
+    For a request whose body has been read whole, or is not wanted: what is
+    left of it is read and dropped.
+    """
+    left = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left.set()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield left.is_set
+    finally:
+        watcher.cancel()

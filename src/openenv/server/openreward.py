@@ -43,6 +43,7 @@ from openenv import protocol
 from openenv.protocol import ErrorCode
 from openenv.server import openreward_requests as req
 from openenv.server import openreward_wire as wire
+from openenv.server.http_bodies import client_gone
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import SessionState
@@ -286,7 +287,8 @@ class OpenRewardBridge:
         else:
             task = req.task_at(service, body.split or "", body.index or 0)  # both set
         try:
-            session = await service.open_session()
+            async with client_gone(request.receive) as gone:
+                session = await service.open_session(gone)
         except SessionRefused as refused:
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             headers = {"Retry-After": "1"} if status == 503 else None

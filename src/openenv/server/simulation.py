@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
@@ -34,7 +35,7 @@ from starlette.routing import BaseRoute
 from openenv import protocol
 from openenv.protocol import ErrorCode
 from openenv.server import calls
-from openenv.server.http_bodies import route_body
+from openenv.server.http_bodies import client_gone, route_body
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session
 from openenv.types import EnvironmentMetadata
@@ -66,11 +67,11 @@ async def _body(request: Request, service: EnvService) -> dict[str, Any]:
     return value
 
 
-async def _open(service: EnvService) -> Session:
+async def _open(service: EnvService, gone: Callable[[], bool] | None = None) -> Session:
     """A session for one call: a full or stopping server is a 503 to retry, a
     factory that failed a 500."""
     try:
-        return await service.open_session()
+        return await service.open_session(gone)
     except SessionRefused as refused:
         status = 503 if refused.code is not ErrorCode.FACTORY_ERROR else 500
         headers = {"Retry-After": "1"} if status == 503 else None
@@ -78,14 +79,24 @@ async def _open(service: EnvService) -> Session:
 
 
 async def _once(
-    service: EnvService, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
+    request: Request, kind: Literal["reset", "step", "state"], data: dict[str, Any] | None
 ) -> protocol.ServerMessage:
-    """One call on a fresh environment of its own, closed after it, its slot freed."""
-    session = await _open(service)
+    """One call on a fresh environment of its own, closed after it, its slot freed.
+
+    The request's body has been read: a caller that leaves while it waits for a
+    slot (``queue_timeout``) is dropped from the line with no environment made."""
+    service = _service(request)
+    async with client_gone(request.receive) as gone:
+        session = await _open(service, gone)
     try:
         reply = await session.handle(protocol.request_frame(kind, data))
     finally:
-        await session.aclose("http_call_done")
+        if session.stuck is None:
+            await session.aclose("http_call_done")
+        else:
+            # A blocking call past its deadline: the reply goes now, and close()
+            # (and the slot) wait for its thread, as on /ws.
+            _close_later(session, "http_call_done")
     assert reply is not None, "only a close request has no reply"
     message = protocol.parse_server_message(reply)
     if isinstance(message, protocol.ErrorReply):
@@ -121,7 +132,7 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
             # A thread cannot be stopped: close() waits for it, as after a step past
             # its deadline, and the slot stays taken until then; the reply does not.
             session.stuck = exc.stuck
-            _close_later(session)
+            _close_later(session, "metadata_timeout")
         raise HTTPException(500, f"get_metadata() {exc}") from None
     except BaseException as exc:  # its text may hold secrets: the type only, as for a step
         if isinstance(exc, asyncio.CancelledError) and calls.being_cancelled():
@@ -135,12 +146,12 @@ async def environment_metadata(service: EnvService) -> EnvironmentMetadata:
     return kept
 
 
-# Closes waiting for a get_metadata() past its deadline, kept from the garbage collector.
+# Closes waiting for a call past its deadline, kept from the garbage collector.
 _closing: set[asyncio.Task[None]] = set()
 
 
-def _close_later(session: Session) -> None:
-    task = asyncio.get_running_loop().create_task(session.aclose("metadata_timeout"))
+def _close_later(session: Session, reason: str) -> None:
+    task = asyncio.get_running_loop().create_task(session.aclose(reason))
     _closing.add(task)
     task.add_done_callback(_closing.discard)
 
@@ -161,23 +172,22 @@ def _observation(message: protocol.ServerMessage) -> Response:
 async def reset(request: Request) -> Response:
     """Reset a fresh environment (``seed``, ``episode_id``, reset arguments) and
     return its first observation; the environment is closed after."""
-    service = _service(request)
-    return _observation(await _once(service, "reset", await _body(request, service)))
+    body = await _body(request, _service(request))
+    return _observation(await _once(request, "reset", body))
 
 
 async def step(request: Request) -> Response:
     """Step a fresh environment (never reset) with ``{"action": {...}}``, as OpenEnv does."""
-    service = _service(request)
-    body = await _body(request, service)
+    body = await _body(request, _service(request))
     action = body.get("action")
     if not isinstance(action, dict):
         raise HTTPException(422, "the request body needs an 'action' object")
-    return _observation(await _once(service, "step", action))
+    return _observation(await _once(request, "step", action))
 
 
 async def state(request: Request) -> Response:
     """The state of a fresh environment."""
-    message = await _once(_service(request), "state", None)
+    message = await _once(request, "state", None)
     assert isinstance(message, protocol.StateReply)
     return Response(orjson.dumps(message.data), media_type="application/json")
 
