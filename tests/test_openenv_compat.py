@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from echo_env.models import EchoAction
-from openenv import CapacityError, WebSocketEnvClient
+from openenv import CapacityError, SessionClosedError, WebSocketEnvClient
 from openenv.core import EnvClient
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.http_server import create_app as core_create_app
@@ -313,3 +313,34 @@ def test_a_step_result_is_built_as_openenvs_dataclass_is(oe_echo_url: str) -> No
         result = env.step(OeEchoAction(message="hey"))
     assert result.observation == {"echoed_message": "hey", "message_length": 3}
     assert (result.reward, result.done) == (pytest.approx(0.3), False)
+
+
+def test_disconnect_ends_the_session_and_the_next_call_opens_another(oe_echo_url: str) -> None:
+    # OpenEnv's EnvClient.disconnect() closes the socket; its next call reconnects.
+    client = OeEchoEnv(base_url=oe_echo_url)
+    try:
+        client.reset()
+        client.step(OeEchoAction(message="one"), timeout_s=5)  # OpenEnv ignores keywords
+        assert client.state().step_count == 1
+        client.disconnect()
+        # The cap is 1: the old session's slot is free, or this would wait and fail.
+        assert httpx.get(f"{oe_echo_url}/health").json()["active_sessions"] == 0
+        client.reset()
+        assert client.state().step_count == 0  # a new session, a new environment
+        client.disconnect()
+        client.disconnect()  # as often as asked
+    finally:
+        client.close()
+    with pytest.raises(SessionClosedError):  # closed for good
+        client.reset()
+
+
+async def test_disconnect_awaited_inside_an_event_loop(oe_echo_url: str) -> None:
+    client = OeEchoEnv(base_url=oe_echo_url)
+    try:
+        await client.reset()
+        await client.disconnect()
+        result = await client.step(OeEchoAction(message="again"))
+        assert result.observation.echoed_message == "again"
+    finally:
+        await client.close()

@@ -5,7 +5,9 @@ overrides ``_step_payload``, ``_parse_result`` and ``_parse_state``; those
 hooks are honoured here, so its payloads and its ``StepResult`` (with
 ``metadata``) are exactly what it would get from OpenEnv. Everything else is
 ``openenv.EnvClient``: blocking without a running event loop, awaitable inside
-one, ``.sync()``, ``with``/``async with``, OpenEnv's constructor options.
+one, ``.sync()``, ``with``/``async with``, OpenEnv's constructor options. As
+OpenEnv's, ``step`` takes (and ignores) extra keywords, and ``disconnect()``
+ends the session while the client stays usable: its next call opens a new one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from openenv import protocol
 from openenv.client._base import ActT, ObsT, StateT
 from openenv.client.async_ import EnvClient as _EnvClient
+from openenv.client.loop_aware import loop_aware
 from openenv.core.client_types import StepResult
 
 __all__ = ["EnvClient"]
@@ -53,6 +56,21 @@ class EnvClient(_EnvClient[ActT, ObsT, StateT]):
     def _parse_state(self, payload: dict[str, Any]) -> StateT:
         """The ``State`` from a ``state`` reply's data."""
         return typing.cast(StateT, self.state_cls.model_validate(payload))
+
+    @loop_aware
+    async def step(self, /, action: ActT | dict[str, Any], **kwargs: Any) -> StepResult[ObsT]:
+        """Step the environment; keywords are accepted and ignored, as OpenEnv's are."""
+        return await super().step(action)  # type: ignore[return-value]
+
+    @loop_aware
+    async def disconnect(self) -> None:
+        """End the session (the server closes its environment and frees its slot);
+        the client stays usable, and its next call opens a new session, as after
+        OpenEnv's ``disconnect()``. ``close()`` ends the client for good."""
+        if self._closed:
+            return
+        await self.close()
+        self._closed = False
 
     def encode_action(self, action: ActT | dict[str, Any]) -> dict[str, Any]:
         if isinstance(action, dict):
