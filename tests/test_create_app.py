@@ -127,6 +127,18 @@ def test_health_metadata_and_schema(echo_url: str) -> None:
     assert schema["action"]["required"] == ["message"]
 
 
+@pytest.mark.parametrize("path", ["/health", "/metadata", "/schema", "/metrics"])
+def test_introspection_routes_answer_head_as_their_get(echo_url: str, path: str) -> None:
+    # Uptime monitors ask with HEAD, and take a 405 for a server that is down.
+    with httpx.Client(base_url=echo_url) as http:
+        head, get = http.head(path), http.get(path)
+        paths = http.get("/openapi.json").json()["paths"]
+    assert (head.status_code, get.status_code) == (200, 200)
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert list(paths[path]) == ["get"]  # the OpenAPI page lists each route once
+
+
 def test_state_schema_comes_from_the_generic_arguments() -> None:
     app = create_app(PingEnvironment, Ping, Pong)
     with run_server(app) as url:

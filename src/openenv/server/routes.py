@@ -70,7 +70,7 @@ async def schema(request: Request) -> SchemaResponse:
 
 
 def routes() -> list[BaseRoute]:
-    return [
+    introspection = [
         APIRoute(
             "/health",
             health,
@@ -81,10 +81,29 @@ def routes() -> list[BaseRoute]:
         APIRoute("/metadata", metadata, methods=["GET"], response_model=EnvironmentMetadata),
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
+    ]
+    return [
+        *introspection,
+        # HEAD too (uptime monitors ask so, and read a 405 as down): the GET's
+        # status and headers, whose body the HTTP layer leaves out. Not in the
+        # OpenAPI page, where it would list each route twice.
+        *(_head_of(route) for route in introspection),
         WebSocketRoute("/ws", SessionEndpoint()),
         *simulation_routes(),
         *catalog_routes(),
     ]
+
+
+def _head_of(route: APIRoute) -> APIRoute:
+    return APIRoute(
+        route.path,
+        route.endpoint,
+        methods=["HEAD"],
+        response_model=route.response_model,
+        response_class=route.response_class,
+        response_model_exclude_none=route.response_model_exclude_none,
+        include_in_schema=False,
+    )
 
 
 def web_routes() -> list[BaseRoute]:
