@@ -462,6 +462,7 @@ class SessionCore:
         (a ``SystemExit`` out of the environment, a bug): the session ends, the server goes on."""
         self.log.error("internal error", exc_info=exc)
         self._end(CloseCode.INTERNAL_ERROR)
+        self._metrics.errors[ErrorCode.SESSION_ERROR.value] += 1
         return protocol.error_frame(
             ErrorCode.SESSION_ERROR,
             "internal server error",
