@@ -383,7 +383,8 @@ class SessionCore:
         if not isinstance(result, expected):
             raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR,
-                f"{call.name} of {type(self.env).__name__} returned {type(result).__name__}, "
+                # The class's own name, also for one in a child process (not its proxy's).
+                f"{call.name} of {self._reset_args.env_name} returned {type(result).__name__}, "
                 f"expected {expected.__name__}",
                 call.request_id,
             )
