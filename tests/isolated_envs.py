@@ -18,7 +18,7 @@ from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
 
 
 class Crash(Action):
-    how: Literal["no", "exit", "segfault", "kill", "raise", "hang"] = "no"
+    how: Literal["no", "exit", "segfault", "kill", "raise", "hang", "unfit"] = "no"
 
 
 class Sighting(Observation):
@@ -49,6 +49,8 @@ class Crashy(Environment[Crash, Sighting, State]):
             time.sleep(3600)  # as stuck as C code that never returns
         if action.how == "raise":
             raise ValueError("asked to raise")
+        if action.how == "unfit":
+            return {"pid": os.getpid()}  # type: ignore[return-value]  # not an Observation
         self._state.step_count += 1
         return Sighting(pid=os.getpid(), steps=self._state.step_count, reward=1.0)
 

@@ -139,6 +139,14 @@ def test_state_and_errors_cross_the_process_boundary() -> None:
                 with pytest.raises(EnvExecutionError, match="ValueError"):
                     await env.step(Crash(how="raise"))
                 assert (await env.step(Crash())).observation.steps == 3  # it goes on
+                # An unfit return value is named with the environment's own class,
+                # as without isolation (it said "step() of ProcessEnvironment").
+                with pytest.raises(EnvExecutionError) as unfit:
+                    await env.step(Crash(how="unfit"))
+                assert unfit.value.message == (
+                    "step() of Crashy returned dict, expected Observation"
+                )
+                assert (await env.step(Crash())).observation.steps == 4
 
         asyncio.run(scenario())
 

@@ -460,6 +460,41 @@ async def test_an_async_step_that_blocks_the_loop_is_logged_with_its_session(
             assert "event loop" in reply["reason"]
 
 
+async def test_queued_clients_that_leave_leave_the_line_at_once() -> None:
+    """A v1 client that vanished while in line stayed counted in ``queued_sessions``
+    (which pools and fleets subtract from the room they see) until a slot freed
+    or its ``queue_timeout`` passed."""
+    app = create_app(Echo, Ping, Pong, ConcurrencyConfig(queue_timeout=60))
+    with run_server(app) as url:
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as holder:
+            await holder.reset()
+            # As openenv's clients connect: uncompressed (websockets' own framing,
+            # which compression needs, stops reading after each frame until the
+            # session reads it, so a disconnect after one is seen only then).
+            queued = [await connect(ws_url(url), compression=None) for _ in range(3)]
+            await queued[0].send('{"type": "reset"}')  # a frame sent while in line, too
+
+            async def in_line(count: int) -> Any:
+                async def reached() -> bool:
+                    return (await health(url))["queued_sessions"] == count
+
+                return reached
+
+            await until(await in_line(3), what="three clients in line")
+            queued[0].transport.abort()
+            await queued[1].close()
+            await until(await in_line(1), what="the two that left out of line")
+            # The one still in line gets the slot the holder frees, and plays.
+            await holder.close()
+            await queued[2].send('{"type": "step", "data": {"message": "next"}}')
+            reply = orjson.loads(await queued[2].recv())
+            assert reply["data"]["observation"]["message"] == "next"
+            await queued[2].close()
+        await slots_free(url)
+        assert (await health(url))["queued_sessions"] == 0
+    assert len(TRACKER.created) == 2  # the holder's and the last one's
+
+
 async def test_queued_clients_that_left_get_no_environment() -> None:
     app = create_app(Echo, Ping, Pong, ConcurrencyConfig(queue_timeout=30))
     with run_server(app) as url:

@@ -21,6 +21,7 @@ from openenv import (
     ConcurrencyConfig,
     EnvExecutionError,
     EnvValidationError,
+    SessionError,
     WebSocketEnvClient,
     create_app,
 )
@@ -143,3 +144,33 @@ async def test_mcp_tool_errors_are_counted_like_ws_ones() -> None:
         seen = await samples(url)
     errors = {dict(k[1])["code"]: v for k, v in seen.items() if k[0] == "openenv_errors_total"}
     assert errors == {"EXECUTION_ERROR": 1, "VALIDATION_ERROR": 1, "UNKNOWN_TOOL": 1}
+
+
+class Exits(PingEnvironment):
+    """A step that asks to fail calls ``sys.exit``: the session ends, not the server."""
+
+    def step(self, action: Ping, **kwargs: object) -> Pong:
+        if action.fail:
+            raise SystemExit(3)
+        return super().step(action)
+
+
+async def test_an_internal_error_is_counted_with_the_error_frame_it_sends() -> None:
+    """``sys.exit()`` in a step sends SESSION_ERROR "internal server error", on v1 and
+    v2; openenv_errors did not count it, and a dashboard saw no error at all."""
+    with run_server(ping_app(Tracker(), env_cls=Exits)) as url:
+        with pytest.raises(SessionError):
+            async with client(url) as env:
+                await env.step(Ping(fail=True))
+        ws = await raw_v2(url)
+        try:
+            await open_sessions(ws, 1)
+            await send(ws, [{"session": 0, "type": "step", "data": {"fail": True}, "id": 1}])
+            error, notice = await replies(ws, 2)
+        finally:
+            await ws.close()
+        await slots_free(url)
+        counted = await samples(url)
+    assert (error["data"]["code"], notice["type"]) == ("SESSION_ERROR", "closed")
+    assert counted[("openenv_errors_total", (("code", "SESSION_ERROR"),))] == 2
+    assert counted[("openenv_sessions_closed_total", (("reason", "error"),))] == 2

@@ -1,24 +1,30 @@
-"""Graceful shutdown of a real server process on SIGTERM and SIGINT."""
+"""Graceful shutdown of a real server (a process, on SIGTERM and SIGINT, or in a thread)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from servers import Ping, PingEnvironment, Pong, Tracker, health, until
+from v2_wire import raw_v2, send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from openenv import ConcurrencyConfig, create_app
 from openenv.client import ws_url
 from openenv.protocol_v2 import SUBPROTOCOL
+from openenv.server.runner import GracefulServer, uvicorn_config
 
 APPS = Path(__file__).parent / "apps"
 
@@ -186,3 +192,71 @@ async def test_sigterm_ends_openreward_sessions_and_their_calls_in_flight(tmp_pa
     assert "data: [SESSION_ERROR] the session has ended (shutdown)" in rest
     # The idle session's environment was closed; the one in a call was given up.
     assert close_log.read_text().split() == ["closed"]
+
+
+@contextlib.contextmanager
+def graceful(app: object) -> Iterator[tuple[str, GracefulServer]]:
+    """``app`` under ``openenv serve``'s server, in a thread; its URL, and the server
+    (``should_exit`` starts the graceful shutdown)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = GracefulServer(uvicorn_config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the server stopped while starting"
+            thread.join(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        assert not thread.is_alive(), "the server did not stop"
+
+
+async def test_a_shutdown_refuses_the_sessions_waiting_for_a_slot() -> None:
+    """Sessions in line for a slot (v1 and v2) were given the slots the shutdown
+    freed: an environment was made for each while the server stopped, and the v1
+    client's connection was then cut with 1012, its reply never sent."""
+    tracker = Tracker()
+    app = create_app(
+        functools.partial(PingEnvironment, tracker, None),
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=60),
+    )
+    with graceful(app) as (url, server):
+        holder = await connect(ws_url(url))
+        await holder.send('{"type": "reset"}')
+        await holder.recv()
+        waiting = await connect(ws_url(url))
+        waiting_v2 = await raw_v2(url)
+        await send(waiting_v2, [{"session": 0, "type": "open", "id": 1}])
+
+        async def both_in_line() -> bool:
+            return (await health(url))["queued_sessions"] == 2
+
+        await until(both_in_line, what="two sessions in line")
+        server.should_exit = True
+        frames = await asyncio.gather(*(received(ws) for ws in (holder, waiting, waiting_v2)))
+    held, refused, refused_v2 = frames
+    assert [held[-1], refused[-1], refused_v2[-1]] == [1001] * 3
+    [reply] = refused[:-1]
+    assert reply["data"]["code"] == "SESSION_ERROR"  # type: ignore[index]
+    assert reply["data"]["message"].startswith("server shutting down")  # type: ignore[index]
+    [[reply_v2]] = refused_v2[:-1]
+    assert (reply_v2["id"], reply_v2["data"]["code"]) == (1, "SESSION_ERROR")  # type: ignore[index]
+    assert len(tracker.created) == 1  # the holder's alone
+    assert len(tracker.closed) == 1
+
+
+async def received(ws: ClientConnection) -> list[object]:
+    """Every frame ``ws`` gets (decoded), then its close code."""
+    frames: list[object] = []
+    try:
+        while True:
+            frames.append(orjson.loads(await asyncio.wait_for(ws.recv(), 30)))
+    except ConnectionClosed as closed:
+        frames.append(closed.rcvd.code if closed.rcvd else None)
+    return frames

@@ -20,6 +20,7 @@ and its slot either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 from collections.abc import Coroutine
@@ -66,13 +67,44 @@ class SessionEndpoint:
             await _serve(service, MuxConnection(websocket, service, receive, send, channel))
             return
         try:
-            session = await service.open_session(
-                (lambda: channel.disconnected) if channel is not None else None
-            )
+            if channel is not None and service.concurrency.queue_timeout > 0:
+                await _admit_unless_gone(service, channel)
+                session = await service.make_session()
+            else:
+                session = await service.open_session(
+                    (lambda: channel.disconnected) if channel is not None else None
+                )
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return
         await _serve(service, Connection(websocket, session, service, receive, send, channel))
+
+
+async def _admit_unless_gone(service: EnvService, channel: DirectChannel) -> None:
+    """``service.admit``, given up as soon as the client leaves while it waits in line:
+    a client gone must neither count in ``queued_sessions`` (pools and fleets place
+    sessions by it) nor hold a task until ``queue_timeout``."""
+    admitting = asyncio.ensure_future(service.admit(lambda: channel.disconnected))
+    try:
+        while not admitting.done():
+            # Frames the client sent meanwhile stay queued for the session; a
+            # disconnect is put behind them and sets ``disconnected``.
+            arrived = channel.arrival()
+            await asyncio.wait((admitting, arrived), return_when=asyncio.FIRST_COMPLETED)
+            if channel.disconnected and not admitting.done():
+                admitting.cancel()  # admit() is safe to cancel: no slot is held
+                with contextlib.suppress(asyncio.CancelledError):
+                    await admitting
+                raise SessionRefused(
+                    ErrorCode.SESSION_ERROR,
+                    "the client left while waiting for a slot",
+                    CloseCode.GOING_AWAY,
+                )
+    except asyncio.CancelledError:
+        if not admitting.cancel() and not admitting.cancelled() and not admitting.exception():
+            service.registry.release()  # admitted just as this task was cancelled
+        raise
+    admitting.result()  # SessionRefused if refused
 
 
 async def _serve(service: EnvService, connection: Connection | MuxConnection) -> None:

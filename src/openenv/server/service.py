@@ -172,19 +172,23 @@ class EnvService:
         """
         refused: SessionRefused | None = None
         if self.draining:
-            refused = SessionRefused(
-                ErrorCode.SESSION_ERROR,
-                "server shutting down; connect to another instance or retry later",
-                CloseCode.GOING_AWAY,
-            )
+            refused = _shutting_down()
         elif not await self.registry.acquire(self.concurrency.queue_timeout):
-            refused = SessionRefused(
-                ErrorCode.CAPACITY_REACHED,
-                f"server at capacity ({self.registry.max_sessions} sessions); retry later",
-                CloseCode.TRY_AGAIN_LATER,
-                active_sessions=self.registry.totals()[0],  # every worker's, like the cap
-                max_sessions=self.registry.max_sessions,
+            # Turned away from the line by a shutdown, or out of time.
+            refused = (
+                _shutting_down()
+                if self.draining
+                else SessionRefused(
+                    ErrorCode.CAPACITY_REACHED,
+                    f"server at capacity ({self.registry.max_sessions} sessions); retry later",
+                    CloseCode.TRY_AGAIN_LATER,
+                    active_sessions=self.registry.totals()[0],  # every worker's, like the cap
+                    max_sessions=self.registry.max_sessions,
+                )
             )
+        elif self.draining:  # a slot freed by the shutdown itself: no environment now
+            self.registry.release()
+            refused = _shutting_down()
         elif gone is not None and gone():
             self.registry.release()
             raise SessionRefused(
@@ -383,6 +387,7 @@ class EnvService:
         loop = asyncio.get_running_loop()
         if loop in self._serving:
             self._serving[loop] = True
+            self.registry.turn_away(loop)  # those in line are refused now, not at their timeout
         await asyncio.gather(self._drain_connections(loop), *(h() for h in self.drain_hooks))
 
     async def _drain_connections(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -464,6 +469,14 @@ class EnvService:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(_discard_logged(self._background))
+
+
+def _shutting_down() -> SessionRefused:
+    return SessionRefused(
+        ErrorCode.SESSION_ERROR,
+        "server shutting down; connect to another instance or retry later",
+        CloseCode.GOING_AWAY,
+    )
 
 
 def _discard_logged(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:

@@ -383,7 +383,8 @@ class SessionCore:
         if not isinstance(result, expected):
             raise EnvFailure(
                 ErrorCode.EXECUTION_ERROR,
-                f"{call.name} of {type(self.env).__name__} returned {type(result).__name__}, "
+                # The class's own name, also for one in a child process (not its proxy's).
+                f"{call.name} of {self._reset_args.env_name} returned {type(result).__name__}, "
                 f"expected {expected.__name__}",
                 call.request_id,
             )
@@ -462,6 +463,7 @@ class SessionCore:
         (a ``SystemExit`` out of the environment, a bug): the session ends, the server goes on."""
         self.log.error("internal error", exc_info=exc)
         self._end(CloseCode.INTERNAL_ERROR)
+        self._metrics.errors[ErrorCode.SESSION_ERROR.value] += 1
         return protocol.error_frame(
             ErrorCode.SESSION_ERROR,
             "internal server error",

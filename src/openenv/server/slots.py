@@ -79,7 +79,7 @@ class SessionRegistry:
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self._reserved = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         self._board: SlotBoard | None = None
         self._poller: asyncio.Task[None] | None = None
 
@@ -141,20 +141,19 @@ class SessionRegistry:
             return True
         if wait <= 0:
             return False
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._publish_queue()
         if self._board is not None and self._poller is None:
             self._poller = asyncio.create_task(self._poll(self._board))
         try:
             async with asyncio.timeout(wait):
-                await waiter
-            return True
+                return await waiter  # False: turned away (``turn_away``)
         except TimeoutError:
             # The slot may have been handed over just as the deadline passed.
-            return waiter.done() and not waiter.cancelled()
+            return waiter.done() and not waiter.cancelled() and waiter.result()
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.release()  # granted just as we were cancelled: pass it on
             raise
         finally:
@@ -166,12 +165,18 @@ class SessionRegistry:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # the slot changes hands; the count stays
+                waiter.set_result(True)  # the slot changes hands; the count stays
                 return
         self._reserved -= 1
         assert self._reserved >= 0, "session slot released twice"
         if self._board is not None:
             self._board.give()
+
+    def turn_away(self, loop: asyncio.AbstractEventLoop) -> None:
+        """End the wait of every connection in line on ``loop``, with no slot (its
+        server is shutting down: a slot freed now must not make an environment)."""
+        for waiter in [w for w in self._waiters if w.get_loop() is loop and not w.done()]:
+            waiter.set_result(False)
 
     def add(self, session: Session) -> None:
         self.sessions[session.id] = session
@@ -195,7 +200,7 @@ class SessionRegistry:
                         board.give()
                         continue
                     self._reserved += 1
-                    waiter.set_result(None)
+                    waiter.set_result(True)
                 self._publish_queue()
         finally:
             self._poller = None
