@@ -232,6 +232,25 @@ def test_only_connection_level_failures_are_retried() -> None:
     assert calls.count("broken") == 1
 
 
+def test_a_retried_tasks_reward_and_steps_are_its_last_attempts() -> None:
+    # A retry plays the episode again from its reset: what the lost attempt
+    # scored is discarded with its steps, not added to the new one's.
+    attempts: list[int] = []
+
+    async def lost_then_played(session: EpisodeSession) -> str:
+        attempts.append(len(attempts) + 1)
+        await session.reset()
+        await session.step({"message": "ab"})  # 0.2
+        if len(attempts) == 1:
+            await session.step({"message": "abcdef"})  # 0.6, then the connection is lost
+            raise SessionClosedError("the connection dropped")
+        return "played"
+
+    (result,) = Runners.sync_run_task([factory_task("t0", lost_then_played)], QUICK)
+    assert (result.value, result.attempts, result.steps) == ("played", 2, 1)
+    assert result.reward == pytest.approx(0.2)
+
+
 def test_a_kept_session_closed_since_is_replaced_without_a_retry(echo_server_url: str) -> None:
     async def closes_its_session(session: EpisodeSession) -> str:
         await session.reset()

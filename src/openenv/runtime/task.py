@@ -167,8 +167,10 @@ class TaskResult:
         status: ``ok``, ``error`` (the agent or the environment raised, or the
             connection failed after every retry) or ``timeout``.
         value: What the agent returned (``None`` unless ``ok``).
-        reward: The sum of the rewards of every step the task took.
-        steps: How many steps it took (in its last attempt).
+        reward: The sum of its steps' rewards, in its last attempt: a retry
+            plays the episode again from its reset, and what the lost attempt
+            scored is discarded with its steps.
+        steps: How many steps it took, in its last attempt.
         error: Why it failed, unless ``ok``.
         started_at: When it started, in seconds since the epoch.
         ended_at: When it ended, likewise.
