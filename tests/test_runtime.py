@@ -174,6 +174,21 @@ async def test_sync_run_task_inside_a_running_event_loop() -> None:
     assert (await exec_tasks([factory_task("t2", echo_agent)], QUICK))[0].ok
 
 
+def test_a_task_keys_a_dict_and_joins_a_set_whatever_its_fields_hold() -> None:
+    def task(**options: Any) -> Task:
+        return Task(
+            id="t0", env=EchoEnvironment, agent=echo_agent, reset_kwargs={"a": 2}, **options
+        )
+
+    first, same, other = task(), task(), task(input=["a", "list"])
+    assert {first: "played"}[same] == "played"  # equal tasks hash alike
+    assert len({first, same}) == 1
+    assert first != other  # one id, yet not equal
+    assert len({first, other}) == 2
+    (result,) = Runners.sync_run_task([first], QUICK)  # and plays as before
+    assert result.ok, result.msg
+
+
 # -- failures and retries -----------------------------------------------------
 
 
