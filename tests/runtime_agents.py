@@ -7,6 +7,7 @@ worker processes, Ray workers and Spark's Python workers can unpickle them.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import threading
@@ -262,3 +263,17 @@ async def odd_value_agent(session: EpisodeSession) -> Any:
     if session.task.id == "task-0":
         return {1: "one", "score": np.float32(0.5), "logits": np.arange(3)}
     return 2**70  # past orjson's 64 bits
+
+
+async def non_finite_value_agent(session: EpisodeSession) -> Any:
+    """Returns NaN and infinities, alone, in containers and in NumPy arrays."""
+    import numpy as np
+
+    return {
+        "loss": math.nan,
+        "bounds": (-math.inf, 1.5),
+        "scores": np.array([0.5, np.inf], dtype=np.float32),
+        "best": np.float64(np.nan),
+        "counts": np.arange(2),
+        "name": "NaN",
+    }

@@ -273,6 +273,29 @@ def test_out_keeps_results_whose_values_are_not_plain_json(echo_url: str, tmp_pa
     ]
 
 
+def test_out_writes_a_values_nan_and_infinities_as_frames_and_rewards_do(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """As null they read back as no value at all; the reward was "NaN" already."""
+    out = tmp_path / "results.jsonl"
+    command = ["run", "--env", echo_url, "--agent", "runtime_agents:non_finite_value_agent"]
+    outcome = runner.invoke(app, [*command, "--tasks", "1", "--out", str(out)])
+    assert outcome.exit_code == 0, outcome.output
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["value"] == {
+        "loss": "NaN",
+        "bounds": ["-Infinity", 1.5],
+        "scores": [0.5, "Infinity"],
+        "best": "NaN",
+        "counts": [0, 1],
+        "name": "NaN",
+    }
+    outcome = runner.invoke(app, [*command, "--tasks", "1", "--out", str(out), "--resume"])
+    assert outcome.exit_code == 0, outcome.output  # read back by --resume, as it was
+    assert "resuming: 1 of 1 tasks done" in outcome.output
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [row]
+
+
 def test_resume_with_fewer_tasks_keeps_the_results_of_the_others(
     echo_url: str, tmp_path: Path
 ) -> None:

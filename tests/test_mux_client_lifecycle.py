@@ -43,6 +43,40 @@ async def test_a_client_dropped_without_close_frees_its_sessions_slots() -> None
             assert len(await again.open(2)) == 2
 
 
+async def test_a_dropped_client_frees_its_slots_without_waiting_for_the_cycle_collector() -> None:
+    # A script that opens a client a round and never closes it, in a process
+    # where the collector seldom runs (or is off): each round's slots must be
+    # free by the next, or the server's cap fills up.
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        gc.disable()
+        try:
+            for _ in range(3):
+                mux = client(url)
+                sessions = await mux.open(2)  # the whole cap
+                assert [r.observation.count for r in await mux.step(sessions, [Ping()] * 2)] == [
+                    1,
+                    1,
+                ]
+                dropped = weakref.ref(mux)
+                del mux, sessions
+                assert dropped() is None  # gone with its last reference
+                await slots_free(url)
+        finally:
+            gc.enable()
+
+
+async def test_a_session_held_alone_keeps_its_client_alive() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=2)) as url:
+        (session,) = await client(url).open(1)  # nobody holds the client itself
+        gc.collect()
+        assert (await session.step(Ping())).observation.count == 1
+        assert (await health(url))["active_sessions"] == 1
+        await session.mux.close()
+        await slots_free(url)
+
+
 async def test_every_close_returns_only_once_the_sessions_are_closed() -> None:
     tracker = Tracker()
     with run_server(ping_app(tracker, max_envs=3)) as url:

@@ -322,3 +322,19 @@ def test_a_recording_folder_that_is_a_file_is_refused_at_start(tmp_path: Path) -
     assert "record" in served.stderr, served.stderr
     assert "is a file" in served.stderr, served.stderr
     assert "Traceback" not in served.stderr, served.stderr
+
+
+def test_the_record_folder_may_be_a_path(tmp_path: Path) -> None:
+    """``create_app(record=tmp_path / "rec")``: refused as "not a valid string" before."""
+    app = create_app(EchoEnvironment, EchoAction, EchoObservation, record=tmp_path / "rec")
+    with run_server(app) as url:
+        env = WebSocketEnvClient(url, action_cls=EchoAction, observation_cls=EchoObservation)
+        with env.sync() as played:
+            played.reset()
+            played.step(EchoAction(message="hi"))
+    (episode,) = load(tmp_path / "rec")
+    assert [s.kind for s in episode.steps] == ["reset", "step"]
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    with pytest.raises(ValueError, match="is a file"):  # checked as a str is
+        create_app(EchoEnvironment, EchoAction, EchoObservation, record=taken)

@@ -174,6 +174,21 @@ async def test_sync_run_task_inside_a_running_event_loop() -> None:
     assert (await exec_tasks([factory_task("t2", echo_agent)], QUICK))[0].ok
 
 
+def test_a_task_keys_a_dict_and_joins_a_set_whatever_its_fields_hold() -> None:
+    def task(**options: Any) -> Task:
+        return Task(
+            id="t0", env=EchoEnvironment, agent=echo_agent, reset_kwargs={"a": 2}, **options
+        )
+
+    first, same, other = task(), task(), task(input=["a", "list"])
+    assert {first: "played"}[same] == "played"  # equal tasks hash alike
+    assert len({first, same}) == 1
+    assert first != other  # one id, yet not equal
+    assert len({first, other}) == 2
+    (result,) = Runners.sync_run_task([first], QUICK)  # and plays as before
+    assert result.ok, result.msg
+
+
 # -- failures and retries -----------------------------------------------------
 
 
@@ -230,6 +245,25 @@ def test_only_connection_level_failures_are_retried() -> None:
     )
     assert (results[1].status, results[1].attempts) == (TaskStatus.ERROR, 1)
     assert calls.count("broken") == 1
+
+
+def test_a_retried_tasks_reward_and_steps_are_its_last_attempts() -> None:
+    # A retry plays the episode again from its reset: what the lost attempt
+    # scored is discarded with its steps, not added to the new one's.
+    attempts: list[int] = []
+
+    async def lost_then_played(session: EpisodeSession) -> str:
+        attempts.append(len(attempts) + 1)
+        await session.reset()
+        await session.step({"message": "ab"})  # 0.2
+        if len(attempts) == 1:
+            await session.step({"message": "abcdef"})  # 0.6, then the connection is lost
+            raise SessionClosedError("the connection dropped")
+        return "played"
+
+    (result,) = Runners.sync_run_task([factory_task("t0", lost_then_played)], QUICK)
+    assert (result.value, result.attempts, result.steps) == ("played", 2, 1)
+    assert result.reward == pytest.approx(0.2)
 
 
 def test_a_kept_session_closed_since_is_replaced_without_a_retry(echo_server_url: str) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from openenv.cli.errors import fail
 from openenv.client import ServerPool
 from openenv.errors import EngineError
+from openenv.protocol import reward_value
 from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
 
 __all__ = ["load_agent", "render_summary", "run", "write_results"]
@@ -188,7 +189,8 @@ def _report(results: Path, console: Console) -> None:
 
 
 def write_results(results: list[TaskResult], path: Path) -> None:
-    """One JSON object per line; values JSON cannot hold are written as their repr."""
+    """One JSON object per line: NaN and ±inf as ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` (as frames write them), other values JSON cannot hold as their repr."""
     with path.open("wb") as file:
         for result in results:
             file.write(_line(result))
@@ -200,6 +202,7 @@ _JSON = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND
 
 def _line(result: TaskResult) -> bytes:
     data = result.to_dict()
+    data["value"] = _non_finite_as_text(data["value"])
     try:
         return orjson.dumps(data, default=repr, option=_JSON)
     except TypeError:
@@ -208,6 +211,25 @@ def _line(result: TaskResult) -> bytes:
         # with its results unwritten.
         data["value"] = repr(result.value)
         return orjson.dumps(data, default=repr, option=_JSON)
+
+
+def _non_finite_as_text(value: Any) -> Any:
+    """``value`` with its NaN and ±inf floats (in lists, tuples, dicts and NumPy
+    arrays too) as text, which orjson would write as ``null``, taken for no
+    value at all; anything else as it is.
+
+    >>> _non_finite_as_text({"loss": float("nan"), "bounds": (float("-inf"), 1.5), "n": 2})
+    {'loss': 'NaN', 'bounds': ['-Infinity', 1.5], 'n': 2}
+    """
+    if isinstance(value, float):  # NumPy's float64 too
+        return reward_value(float(value))
+    if isinstance(value, dict):
+        return {key: _non_finite_as_text(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_non_finite_as_text(item) for item in value]
+    if getattr(getattr(value, "dtype", None), "kind", None) == "f":  # a NumPy array or scalar
+        return _non_finite_as_text(value.tolist())
+    return value
 
 
 def _play(

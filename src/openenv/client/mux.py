@@ -33,6 +33,7 @@ from openenv.client._base import (
 )
 from openenv.client.loop_aware import abandoned, close_when_dropped, cut
 from openenv.client.mux_wire import Kind, MuxWire
+from openenv.client.open_sessions import OpenSessions
 from openenv.client.sockets import close_by, deadline_in, open_socket
 from openenv.errors import (
     ConnectionFailedError,
@@ -122,7 +123,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         }
         self._wire: MuxWire | None = None
         self._keys = itertools.count()
-        self.sessions: dict[protocol_v2.SessionKey, MuxSession] = {}
+        self.sessions = OpenSessions()  # weakly: see open_sessions.py
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self._connecting = asyncio.Lock()
@@ -217,8 +218,10 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         deadline = deadline_in(self.connect_timeout)  # one limit for all of closing
         try:
             if self.sessions and wire.lost is None:
+                # Those dropped unclosed too: their slots are held all the same.
+                open_ = [s or MuxSession(self, key) for key, s in self.sessions.items()]
                 async with asyncio.timeout_at(deadline):
-                    await self.close_sessions(list(self.sessions.values()))
+                    await self.close_sessions(open_)
         except (SessionClosedError, TimeoutError):  # EnvTimeoutError included
             pass
         finally:
@@ -391,6 +394,7 @@ class MuxSession:
     """One session of a ``MuxClient``: the calls of ``EnvClient``, on a shared connection."""
 
     __slots__ = (
+        "__weakref__",
         "closed",
         "closed_because",
         "key",

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
     from openenv.client.mux import MuxSession
+    from openenv.client.open_sessions import OpenSessions
 
 __all__ = ["MOST_A_FRAME", "Kind", "MuxWire"]
 
@@ -41,9 +42,7 @@ Kind = Literal["open", "close", "reset", "step", "state", "list_tools", "call_to
 class MuxWire:
     """One v2 connection's requests and replies."""
 
-    def __init__(
-        self, ws: ClientConnection, sessions: dict[protocol_v2.SessionKey, MuxSession]
-    ) -> None:
+    def __init__(self, ws: ClientConnection, sessions: OpenSessions) -> None:
         self.ws = ws
         # The client's own: the sessions the server has open for it.
         self.sessions = sessions

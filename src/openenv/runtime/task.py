@@ -65,6 +65,12 @@ class Task:
         input: The episode's input, as AWorld's ``Task(input=...)``: the agent
             reads it as ``session.input``; a mapping is also passed to
             ``reset`` as keyword arguments (``reset_kwargs`` win on a clash).
+
+    A task hashes by its ``id``, so it may key a dict or join a set:
+
+    >>> task = Task(id="t0", env="http://127.0.0.1:8000", agent=print, reset_kwargs={"level": 2})
+    >>> {task: "played"}[task]
+    'played'
     """
 
     id: str = field(default_factory=_new_id)
@@ -119,6 +125,11 @@ class Task:
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"Task {self.id!r}: timeout must be > 0, got {self.timeout}")
 
+    def __hash__(self) -> int:
+        # The dataclass's hash of every field fails on reset_kwargs (a dict) and
+        # on any unhashable input or agent; equal tasks have equal ids.
+        return hash(self.id)
+
 
 class TaskStatus(enum.StrEnum):
     """How a task ended."""
@@ -167,8 +178,10 @@ class TaskResult:
         status: ``ok``, ``error`` (the agent or the environment raised, or the
             connection failed after every retry) or ``timeout``.
         value: What the agent returned (``None`` unless ``ok``).
-        reward: The sum of the rewards of every step the task took.
-        steps: How many steps it took (in its last attempt).
+        reward: The sum of its steps' rewards, in its last attempt: a retry
+            plays the episode again from its reset, and what the lost attempt
+            scored is discarded with its steps.
+        steps: How many steps it took, in its last attempt.
         error: Why it failed, unless ``ok``.
         started_at: When it started, in seconds since the epoch.
         ended_at: When it ended, likewise.

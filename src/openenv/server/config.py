@@ -186,8 +186,8 @@ class ServerSettings(BaseModel):
         default_factory=lambda: os.environ.get("OPENENV_RECORD") or None,
         validate_default=True,  # OPENENV_RECORD is checked too
         description=(
-            "A folder to record every session's requests and replies into, as JSON "
-            "Lines (one file per server process); openenv.trajectories reads them. "
+            "A folder (a str or a Path) to record every session's requests and replies "
+            "into, as JSON Lines (one file per server process); openenv.trajectories reads them. "
             "Default: OPENENV_RECORD, else off."
         ),
     )
@@ -238,6 +238,12 @@ class ServerSettings(BaseModel):
             "cap (at least 1), so no single address can take every slot."
         ),
     )
+
+    @field_validator("record", mode="before")
+    @classmethod
+    def _a_path(cls, value: object) -> object:
+        # A pathlib.Path names a folder as well as a str (as RunConfig's record).
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("record")
     @classmethod

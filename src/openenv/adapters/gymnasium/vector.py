@@ -2,7 +2,8 @@
 
 ``RemoteVectorEnv`` opens ``num_envs`` sessions on one connection (protocol
 v2, ``openenv/protocol_v2.py``) to an app made by ``create_gymnasium_app``
-and steps them all with one frame each way. Spaces come from the server, so
+and steps them all with one frame each way (a frame per 4,096 past that,
+the most a server takes in one by default). Spaces come from the server, so
 Gymnasium-style training code swaps it in for a ``SyncVectorEnv`` unchanged:
 
 >>> from openenv.adapters.gymnasium import RemoteVectorEnv
@@ -25,9 +26,6 @@ in-process and remote.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import time
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
@@ -35,39 +33,29 @@ from typing import Any
 import gymnasium
 import httpx
 import numpy as np
-import orjson
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from pydantic import TypeAdapter, ValidationError
-from websockets.exceptions import ConnectionClosed
 
-from openenv import protocol_v2
 from openenv.adapters.gymnasium.environment import SPACES_ROUTE
 from openenv.adapters.gymnasium.spaces import action_annotation, from_json, jsonable, rebuild
 from openenv.adapters.gymnasium.vector_link import (
-    UNREADABLE,
     VectorLink,
     decode_infos,
     final_observations,
     refuse_unreset,
-    seconds_until,
     stack_lists,
 )
+from openenv.adapters.gymnasium.vector_sessions import Request, SessionsLink
 from openenv.client._base import (
     auth_headers,
-    error_from,
     http_detail,
     http_url,
     ssl_context,
-    ws_url,
 )
-from openenv.client.blocking_ws import BlockingWebSocket
-from openenv.client.sockets import CONNECT_FAILURES, connect_error
 from openenv.errors import (
     AuthenticationError,
     ConnectionFailedError,
-    EnvTimeoutError,
-    OpenEnvError,
     SessionClosedError,
     server_error,
 )
@@ -85,8 +73,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
     It fails as the other clients do: a refused handshake is a
     ``ConnectionFailedError`` (``AuthenticationError``, ``CapacityError``), a
     call without its replies within ``timeout`` an ``EnvTimeoutError``, and a
-    dropped connection, or a reply that is not the protocol (which closes the
-    connection), a ``SessionClosedError``.
+    dropped connection, a reply that is not the protocol, or a frame the server
+    refuses whole (more requests than its ``max_requests_in_flight``; each of
+    these closes the connection), a ``SessionClosedError``.
 
     Args:
         base_url: A server running ``create_gymnasium_app`` (or ``envs/gymnasium_env``).
@@ -114,9 +103,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         busy_poll: float = DEFAULT_BUSY_POLL,
     ) -> None:
         # First: Gymnasium's __del__ closes a half-made env too.
-        self._ws: Any = None
+        self._sessions: SessionsLink | None = None
         self._link: VectorLink | None = None
-        self._broken = False  # a call failed midway (timeout, connection lost)
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self.num_envs = num_envs
@@ -139,7 +127,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._terminations = np.zeros((num_envs,), dtype=np.bool_)
         self._truncations = np.zeros((num_envs,), dtype=np.bool_)
         self._autoreset_envs = np.zeros((num_envs,), dtype=np.bool_)
-        self._ids = itertools.count()
         vector = described.get("vector")
         if vector is not None:  # a create_gymnasium_vector_app server: one session steps all
             self._link = VectorLink(
@@ -152,29 +139,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 busy_poll,
             )
             return
-        url = ws_url(base_url)
-        try:
-            ws = BlockingWebSocket(
-                url,
-                headers=headers,
-                open_timeout=timeout,
-                send_timeout=timeout,
-                subprotocols=[protocol_v2.SUBPROTOCOL],
-                busy_poll=busy_poll,
-            )
-        except CONNECT_FAILURES as exc:
-            raise connect_error(url, exc, timeout) from None
-        if ws.subprotocol != protocol_v2.SUBPROTOCOL:
-            ws.close()
-            raise ConnectionFailedError(url, "the server does not speak protocol v2")
-        self._ws = ws
-        try:
-            self._exchange([("open", None)] * num_envs)
-        except BaseException:
-            # Dropping the connection closes the sessions that did open.
-            self._ws = None
-            ws.close()
-            raise
+        self._sessions = SessionsLink(base_url, headers, timeout, num_envs, busy_poll)
 
     # -- the vector API ----------------------------------------------------------
 
@@ -203,7 +168,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         mask = options.pop("reset_mask", None)
         if mask is None:
             mask = np.ones((self.num_envs,), dtype=np.bool_)
-        requests: list[tuple[str, dict[str, Any] | None] | None] = [
+        requests: list[Request] = [
             ("reset", _reset_data(s, options)) if m else None
             for s, m in zip(seeds, mask, strict=True)
         ]
@@ -235,7 +200,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             rewards = np.asarray(fields["rewards"], dtype=np.float64)
             return batch, rewards, terminations, truncations, batch_infos
         values = self._checked(actions)
-        requests: list[tuple[str, dict[str, Any] | None] | None] = []
+        requests: list[Request] = []
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
         for i, value in enumerate(values):
             if next_step and self._autoreset_envs[i]:
@@ -289,107 +254,16 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """Close every session (freeing their slots) and the connection."""
         if self._link is not None:
             self._link.close()
-            return
-        ws, self._ws = self._ws, None
-        if ws is None:
-            return
-        try:
-            if not self._broken:  # else the replies may never come: just hang up
-                self._send([("close", None)] * self.num_envs, ws)
-        except OpenEnvError:
-            pass  # a dead server or a session already gone: hanging up closes the rest
-        finally:
-            ws.close()
+        elif self._sessions is not None:
+            self._sessions.close()
 
     # -- the wire ----------------------------------------------------------------
 
-    def _exchange(
-        self, requests: Sequence[tuple[str, dict[str, Any] | None] | None]
-    ) -> list[dict[str, Any] | None]:
-        """One frame of requests (``None``: nothing for that env); replies in env order."""
-        if self._ws is None:
+    def _exchange(self, requests: Sequence[Request]) -> list[dict[str, Any] | None]:
+        """Every environment's request (``None``: nothing for it); replies in env order."""
+        if self._sessions is None:
             raise SessionClosedError("this vector env is closed")
-        return self._send(requests, self._ws)
-
-    def _send(
-        self, requests: Sequence[tuple[str, dict[str, Any] | None] | None], ws: Any
-    ) -> list[dict[str, Any] | None]:
-        first = next(self._ids)
-        items = []
-        for i, request in enumerate(requests):
-            if request is None:
-                continue
-            kind, data = request
-            item: dict[str, Any] = {"session": i, "type": kind, "id": first}
-            if data is not None:
-                item["data"] = data
-            items.append(item)
-        replies: list[dict[str, Any] | None] = [None] * len(requests)
-        unanswered = {item["session"]: item["type"] for item in items}
-        error: Exception | None = None
-        # One bound for the whole call: frames for nobody (late replies, notices)
-        # must not put it off, however often they come.
-        deadline = time.monotonic() + self.timeout
-        try:
-            # The server may have said why before closing: read on after a failed send.
-            with contextlib.suppress(ConnectionClosed):
-                ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
-            while unanswered:
-                frame = ws.recv(timeout=seconds_until(deadline))
-                try:
-                    error = self._read(frame, first, unanswered, replies, error)
-                except UNREADABLE as exc:
-                    # As MuxClient: the connection can be trusted no further.
-                    self._broken = True
-                    if self._ws is ws:
-                        self._ws = None
-                    ws.close()
-                    raise SessionClosedError(f"the connection failed: {exc!r}") from None
-        except ConnectionClosed as exc:
-            self._broken = True
-            raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
-        except TimeoutError:
-            self._broken = True
-            raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
-        if error is not None:
-            raise error
-        return replies
-
-    def _read(
-        self,
-        frame: str | bytes,
-        first: int,
-        unanswered: dict[int, str],
-        replies: list[dict[str, Any] | None],
-        error: Exception | None,
-    ) -> Exception | None:
-        """Take one frame of replies to the call ``first`` (``unanswered``: each
-        session still owed a reply, and what it asked); the first error. Raises
-        one of ``UNREADABLE`` if the frame is not the protocol."""
-        items = orjson.loads(frame)
-        if not isinstance(items, list):
-            raise TypeError(f"a frame of replies that is not a list: {items!r:.80}")
-        for reply in items:
-            if reply.get("id") != first:
-                if reply.get("type") == "closed":
-                    error = error or SessionClosedError(str(reply["data"].get("message")))
-                continue  # a notice, or a reply the caller gave up on
-            session = reply.get("session")
-            # (An int, not a bool: True would pass for session 1.)
-            kind = unanswered.pop(session, None) if type(session) is int else None
-            if kind is None:
-                raise LookupError(f"a reply for session {session!r}, which is owed none")
-            reply_type, data = reply.get("type"), reply["data"]
-            if reply_type == "error":
-                error = error or error_from(data)
-            elif reply_type == "closed" and kind != "close":  # ended before it answered
-                error = error or SessionClosedError(str(data.get("message") or data["reason"]))
-            elif reply_type != _ANSWERS[kind]:
-                raise ValueError(f"a {reply_type!r} in reply to {kind!r}")
-            else:
-                _check_fields(kind, data)
-                replies[session] = reply
-        return error
+        return self._sessions.exchange(requests)
 
     def _checked(self, actions: Any) -> list[Any]:
         """Every environment's action as JSON, each checked as the server will check it:
@@ -431,23 +305,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         return self._out(), final_observations(decode_infos(fields.get("infos") or {}), space)
 
 
-# The reply each request is answered with (else an error, or a session's end).
-_ANSWERS = {"open": "opened", "close": "closed", "reset": "observation", "step": "observation"}
-
-
-def _check_fields(kind: str, data: dict[str, Any]) -> None:
-    """``KeyError`` if a reply to ``kind`` lacks what ``reset`` or ``step`` reads of it."""
-    if kind not in ("reset", "step"):
-        return
-    payload = data["observation"]
-    needed = ["observation"] if kind == "reset" else ["observation", "terminated", "truncated"]
-    missing = [name for name in needed if name not in payload]
-    if kind == "step" and "reward" not in data:
-        missing.append("reward")
-    if missing:
-        raise KeyError(f"an observation without {', '.join(missing)}")
-
-
 def _refused(exc: ValidationError, envs: list[int]) -> Exception:
     """``EnvValidationError`` for the actions of ``envs`` that ``exc`` refused, each
     located by its environment's index."""
@@ -457,11 +314,6 @@ def _refused(exc: ValidationError, envs: list[int]) -> Exception:
         errors.append({"loc": [envs[int(index)], *inner], "msg": e["msg"], "type": e["type"]})
     where = "; ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] for e in errors)
     return server_error(ErrorCode.VALIDATION_ERROR, f"invalid actions: {where}", {"errors": errors})
-
-
-def _why(exc: ConnectionClosed) -> str:
-    close = exc.rcvd or exc.sent
-    return (close.reason or f"close code {close.code}") if close else "no close frame"
 
 
 def _check_mask(mask: Any, num_envs: int) -> None:
