@@ -81,6 +81,26 @@ def test_errors_are_counted_by_code_and_refused_sessions_fail() -> None:
     assert "valid string" in report.error_samples["VALIDATION_ERROR"]
 
 
+@pytest.mark.parametrize("client", ["picows", "websockets"])
+def test_sessions_ready_and_waiting_for_the_others_are_not_reply_timeouts(client: str) -> None:
+    # The third session waits in the server's line far longer than the reply
+    # timeout; the two admitted ones wait at the start gate, with no reply due.
+    config = ConcurrencyConfig(max_concurrent_envs=2, queue_timeout=60)
+    app = create_app(PingEnvironment, Ping, Pong, config)
+    with run_server(app) as url:
+        report = run_bench(
+            url,
+            sessions=3,
+            steps=5,
+            action={"message": "x"},
+            client=client,
+            reply_timeout=0.5,
+            progress_interval=0.05,
+        )
+    assert dict(report.errors) == {"TIMEOUT": 1}
+    assert (report.steps, report.sessions_ok) == (10, 2)
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="either steps or duration"):
         run_bench("http://127.0.0.1:9", steps=1, duration=1.0)

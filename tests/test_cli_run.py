@@ -308,3 +308,18 @@ def test_resume_with_fewer_tasks_keeps_the_results_of_the_others(
     assert outcome.exit_code == 0, outcome.output
     assert "2 (2 ok, 0 error, 0 timeout)" in outcome.output  # the summary is of this run's tasks
     assert out.read_text().splitlines() == before
+
+
+def test_random_episodes_end_in_an_environment_only_a_tool_ends(tmp_path: Path) -> None:
+    # counter_env's plain steps never end an episode (its submit tool does): a run
+    # of the default RandomAgent with no --max-steps played its episodes for ever.
+    from counter_env.server.app import app as counter_app
+
+    out = tmp_path / "results.jsonl"
+    with run_server(counter_app) as url:
+        outcome = runner.invoke(
+            app, ["run", "--env", url, "--tasks", "2", "--timeout", "30", "--out", str(out)]
+        )
+    assert outcome.exit_code == 0, outcome.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["status"], r["steps"]) for r in rows] == [("ok", 1000), ("ok", 1000)]

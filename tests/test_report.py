@@ -163,3 +163,28 @@ def test_group_names_with_dollar_signs_are_drawn_as_written(tmp_path: Path) -> N
     # Plain labels use the upright font only; math text sets letters in italics.
     assert "DejaVuSans-" in success
     assert "Oblique" not in success
+
+
+@pytest.mark.parametrize(
+    ("rewards", "mean"),
+    [
+        ([1e17], "1e+17"),  # one value past float's 0.5 steps: NumPy could not bin it
+        ([1e308, 1e308], "1e+308"),  # the sum is past the floats: fmean overflowed
+        ([-1e308, 1e308], "0.000"),  # the range is past the floats
+        ([0.0, 5e-324], "0.000"),  # a range too small for 20 bins
+    ],
+)
+def test_rewards_at_the_ends_of_the_floats_are_drawn(
+    tmp_path: Path, rewards: list[float], mean: str
+) -> None:
+    rows = [
+        {"task_id": f"t-{i}", "status": "ok", "reward": reward, "steps": 1e300}
+        for i, reward in enumerate(rewards)
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    outcome = CliRunner().invoke(app, ["report", str(results)])
+    assert outcome.exit_code == 0, outcome.output
+    page = (tmp_path / "results.html").read_text()
+    assert f"<div><b>{mean}</b><span>mean reward</span></div>" in page
+    assert page.count("<svg") == 5

@@ -144,7 +144,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
         ("episodes", f"{len(rows):,}"),
         ("ok / error / timeout", f"{statuses['ok']} / {statuses['error']} / {statuses['timeout']}"),
         ("success rate", f"{statuses['ok'] / len(rows):.1%}"),
-        ("mean reward", f"{statistics.fmean(rewards):.3f}" if rewards else "-"),
+        ("mean reward", _number(_mean(rewards)) if rewards else "-"),
         *(
             [("rewards NaN or infinite", f"{len(rows) - len(rewards):,}")]
             if len(rewards) < len(rows)
@@ -199,10 +199,45 @@ def _svg(figure: Any) -> str:
 
 def _reward_histogram(rows: Sequence[dict[str, Any]]) -> str:
     figure, axes = _figure()
-    axes.hist(_rewards(rows), bins=20, color=_PALETTE[0])
+    _histogram(axes, _rewards(rows), 20, _PALETTE[0])
     axes.set_xlabel("total reward")
     axes.set_ylabel("episodes")
     return _svg(figure)
+
+
+def _histogram(axes: Any, values: Sequence[float], bins: int, color: str) -> None:
+    """``axes.hist``, or a bar per value where the values' range cannot be cut into bins.
+
+    NumPy cannot bin values as far apart as ``-1e308`` and ``1e308`` (their
+    range is past the floats), nor one value so large that ``x + 0.5 == x``
+    (a lone reward of ``1e17``): it raises.
+    """
+    if not values or math.isfinite(max(values) - min(values)):
+        try:
+            axes.hist(values, bins=bins, color=color)
+            return
+        except ValueError:  # "Too many bins for data range"
+            pass
+    counts = collections.Counter(values).most_common(bins)
+    axes.bar([f"{value:.6g}" for value, _ in counts], [n for _, n in counts], color=color)
+
+
+def _number(value: float) -> str:
+    """Three decimals, or four significant digits for a number too long for its card.
+
+    >>> _number(0.5), _number(-2e300)
+    ('0.500', '-2e+300')
+    """
+    return f"{value:.3f}" if abs(value) < 1e9 else f"{value:.4g}"
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of finite values, without overflow when their sum is past the floats.
+
+    >>> _mean([1e308, 1e308]), _mean([1.0, 2.0])
+    (1e+308, 1.5)
+    """
+    return math.fsum(value / len(values) for value in values)
 
 
 def _rewards(rows: Sequence[dict[str, Any]]) -> list[float]:
@@ -228,7 +263,7 @@ def _success_by_group(rows: Sequence[dict[str, Any]]) -> str:
 
 def _length_histogram(rows: Sequence[dict[str, Any]]) -> str:
     figure, axes = _figure()
-    axes.hist([int(r.get("steps") or 0) for r in rows], bins=20, color=_PALETTE[1])
+    _histogram(axes, [float(r.get("steps") or 0) for r in rows], 20, _PALETTE[1])
     axes.set_xlabel("steps")
     axes.set_ylabel("episodes")
     return _svg(figure)
@@ -242,7 +277,7 @@ def _step_latency(rows: Sequence[dict[str, Any]]) -> str:
     )
     figure, axes = _figure()
     if per_step:
-        axes.hist(per_step, bins=30, color=_PALETTE[4])
+        _histogram(axes, per_step, 30, _PALETTE[4])
         for q, style in ((50, "-"), (90, "--"), (99, ":")):
             value = per_step[min(len(per_step) - 1, int(len(per_step) * q / 100))]
             axes.axvline(value, color="black", linestyle=style, label=f"p{q} {value:.1f} ms")

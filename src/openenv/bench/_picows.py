@@ -44,7 +44,7 @@ class _Session(WSListener):
                     self.stepping = False
                     transport.send_close(WSCloseCode.OK)
             elif not self.reset_done.done():
-                ok = self.run.reset_reply(payload)
+                ok = self.run.reset_reply(self.stats, payload)
                 self.stats.errored = not ok  # now: a refusal's close frame may follow at once
                 self.reset_done.set_result(ok)
         elif kind is WSMsgType.CLOSE:

@@ -32,7 +32,7 @@ class SessionStats:
 
     def __init__(self) -> None:
         self.abort: Callable[[], None] | None = None  # drop the connection (reply timeout)
-        self.sent = 0.0
+        self.sent = 0.0  # when the frame awaiting its reply went out; 0: none awaited
         self.counted = 0  # step replies inside the measured window
         self.errored = False  # an error reply, a failed connect or a dropped connection
         self.finished = False  # stepped as long as asked
@@ -114,8 +114,10 @@ class Run:
         if code not in self.error_samples and message:
             self.error_samples[code] = message
 
-    def reset_reply(self, payload: bytes | str) -> bool:
+    def reset_reply(self, stats: SessionStats, payload: bytes | str) -> bool:
         """Account the reply to ``reset``; ``True`` if the session may step."""
+        # No reply is due while the session waits for the others to be ready.
+        stats.sent = 0.0
         return self._check(payload)
 
     def step_reply(self, stats: SessionStats, payload: bytes | str, now: float) -> bytes | None:

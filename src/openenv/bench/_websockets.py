@@ -38,7 +38,7 @@ async def run_session(run: Run, url: str, stats: SessionStats, connect_timeout: 
         try:
             stats.sent = now()
             await ws.send(run.reset_frame.decode())
-            if not run.reset_reply(await ws.recv()):
+            if not run.reset_reply(stats, await ws.recv()):
                 stats.errored = True
                 await ws.close()
                 return

@@ -22,7 +22,11 @@ from openenv.errors import EngineError
 from openenv.protocol import reward_value
 from openenv.runtime import EngineName, RandomAgent, RunConfig, Runners, Task, TaskResult
 
-__all__ = ["load_agent", "render_summary", "run", "write_results"]
+__all__ = ["RANDOM_MAX_STEPS", "load_agent", "render_summary", "run", "write_results"]
+
+# RandomAgent never stops by itself: in an environment only a choice ends (a
+# tool such as counter_env's submit), its episodes would never end.
+RANDOM_MAX_STEPS = 1000
 
 
 def load_agent(spec: str) -> Any:
@@ -96,7 +100,12 @@ def run(
     ] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight per worker.")] = 64,
     max_steps: Annotated[
-        int | None, typer.Option(min=1, help="Step budget of an act() agent's episode.")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Step budget of an act() agent's episode (default: "
+            f"{RANDOM_MAX_STEPS:,} for the default RandomAgent, none for an --agent).",
+        ),
     ] = None,
     timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds each episode may take.")
@@ -138,6 +147,8 @@ def run(
     console = Console()
     try:
         player = _agent(agent) if agent else RandomAgent(seed=seed)
+        if agent is None and max_steps is None:
+            max_steps = RANDOM_MAX_STEPS
         joined = ",".join(env)
         where: str | ServerPool = ServerPool(joined) if "," in joined else joined
         batch = [
