@@ -17,6 +17,7 @@ from servers import Ping, Pong
 from openenv import (
     ConcurrencyConfig,
     Environment,
+    MuxClient,
     State,
     TaskSpec,
     ToolOutput,
@@ -94,6 +95,17 @@ async def test_positional_only_parameters_and_models_in_a_result_over_websockets
             assert (await env.call_tool("put", item=Item(name="apple", count=2))).data == 2
             result = await env.call_tool("shelf")
             assert (result.data, result.reward, result.finished) == (EXPECTED, 1.0, True)
+
+
+async def test_models_inside_tool_arguments_are_sent_by_every_client() -> None:
+    with run_server(shelf_app()) as url:
+        async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as env:
+            await env.reset()
+            assert (await env.call_tool("stock", items=[Item(name="pear")])).data == 1
+            assert (await env.call_tool("stock", {"items": (Item(name="fig"),)})).data == 2
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            (session,) = await mux.open(1)
+            assert (await session.call_tool("stock", items=[Item(name="pear")])).data == 1
 
 
 async def test_models_in_a_tool_result_reach_mcp_and_openreward_as_on_websockets() -> None:
