@@ -3,6 +3,8 @@ is called with its arguments and its result reaches /ws, v2, MCP and OpenReward 
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import re
 from collections.abc import Sequence
@@ -163,3 +165,23 @@ def test_parameter_names_pydantic_cannot_take_are_refused_with_a_type_error(
     env_cls = type("Env", (Environment,), {"go": tool(namespace["go"])})
     with pytest.raises(TypeError, match=rf"tool Env.go: .*{message}"):
         tools_of(env_cls)
+
+
+async def test_an_action_that_cannot_be_encoded_leaves_no_reply_waited_for() -> None:
+    """The v2 client raises at once and forgets the request: no future waits for a
+    reply that never comes, to be failed (and logged as never retrieved) at close."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    try:
+        with run_server(shelf_app()) as url:
+            async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+                (session,) = await mux.open(1)
+                with pytest.raises(TypeError, match="not JSON serializable"):
+                    await session.step({"message": object()})
+                assert (await session.step(Ping(message="hi"))).observation.message == "hi"
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert unhandled == []
