@@ -88,12 +88,15 @@ class FrameError(ServerSideError):
         *,
         request_id: RequestId | None = None,
         details: dict[str, Any] | None = None,
+        bad_frame: bool = True,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
         self.details = details or {}
+        # Whether it counts toward max_bad_frames (the sender's fault, not a model's).
+        self.bad_frame = bad_frame
 
 
 def wire_errors(exc: ValidationError) -> list[dict[str, Any]]:

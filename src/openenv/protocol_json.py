@@ -29,6 +29,7 @@ from openenv.types import Observation
 
 __all__ = [
     "frame_text",
+    "json_values",
     "observation_frame",
     "observation_reply",
     "reward_from",
@@ -55,6 +56,26 @@ def frame_text(value: Any) -> str:
         with contextlib.suppress(ValueError, TypeError):  # pydantic's error is a ValueError
             text = pydantic_core.to_json(value, inf_nan_mode="strings", fallback=_plain)
     return text.decode()
+
+
+def json_values(value: Any) -> Any:
+    """``value`` made of plain JSON values: pydantic models, sets, tuples and
+    NumPy values inside lists and dicts too. ``TypeError`` for what has no JSON form.
+
+    >>> from pydantic import BaseModel
+    >>> class Point(BaseModel):
+    ...     x: int
+    >>> json_values({"points": [Point(x=1)], "seen": {2}})
+    {'points': [{'x': 1}], 'seen': [2]}
+    >>> json_values([object()])
+    Traceback (most recent call last):
+    ...
+    TypeError: object is not JSON
+    """
+    try:
+        return pydantic_core.to_jsonable_python(value, fallback=_plain)
+    except pydantic_core.PydanticSerializationError as exc:  # e.g. bytes that are no UTF-8
+        raise TypeError(str(exc)) from None
 
 
 # How an observation reply without a reward is written (observation_reply's order).

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, overload
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, create_model
+
+from openenv.protocol_json import json_values
 
 __all__ = [
     "ContentBlock",
@@ -127,8 +129,13 @@ class ToolOutput(BaseModel):
             return cls(content=[value])
         if isinstance(value, BaseModel):
             value = value.model_dump(mode="json")
-        # Fail here, in the tool call, rather than later when the reply is encoded.
-        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        try:
+            orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        except TypeError:
+            # Models in a list or dict (a tool's ``-> list[Item]``), sets: what
+            # pydantic makes JSON of. Anything else fails here, in the tool
+            # call, rather than later when the reply is encoded.
+            value = json_values(value)
         return cls(content=[JsonContent(data=value)])
 
     def as_sent(self) -> ToolOutput:
@@ -196,6 +203,7 @@ class ToolSpec:
     fn: Callable[..., Any]
     arguments: type[BaseModel]
     takes_model: bool  # the method takes the arguments model itself, not its fields
+    positional: tuple[str, ...] = ()  # its positional-only parameters, in order
 
     @property
     def name(self) -> str:
@@ -206,8 +214,9 @@ class ToolSpec:
         method = self.fn.__get__(env)
         if self.takes_model:
             return functools.partial(method, arguments)
-        fields = type(arguments).model_fields
-        return functools.partial(method, **{name: getattr(arguments, name) for name in fields})
+        values = dict(arguments)  # not getattr: a parameter may be named like a model method
+        first = [values.pop(name) for name in self.positional]
+        return functools.partial(method, *first, **values)
 
 
 @overload
@@ -238,6 +247,9 @@ def tool(
     def mark(fn: _F) -> _F:
         if isinstance(fn, staticmethod | classmethod) or not inspect.isfunction(fn):
             raise TypeError(f"@tool marks instance methods (def or async def), got {fn!r}")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Its call would return a generator, which no transport can send.
+            raise TypeError(f"@tool cannot mark {fn.__qualname__}, a generator: return a value")
         if name is not None and not _NAME.match(name):
             raise ValueError(f"tool name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
         setattr(fn, _MARKER, _Marker(fn, name, description))
@@ -293,12 +305,7 @@ def _build(env_cls: type, marker: _Marker) -> ToolSpec:
     if isinstance(model_hint, type) and issubclass(model_hint, BaseModel):
         arguments, takes_model = model_hint, True
     else:
-        fields: dict[str, Any] = {
-            p.name: (hints[p.name], _field(p, arg_docs.get(p.name))) for p in params
-        }
-        arguments = create_model(
-            f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        arguments = _arguments_model(where, name, params, hints, arg_docs)
         takes_model = False
     schema = arguments.model_json_schema()
     schema.pop("title", None)
@@ -307,7 +314,29 @@ def _build(env_cls: type, marker: _Marker) -> ToolSpec:
         description=marker.description if marker.description is not None else summary,
         input_schema=schema,
     )
-    return ToolSpec(info=info, fn=fn, arguments=arguments, takes_model=takes_model)
+    positional = tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY)
+    return ToolSpec(info, fn, arguments, takes_model, () if takes_model else positional)
+
+
+def _arguments_model(
+    where: str,
+    name: str,
+    params: list[inspect.Parameter],
+    hints: dict[str, Any],
+    arg_docs: dict[str, str],
+) -> type[BaseModel]:
+    """The model of a tool's arguments, one field per parameter."""
+    fields: dict[str, Any] = {
+        p.name: (hints[p.name], _field(p, arg_docs.get(p.name))) for p in params
+    }
+    try:
+        model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    except (PydanticUserError, NameError, ValueError) as exc:
+        raise TypeError(f"{where}: its parameters cannot be tool arguments: {exc}") from None
+    # pydantic keeps some names for itself (model_config, __private) without a word.
+    if dropped := [p.name for p in params if p.name not in model.model_fields]:
+        raise TypeError(f"{where}: rename parameter {dropped[0]!r}: pydantic reserves that name")
+    return model
 
 
 def _field(param: inspect.Parameter, doc: str | None) -> Any:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from openenv import protocol
 from openenv.errors import ServerError, server_error, shown_url
+from openenv.protocol_json import json_values
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
@@ -264,7 +265,8 @@ class ClientCore(Generic[ActT, ObsT, StateT]):
     ) -> dict[str, Any]:
         if isinstance(arguments, BaseModel):
             arguments = arguments.model_dump(mode="json")
-        return {"name": name, "arguments": {**(arguments or {}), **kwargs}}
+        # Models in the arguments (``items=[Item(...)]`` for ``items: list[Item]``) as JSON.
+        return {"name": name, "arguments": json_values({**(arguments or {}), **kwargs})}
 
     def decode_tools(self, frame: str | bytes | dict[str, Any]) -> list[ToolInfo]:
         return self._decode(frame, protocol.ToolsReply).data.tools

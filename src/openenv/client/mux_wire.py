@@ -68,11 +68,14 @@ class MuxWire:
             future.set_exception(SessionClosedError(session.closed_because))
             return future
         request_id = next(self._ids)
-        self._waiting[request_id] = (future, session)
         item: dict[str, Any] = {"session": session.key, "type": kind, "id": request_id}
         if data is not None:
             item["data"] = data
-        self._outbox.append(protocol.json_text(item))
+        # Encoded before it is awaited: one that cannot be (a set in an action
+        # dict) raises here, and leaves no reply waited for that never comes.
+        text = protocol.json_text(item)
+        self._waiting[request_id] = (future, session)
+        self._outbox.append(text)
         self._flush_soon()
         return future
 

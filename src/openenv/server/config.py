@@ -138,7 +138,8 @@ class ServerSettings(BaseModel):
         default=20,
         ge=1,
         description=(
-            "Consecutive malformed or invalid frames after which a session is closed (1008)."
+            "Consecutive malformed or invalid frames after which a session is closed (1008);"
+            " tool calls with bad arguments (a model's mistakes) do not count."
         ),
     )
     max_requests_in_flight: int = Field(

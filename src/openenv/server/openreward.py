@@ -376,8 +376,7 @@ class OpenRewardBridge:
             entry.calls[task_id] = running
             entry.running.add(running)
             running.add_done_callback(entry.running.discard)
-            while len(entry.calls) > _CALLS_KEPT:
-                entry.calls.popitem(last=False)
+            _forget_done(entry.calls)
         events = wire.call_events(task_id, running)
         return StreamingResponse(events, media_type="text/event-stream", headers=_STREAM_HEADERS)
 
@@ -465,3 +464,12 @@ class OpenRewardBridge:
                 if entry.env == env and not entry.lock.locked() and entry.last_active < cutoff:
                     logger.info("OpenReward session %s idle over %gs; closing", sid[:12], limit)
                     await self._end(sid, "idle_timeout")
+
+
+def _forget_done(calls: OrderedDict[str, asyncio.Task[tuple[str, bytes]]]) -> None:
+    """Forget the oldest finished calls past ``_CALLS_KEPT``: never one still running
+    or waiting its turn, whose broken stream the SDK may yet resume (at most
+    ``MAX_QUEUED_CALLS`` of those)."""
+    extra = len(calls) - _CALLS_KEPT
+    for task_id in [t for t, call in calls.items() if call.done()][: max(extra, 0)]:
+        del calls[task_id]

@@ -281,9 +281,11 @@ class SessionCore:
         try:
             args = spec.arguments.model_validate(arguments)
         except ValidationError as exc:
-            raise protocol.validation_frame_error(
-                exc, f"arguments for tool {name!r}", request_id
-            ) from None
+            error = protocol.validation_frame_error(exc, f"arguments for tool {name!r}", request_id)
+            # A model wrote them, and is told what to fix: a run of such calls
+            # is an agent learning, not a broken client (as on MCP, not counted).
+            error.bad_frame = False
+            raise error from None
         timeout = self._settings.step_timeout
         bound = spec.bind(self.env, args)
         return Call(CallKind.TOOL, f"tool {name!r}", bound, (), request_id, timeout, then=name)
@@ -438,13 +440,20 @@ class SessionCore:
         """The error reply to a refused request or a failed call; a fatal one ends the session."""
         if isinstance(exc, EnvFailure) and exc.fatal:
             self._end(CloseCode.INTERNAL_ERROR)
-        return self._error(exc.code, exc.message, exc.request_id, **exc.details)
+        bad = not isinstance(exc, FrameError) or exc.bad_frame
+        return self._error(exc.code, exc.message, exc.request_id, bad=bad, **exc.details)
 
     def _error(
-        self, code: ErrorCode, message: str, request_id: protocol.RequestId | None, **details: Any
+        self,
+        code: ErrorCode,
+        message: str,
+        request_id: protocol.RequestId | None,
+        *,
+        bad: bool = True,
+        **details: Any,
     ) -> str:
         self._metrics.errors[code.value] += 1
-        if code in _CLIENT_FAULTS:
+        if bad and code in _CLIENT_FAULTS:
             self._bad_frames += 1
             if self._bad_frames >= self._settings.max_bad_frames:
                 self.log.warning("closing after %d bad frames in a row", self._bad_frames)
