@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 
-from openenv import ConcurrencyConfig, MuxClient, RemoteEnv, WebSocketEnvClient, create_app
+from openenv import (
+    ConcurrencyConfig,
+    MuxClient,
+    RemoteEnv,
+    ServerPool,
+    WebSocketEnvClient,
+    create_app,
+)
 from openenv.testing import run_server
 
 
@@ -203,3 +210,18 @@ def test_an_api_key_no_header_can_carry_is_refused_without_being_shown(
         assert env.reset().observation.message == "reset:None"
         env.close()
         asyncio.run(slots_free(url))
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        "http://127.0.0.1:1,http://127.0.0.1:2",
+        ServerPool(["http://127.0.0.1:1", "http://127.0.0.1:2"]),
+    ],
+    ids=["URLs joined by commas", "ServerPool"],
+)
+def test_a_pool_given_to_a_mux_client_is_refused_saying_why(pool: str | ServerPool) -> None:
+    # scaling.md: a pool works wherever a URL does, but for MuxClient, which
+    # refuses it up front (a ServerPool object was a bare "not iterable").
+    with pytest.raises(ValueError, match="MuxClient holds one connection to one server"):
+        MuxClient(pool)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from gymnasium.utils.passive_env_checker import check_obs
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
 
-from openenv import CapacityError, ConcurrencyConfig, EnvValidationError
+from openenv import CapacityError, ConcurrencyConfig, EnvValidationError, ServerPool
 from openenv.adapters.gymnasium import RemoteGymnasiumEnv, RemoteVectorEnv, create_gymnasium_app
 from openenv.testing import run_server
 
@@ -138,6 +138,21 @@ def test_a_server_without_gymnasium_spaces_is_named(echo_url: str) -> None:
 
     with pytest.raises(ConnectionFailedError, match="create_gymnasium_app"):
         RemoteVectorEnv(echo_url, num_envs=2)
+
+
+@pytest.mark.parametrize("pooled", ["URLs joined by commas", "ServerPool"])
+def test_a_pool_is_refused_saying_the_environments_step_on_one_server(
+    cartpole_url: str, pooled: str
+) -> None:
+    # multiplex.md: a vector env's environments cannot be spread over a
+    # ServerPool. A pool was an AttributeError ('decode'), its URLs joined by
+    # commas "not a valid environment URL".
+    pool = (
+        f"{cartpole_url},{cartpole_url}" if pooled != "ServerPool" else ServerPool([cartpole_url])
+    )
+    for make in (lambda: RemoteVectorEnv(pool, num_envs=2), lambda: RemoteGymnasiumEnv(pool)):  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="on one server, not a pool"):
+            make()
 
 
 def checker_warnings(env: gymnasium.Env[Any, Any]) -> set[str]:

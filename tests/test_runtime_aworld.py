@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from runtime_agents import answer_agent, echo_agent, messages
+from servers import PingEnvironment, Tracker, ping_app
 
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
@@ -25,6 +26,7 @@ from openenv.runtime import (
     exec_tasks,
     sync_exec_tasks,
 )
+from openenv.testing import run_server
 
 CONF = RunConfig(max_concurrency=4, progress=False)
 ENV = functools.partial(EchoEnvironment, max_steps=3)
@@ -303,3 +305,35 @@ def test_aworlds_parallel_task_example_runs_unchanged(
         return [f"Task {task_id}: {result.answer}" for task_id, result in results.items()]
 
     assert asyncio.run(main())[0] == "Task task1: answer to What is machine learning?"
+
+
+async def reset_and_say(session: EpisodeSession) -> tuple[str, str | None]:
+    """What the environment's reset saw: its message and the episode id."""
+    reply = await session.reset()
+    return reply.observation.message, (await session.state()).episode_id
+
+
+@pytest.mark.parametrize("where", ["in process", "over a URL"])
+def test_a_dict_input_naming_the_seed_and_episode_id_passes_them_to_reset(where: str) -> None:
+    # runners.md: a dict input is also passed to reset. One naming `seed` or
+    # `episode_id` (a dataset row) failed every episode: they went twice.
+    row = {"seed": 7, "episode_id": "row-7", "difficulty": 2}
+
+    def play(env: Any) -> dict[str, Any]:
+        tasks = [
+            Task(id="row", env=env, agent=reset_and_say, input=row),
+            Task(id="own", env=env, agent=reset_and_say, input=row, seed=1, episode_id="own-1"),
+            Task(id="kwargs", env=env, agent=reset_and_say, reset_kwargs={"seed": 5}),
+        ]
+        return {r.task_id: r.value for r in Runners.sync_run_task(tasks, CONF)}
+
+    if where == "in process":
+        answers = play(PingEnvironment)
+    else:
+        with run_server(ping_app(Tracker())) as url:
+            answers = play(url)
+    assert answers == {
+        "row": ("reset:7:2", "row-7"),
+        "own": ("reset:1:2", "own-1"),  # the task's own fields first
+        "kwargs": ("reset:5", "seed-5"),
+    }

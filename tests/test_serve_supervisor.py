@@ -239,6 +239,41 @@ def test_workers_served_from_python_get_their_apps_own_shutdown_timeout(tmp_path
         assert "killing it" not in log.read_text()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "app",
+    ["raise RuntimeError('cannot load the simulator')\n", "import sys\nsys.exit(1)\n"],
+    ids=["raises", "exits 1"],
+)
+def test_workers_whose_app_fails_as_it_is_imported_stop_the_server(
+    tmp_path: Path, app: str
+) -> None:
+    # scaling.md: a worker that fails during startup stops the server. From
+    # Python nothing imports the app before the workers do, and such a worker
+    # exits 1, not uvicorn's 3: it was replaced, and its replacement, for ever.
+    folder = write_env(tmp_path / "env", app=app)
+    log = folder / "serve.log"
+    code = (
+        "import sys, openenv; "
+        "openenv.serve('server.app:app', port=0, workers=2, app_dir=sys.argv[1])"
+    )
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(folder)],
+            stdout=err,
+            stderr=err,
+            start_new_session=True,
+        )
+    with reaped(proc):
+        try:
+            returncode = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still serving a broken app:\n{log.read_text()}") from None
+        assert returncode == 3, log.read_text()
+        assert "starting a replacement" not in log.read_text()
+        wait_until_empty(proc.pid, log)
+
+
 # Ends its worker with exit status 3, uvicorn's for an app that failed to start.
 EXITS_3 = """\
 class Exits(PidEnvironment):

@@ -102,7 +102,7 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
             self.observation_cls = AnyObservation
         if state_cls is not None:
             self.state_cls = state_cls
-        if "," in base_url:
+        if not isinstance(base_url, str) or "," in base_url:  # a ServerPool, or a pool's URLs
             raise ValueError(
                 f"MuxClient holds one connection to one server, not a pool ({base_url!r}); "
                 f"open a MuxClient per server, or let Runners place sessions on a ServerPool"

@@ -149,10 +149,14 @@ class EpisodeSession:
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> StepResult[Any]:
         """Start the episode; arguments left out come from the task."""
+        options = {**_input_kwargs(self.task.input), **self.task.reset_kwargs, **kwargs}
+        # A mapping input (a dataset row) or reset_kwargs may name the seed or
+        # the episode id too: each goes once, the task's own field first.
+        named_seed, named_id = options.pop("seed", None), options.pop("episode_id", None)
         result = await self.client.reset(
-            seed=self.task.seed if seed is None else seed,
-            episode_id=self.task.episode_id if episode_id is None else episode_id,
-            **{**_input_kwargs(self.task.input), **self.task.reset_kwargs, **kwargs},
+            seed=_first(seed, self.task.seed, named_seed),
+            episode_id=_first(episode_id, self.task.episode_id, named_id),
+            **options,
         )
         self.requests += 1
         return result
@@ -216,6 +220,10 @@ class EpisodeSession:
 
 def _input_kwargs(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
 
 
 _schemas: dict[str, dict[str, Any]] = {}

@@ -64,7 +64,9 @@ class Task:
             replies into typed models (default: ``WebSocketEnvClient``).
         input: The episode's input, as AWorld's ``Task(input=...)``: the agent
             reads it as ``session.input``; a mapping is also passed to
-            ``reset`` as keyword arguments (``reset_kwargs`` win on a clash).
+            ``reset`` as keyword arguments (``reset_kwargs`` win on a clash; a
+            ``seed`` or ``episode_id`` in either counts where ``seed`` and
+            ``episode_id`` are not given).
 
     A task hashes by its ``id``, so it may key a dict or join a set:
 

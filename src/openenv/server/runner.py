@@ -476,8 +476,14 @@ def _supervise(
                     said.close()
                 if stopping:
                     continue
-                if process.exitcode == _STARTUP_FAILURE and not ever_started:
-                    # It would fail the same way every time: the app, not the worker, is broken.
+                if not ever_started and (process.exitcode or 0) >= 0:
+                    # Exited, not killed, before serving (uvicorn's 3, an app that raises
+                    # as it is imported): every replacement would too. The app is broken.
+                    logger.error(
+                        "worker %s exited with code %s before it served; stopping",
+                        process.pid,
+                        process.exitcode,
+                    )
                     failed = True
                     stop(signal.SIGTERM, None)
                     continue

@@ -107,6 +107,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._link: VectorLink | None = None
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        if not isinstance(base_url, str) or "," in base_url:  # a ServerPool, or a pool's URLs
+            raise ValueError(
+                f"RemoteVectorEnv steps its environments on one server, not a pool "
+                f"({base_url!r}); make one per server"
+            )
         self.num_envs = num_envs
         self.copy = copy
         self.autoreset_mode = AutoresetMode(autoreset_mode)
