@@ -230,15 +230,18 @@ class Sandbox:
 
     async def _clean_up(self, workdir: str | None, lease: Lease | None) -> None:
         try:
+            if lease is not None and self.uids is not None:
+                # Every run's uid is swept, however the run ended, and before its
+                # directory is removed: the program runs under that uid as its
+                # launcher does, so it may have killed the launcher and left
+                # setsid() children to PID 1, which could go on filling the
+                # directory faster than it is removed. A uid is the one thing
+                # it cannot shed.
+                await asyncio.to_thread(self.uids.sweep, lease)
             if workdir is not None:
                 await asyncio.to_thread(_remove_tree, workdir)
         finally:
             if lease is not None and self.uids is not None:
-                # Every run's uid is swept before reuse, however the run ended: the
-                # program runs under that uid as its launcher does, so it may have
-                # killed the launcher and left setsid() children to PID 1. A uid is
-                # the one thing it cannot shed.
-                lease.suspect = True
                 await asyncio.to_thread(self.uids.release, lease)
 
     async def _execute(
