@@ -514,6 +514,27 @@ def test_a_program_that_keeps_writing_after_its_launcher_died_leaves_no_folder(
         assert not os.path.lexists(folder)
 
 
+STOPS_ITS_LAUNCHER = """\
+import os, signal, time
+print(os.getpid(), flush=True)
+os.kill(os.getppid(), signal.SIGSTOP)  # the launcher runs under this uid too
+time.sleep(600)
+"""
+
+
+def test_a_program_that_stops_its_launcher_and_runs_on_is_a_timeout() -> None:
+    with run_server(make_app(SHORT)) as url, CodingEnv(url).sync() as env:
+        env.reset(seed=0)
+        execution = env.step(CodeAction(code=STOPS_ITS_LAUNCHER)).observation.execution
+    assert execution is not None
+    assert execution.model_dump(include={"status", "exit_code", "message"}) == {
+        "status": "timeout",
+        "exit_code": -9,
+        "message": "the program ran past 1.5 s and was killed",
+    }
+    assert not alive(int(execution.stdout))
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie left to a PID 1 that does not reap is dead)."""
     try:
