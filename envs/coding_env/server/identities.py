@@ -92,6 +92,11 @@ class UidPool:
                 return lease
             self._quarantine(lease)
 
+    def sweep(self, lease: Lease) -> None:
+        """Kill every process of the lease's uid now; it stays suspect if some survive. Blocking."""
+        lease.suspect = True
+        lease.suspect = not _clear(lease.uid)
+
     def release(self, lease: Lease) -> None:
         """Give the uid back; a suspect one is checked (and killed) first. Blocking."""
         if lease.suspect and not _clear(lease.uid):

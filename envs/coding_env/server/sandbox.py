@@ -230,15 +230,18 @@ class Sandbox:
 
     async def _clean_up(self, workdir: str | None, lease: Lease | None) -> None:
         try:
+            if lease is not None and self.uids is not None:
+                # Every run's uid is swept, however the run ended, and before its
+                # directory is removed: the program runs under that uid as its
+                # launcher does, so it may have killed the launcher and left
+                # setsid() children to PID 1, which could go on filling the
+                # directory faster than it is removed. A uid is the one thing
+                # it cannot shed.
+                await asyncio.to_thread(self.uids.sweep, lease)
             if workdir is not None:
                 await asyncio.to_thread(_remove_tree, workdir)
         finally:
             if lease is not None and self.uids is not None:
-                # Every run's uid is swept before reuse, however the run ended: the
-                # program runs under that uid as its launcher does, so it may have
-                # killed the launcher and left setsid() children to PID 1. A uid is
-                # the one thing it cannot shed.
-                lease.suspect = True
                 await asyncio.to_thread(self.uids.release, lease)
 
     async def _execute(
@@ -267,7 +270,7 @@ class Sandbox:
                     os.close(fd)
             reader = PipeReader(channel_r) if channel_r is not None else None
             channel_r = None
-            run = _Run(child, limits, lease, kill_on_flood, reader)
+            run = _Run(child, limits, lease, self.uids, kill_on_flood, reader)
             stopped_for = await run.supervise()
             report = _read_report(report_r)
         finally:
@@ -316,12 +319,14 @@ class _Run:
         child: ChildProcess,
         limits: SandboxLimits,
         lease: Lease | None,
+        uids: UidPool | None,
         kill_on_flood: bool,
         channel: PipeReader | None,
     ) -> None:
         self.child = child
         self.limits = limits
         self.lease = lease
+        self.uids = uids
         self.kill_on_flood = kill_on_flood
         self.flooded = asyncio.Event()
         flooded = self.flooded if kill_on_flood else None
@@ -363,8 +368,10 @@ class _Run:
 
     async def stop(self) -> None:
         """Have the supervisor kill the run; kill the supervisor if it does not answer."""
-        if not await self.child.terminate(_STOP_GRACE) and self.lease is not None:
-            self.lease.suspect = True  # its uid is checked before anyone reuses it
+        if not await self.child.terminate(_STOP_GRACE) and self.lease and self.uids:
+            # The program, under the supervisor's uid, may have stopped it: only
+            # the supervisor died with its group, so end the rest of the run now.
+            await asyncio.to_thread(self.uids.sweep, self.lease)
 
     async def _close(self) -> None:
         if self._channel_stream is not None:
@@ -433,9 +440,8 @@ def _result(
     err = stderr.text().replace(workdir + os.sep, "")
     last_line = err.rstrip().rpartition("\n")[2]
     status: Status
-    if report is None or report.get("error"):
-        why = report.get("error") if report else "the supervisor did not report"
-        status, message = "error", f"the program could not be run: {why}"
+    if report is not None and report.get("error"):
+        status, message = "error", f"the program could not be run: {report['error']}"
     elif run.kill_on_flood and (stdout.truncated or stderr.truncated):
         stream = "stdout" if stdout.truncated else "stderr"
         status = "output_limit"
@@ -443,8 +449,14 @@ def _result(
             f"the program wrote more than {limits.max_output_bytes} bytes to {stream}; "
             f"the rest was discarded and the program killed"
         )
-    elif stopped_for == "timeout" and report.get("stopped"):
+    elif stopped_for == "timeout" and (report is None or report.get("stopped")):
+        # Without a report too: a program that stops or kills its supervisor (it
+        # runs under the same uid) and runs on is still one that ran too long.
         status, message = "timeout", f"the program ran past {limits.timeout:g} s and was killed"
+        exit_code = -signal.SIGKILL if report is None else exit_code
+    elif report is None:
+        # It ran: the program may kill its supervisor, which then cannot report.
+        status, message = "error", "the program's supervisor ended without a report"
     elif exit_code == -signal.SIGXCPU:
         status = "cpu_limit"
         message = f"the program used more than {limits.cpu_seconds} s of CPU and was killed"

@@ -475,6 +475,66 @@ def test_a_program_that_nests_folders_deeply_is_cleaned_up_after(roomy_url: str)
     assert run_dirs() <= before
 
 
+KEEPS_WRITING = """\
+import os, signal
+folder = os.getcwd()
+writers = []
+for _ in range(4):
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        os.close(1)
+        os.close(2)
+        i = 0
+        while True:  # new files in its folder, remade if need be, for as long as it lives
+            i += 1
+            try:
+                os.makedirs(folder, exist_ok=True)
+                open(os.path.join(folder, f"{os.getpid()}-{i}"), "w").close()
+            except OSError:
+                pass
+    writers.append(child)
+while not all(os.path.exists(f"{writer}-1") for writer in writers):
+    pass  # every writer is at work
+print(folder, *writers, flush=True)
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+
+def test_a_program_that_keeps_writing_after_its_launcher_died_leaves_no_folder(
+    roomy_url: str,
+) -> None:
+    with CodingEnv(roomy_url).sync() as env:
+        env.reset(seed=0)
+        execution = env.step(CodeAction(code=KEEPS_WRITING)).observation.execution
+        assert execution is not None
+        folder, *writers = execution.stdout.split()
+        assert not any(alive(int(writer)) for writer in writers)
+        # They were killed before their folder was removed, not raced by the removal.
+        assert not os.path.lexists(folder)
+
+
+STOPS_ITS_LAUNCHER = """\
+import os, signal, time
+print(os.getpid(), flush=True)
+os.kill(os.getppid(), signal.SIGSTOP)  # the launcher runs under this uid too
+time.sleep(600)
+"""
+
+
+def test_a_program_that_stops_its_launcher_and_runs_on_is_a_timeout() -> None:
+    with run_server(make_app(SHORT)) as url, CodingEnv(url).sync() as env:
+        env.reset(seed=0)
+        execution = env.step(CodeAction(code=STOPS_ITS_LAUNCHER)).observation.execution
+    assert execution is not None
+    assert execution.model_dump(include={"status", "exit_code", "message"}) == {
+        "status": "timeout",
+        "exit_code": -9,
+        "message": "the program ran past 1.5 s and was killed",
+    }
+    assert not alive(int(execution.stdout))
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie left to a PID 1 that does not reap is dead)."""
     try:
