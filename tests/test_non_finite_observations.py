@@ -12,6 +12,7 @@ stays strict JSON.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ import orjson
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
+from mcp import Client as MCPClient
 from pydantic import BaseModel, field_serializer
 from websockets.asyncio.client import connect
 
@@ -32,8 +34,10 @@ from openenv import (
     MuxClient,
     Observation,
     State,
+    ToolOutput,
     WebSocketEnvClient,
     create_app,
+    tool,
 )
 from openenv.adapters.gymnasium import (
     RemoteVectorEnv,
@@ -214,3 +218,58 @@ def test_a_remote_vector_env_gets_box_observations_and_infos_as_sync_vector_env(
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)  # NaN where NaN, each inf with its sign
     np.testing.assert_array_equal(infos["energy"], want_infos["energy"])
+
+
+class Measuring(Environment[Ask, Reading, State]):
+    """Its tool's JSON result holds NaN and ±inf."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        self._state = State()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Reading:
+        return Reading()
+
+    def step(self, action: Ask, **kwargs: Any) -> Reading:
+        return Reading()
+
+    @tool
+    def measure(self) -> ToolOutput:
+        """Measure what cannot be measured."""
+        return ToolOutput.wrap({"mean": math.nan, "bounds": [-math.inf, math.inf]})
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+MEASURED = {"mean": "NaN", "bounds": ["-Infinity", "Infinity"]}
+
+
+async def test_a_tools_json_result_says_the_same_on_every_surface() -> None:
+    app = create_app(Measuring, Ask, Reading, ConcurrencyConfig(max_concurrent_envs=4), mcp=True)
+    with run_server(app) as url:
+        async with connect(ws_url(url)) as ws:
+            await ws.send('{"type":"call_tool","data":{"name":"measure","arguments":{}}}')
+            reply = orjson.loads(await ws.recv())  # strict JSON
+        assert reply["data"]["content"][0]["data"] == MEASURED
+        async with MCPClient(f"{url}/mcp") as mcp:
+            result = await mcp.call_tool("measure", {})
+        assert result.structured_content is not None
+        assert result.structured_content["data"] == MEASURED
+        assert orjson.loads(result.content[0].text) == MEASURED  # type: ignore[union-attr]
+        async with httpx.AsyncClient(base_url=url) as http:
+            opened = (await http.post("/create_session")).text
+            found = re.search(r"event: task_id\r?\ndata: (\w+)", opened)
+            assert found is not None, opened
+            headers = {"X-Session-ID": found.group(1)}
+            created = await http.post("/create", json={"task_spec": {"id": "t"}}, headers=headers)
+            assert created.status_code == 200, created.text
+            body = {"name": "measure", "input": {}}
+            stream = (await http.post("/call", json=body, headers=headers)).text
+            await http.post("/delete", headers=headers)
+        end = re.search(r"event: end\r?\ndata: (.*)\r?\n", stream)
+        assert end is not None, stream
+        (block,) = orjson.loads(end.group(1))["output"]["blocks"]
+        assert orjson.loads(block["text"]) == MEASURED

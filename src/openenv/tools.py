@@ -70,6 +70,10 @@ class TextContent(BaseModel):
 class JsonContent(BaseModel):
     """A JSON value (a number, a list, an object, ...) for programs to read."""
 
+    # NaN and ±inf stay floats in a JSON-mode dump (else None), for frames to
+    # write as "NaN", "Infinity" and "-Infinity", as in observations.
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
     type: Literal["json"] = "json"
     data: Any
 
@@ -103,7 +107,7 @@ class ToolOutput(BaseModel):
     {'value': 3}
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")  # as JsonContent
 
     content: list[ContentBlock] = Field(default_factory=list)
     reward: float | None = Field(default=None, description="Reward earned by this call.")

@@ -502,6 +502,9 @@ def _to_mcp(output: ToolOutput) -> mcp.CallToolResult:
         structured["metadata"] = output.metadata
     if (data := output.data) is not None:
         structured["data"] = data
+    # As JSON text and back: NaN and ±inf as text, as in the content (the SDK
+    # would write null).
+    structured = orjson.loads(protocol.json_text(structured))
     return mcp.CallToolResult(content=content, structured_content=structured)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from openenv.protocol import ErrorCode, reward_value
+from openenv.protocol import ErrorCode, json_text, reward_value
 from openenv.tasks import TaskSpec
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolInfo, ToolOutput
 
@@ -144,7 +144,7 @@ def _block(block: TextContent | JsonContent | ImageContent) -> dict[str, Any]:
         return {"type": "text", "text": block.text, "detail": None}
     if isinstance(block, JsonContent):
         # OpenReward's blocks are text or images: a JSON value travels as its text.
-        text = orjson.dumps(block.data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        text = json_text(block.data)
         return {"type": "text", "text": text, "detail": None}
     return {"type": "image", "data": block.data, "mimeType": block.mime_type, "detail": None}
 
