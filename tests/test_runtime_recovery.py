@@ -408,3 +408,50 @@ def test_episodes_beside_a_loop_blocking_agent_go_on_with_no_retries(
     assert statuses == ["timeout"] + ["ok"] * 5, [r.error for r in results]
     # One was beside it, surely (its worker has two slots): played twice, and shown.
     assert sorted(r.attempts for r in results[1:])[-1] == 2
+
+
+class BesideABlockerThenLosesItsWorker:
+    """Task "beside" is on the worker of task "blocker" when that one blocks the
+    loop (so the driver stops that worker); played again, it kills its own
+    worker once (``os._exit``); the third time it answers."""
+
+    def __init__(self, journal: str) -> None:
+        self.journal = journal
+
+    async def __call__(self, session: EpisodeSession) -> Any:
+        if session.task.id == "blocker":
+            await session.reset()
+            await wait_for_file(self.journal)  # "beside" is in flight on this worker
+            time.sleep(60)  # noqa: ASYNC251 - the point: an agent that blocks its loop
+            return None
+        append_line(self.journal, f"start {os.getpid()}")
+        played = len(journal_lines(self.journal))
+        if played == 1:
+            await asyncio.Event().wait()  # until the driver stops this worker
+        if played == 2:
+            os._exit(3)
+        return played
+
+
+def test_a_worker_stopped_for_another_task_costs_the_tasks_beside_it_none_of_their_retries(
+    tmp_path: Path,
+) -> None:
+    # "beside" lost its first worker for the blocker's sake, which the docs say
+    # costs it none of its retries; yet when it then lost a worker of its own,
+    # the one retry it had left was gone: "lost its worker 2 times (retries=1)".
+    agent = BesideABlockerThenLosesItsWorker(str(tmp_path / "journal"))
+    tasks = [
+        Task(id="blocker", env=EchoEnvironment, agent=agent, timeout=5),
+        Task(id="beside", agent=agent),
+    ]
+    config = RunConfig(
+        worker_num=1,
+        reuse_process=False,
+        max_concurrency=2,
+        retries=1,
+        retry_backoff=0.01,
+        progress=False,
+    )
+    results = Runners.sync_run_task(tasks, config)
+    assert [r.status.value for r in results] == ["timeout", "ok"], [r.error for r in results]
+    assert (results[1].value, results[1].attempts) == (3, 3)

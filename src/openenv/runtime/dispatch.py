@@ -102,6 +102,7 @@ class Dispatcher:
         self._blobs = blobs
         self._on_result = on_result
         self._lost = [0] * len(tasks)  # attempts spent on workers that were lost
+        self._free = [0] * len(tasks)  # of those, lost at no cost to the task's retries
         self._first: list[tuple[float, float] | None] = [None] * len(tasks)  # monotonic, wall
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._last_chances: dict[int, object] = {}  # task on its last chance -> its worker
@@ -160,7 +161,7 @@ class Dispatcher:
 
     def _last_chance(self, index: int) -> bool:
         lost = self._lost[index]
-        return lost > 0 and lost >= self.settings.retries
+        return lost > 0 and lost - self._free[index] >= self.settings.retries
 
     def _parcel(self, index: int) -> Parcel | None:
         if self.results[index] is not None:
@@ -185,6 +186,7 @@ class Dispatcher:
             task_id=task.id,
             blob=self._blobs[index],
             attempts_before=self._lost[index],
+            free_attempts=self._free[index],
             time_left=time_left,
             previous=previous,
         )
@@ -224,7 +226,8 @@ class Dispatcher:
         if self.results[index] is not None:
             return
         self._lost[index] = parcel.attempts_before + 1
-        if charged and self._lost[index] > self.settings.retries:
+        self._free[index] = parcel.free_attempts + (not charged)
+        if charged and self._lost[index] - self._free[index] > self.settings.retries:
             message = (
                 f"{reason}; the task lost its worker {self._lost[index]} times "
                 f"(retries={self.settings.retries})"

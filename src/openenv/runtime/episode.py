@@ -65,9 +65,10 @@ async def run_batch(
 class _Attempts:
     """What the task did so far, across its attempts."""
 
-    def __init__(self, before: int = 0) -> None:
+    def __init__(self, before: int = 0, free: int = 0) -> None:
         self.started_at = time.time()
         self.count = before
+        self.free = free  # attempts that do not count against the retries
         self.session: EpisodeSession | None = None
 
     def result(
@@ -103,15 +104,17 @@ async def run_one(
     previous: TaskResult | None = None,
     *,
     attempts_before: int = 0,
+    free_attempts: int = 0,
     time_left: float | None = None,
 ) -> TaskResult:
     """Play one task to exactly one result; never raises for the task's own failures.
 
     A task re-dispatched after its worker was lost passes the attempts it
-    already used (they count against ``retries``) and the time left of its
-    timeout (``None``: all of it).
+    already used (they count against ``retries``, but for ``free_attempts``
+    of them: lost when the driver stopped a worker for another task's sake)
+    and the time left of its timeout (``None``: all of it).
     """
-    attempts = _Attempts(attempts_before)
+    attempts = _Attempts(attempts_before, free_attempts)
     limit = time_limit(task, settings)
     deadline = asyncio.timeout(time_left if time_left is not None else limit)
     try:
@@ -154,7 +157,7 @@ async def _with_retries(
         try:
             return await _attempt(task, settings, pool, previous, attempts)
         except RETRYABLE:
-            if attempts.count > settings.retries:
+            if attempts.count - attempts.free > settings.retries:
                 raise
         delay = min(_MAX_BACKOFF, settings.retry_backoff * 2 ** (attempts.count - 1))
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter spreads out reconnects

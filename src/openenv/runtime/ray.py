@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,40 +61,44 @@ class RayRuntime(RuntimeEngine):
         numbers = itertools.count()
         # Actors reach the driver where Ray reaches it: this node's address.
         host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        async with Switchboard(host) as board:
+        _running[key] += 1  # its actors are not kept idle while another run wants room
+        try:
+            async with Switchboard(host) as board:
 
-            async def start() -> _ActorWorker:
-                idle = _idle.setdefault(key, [])
-                while idle:
-                    actor = idle.pop()
-                    try:
-                        return await begin(actor, idle)
-                    except RuntimeError:
-                        # Kept from an earlier run, and died since (its node lost, its
-                        # process killed): not a failure to start one, try the next.
+                async def start() -> _ActorWorker:
+                    idle = _idle.setdefault(key, [])
+                    while idle:
+                        actor = idle.pop()
+                        try:
+                            return await begin(actor)
+                        except RuntimeError:
+                            # Kept from an earlier run, and died since (its node lost, its
+                            # process killed): not a failure to start one, try the next.
+                            with contextlib.suppress(Exception):
+                                ray.kill(actor, no_restart=True)
+                    return await begin(_actor_class().options(**options).remote())
+
+                async def begin(actor: Any) -> _ActorWorker:
+                    number = next(numbers)
+                    accepted = board.expect(number)
+                    outcome = asyncio.ensure_future(
+                        _outcome(actor.work.remote(*board.address, board.token, number))
+                    )
+
+                    def call_off() -> None:
+                        # An actor left pending would hold its place in Ray's queue.
+                        outcome.cancel()
                         with contextlib.suppress(Exception):
                             ray.kill(actor, no_restart=True)
-                return await begin(_actor_class().options(**options).remote(), idle)
 
-            async def begin(actor: Any, idle: list[Any]) -> _ActorWorker:
-                number = next(numbers)
-                accepted = board.expect(number)
-                outcome = asyncio.ensure_future(
-                    _outcome(actor.work.remote(*board.address, board.token, number))
-                )
+                    reader, writer = await called_in(accepted, outcome, call_off)
+                    worker = _ActorWorker(actor, reader, writer, outcome, key)
+                    worker.begin(settings, sys_path)
+                    return worker
 
-                def call_off() -> None:
-                    # An actor left pending would hold its place in Ray's queue.
-                    outcome.cancel()
-                    with contextlib.suppress(Exception):
-                        ray.kill(actor, no_restart=True)
-
-                reader, writer = await called_in(accepted, outcome, call_off)
-                worker = _ActorWorker(actor, reader, writer, outcome, idle)
-                worker.begin(settings, sys_path)
-                return worker
-
-            await serve(dispatcher, start, workers, settings.max_concurrency)
+                await serve(dispatcher, start, workers, settings.max_concurrency)
+        finally:
+            _running[key] -= 1
         return finish(results, tasks)
 
 
@@ -128,6 +133,8 @@ def _cluster() -> str:
 
 # Idle actors between runs, by their options and cluster.
 _idle: dict[tuple[str, str], list[Any]] = {}
+# Runs going on in this program, by the options and cluster of their actors.
+_running: Counter[tuple[str, str]] = Counter()
 
 
 def _release_idle_except(key: tuple[str, str]) -> None:
@@ -150,14 +157,19 @@ class _ActorWorker(CalledBackWorker):
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         outcome: asyncio.Future[str],
-        idle: list[Any],
+        key: tuple[str, str],
     ) -> None:
         self.actor = actor
-        self._idle = idle
+        self._key = key
         super().__init__(reader, writer, outcome)
 
     def _kept(self) -> None:
-        self._idle.append(self.actor)
+        # Kept idle, it holds its CPUs: a run of other options going on now (its
+        # actors waiting for room) would wait for them for ever.
+        if any(n and k != self._key for k, n in _running.items()):
+            self._stop()
+        else:
+            _idle.setdefault(self._key, []).append(self.actor)
 
     def _stop(self) -> None:
         with contextlib.suppress(Exception):

@@ -44,6 +44,7 @@ class Parcel:
     task_id: str
     blob: bytes  # cloudpickle of the Task
     attempts_before: int = 0  # attempts used by earlier dispatches (lost workers)
+    free_attempts: int = 0  # of those, lost for another task's sake: not against its retries
     time_left: float | None = None  # of the task's timeout; None: all of it
     previous: TaskResult | None = None  # sequence-dependent runs
 
@@ -142,6 +143,7 @@ class EpisodeWorker:
             self.pool,
             parcel.previous,
             attempts_before=parcel.attempts_before,
+            free_attempts=parcel.free_attempts,
             time_left=parcel.time_left,
         )
         return encode_result(parcel.index, result)
