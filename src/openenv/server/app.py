@@ -72,7 +72,7 @@ def create_app(
     >>> from echo_env.server.environment import EchoEnvironment
     >>> app = create_app(EchoEnvironment, EchoAction, EchoObservation,
     ...                  ConcurrencyConfig(max_concurrent_envs=64))
-    >>> sorted(r.path for r in app.routes if r.path in {"/ws", "/health", "/schema"})
+    >>> sorted({r.path for r in app.routes if r.path in {"/ws", "/health", "/schema"}})
     ['/health', '/schema', '/ws']
     >>> "/web" in {r.path for r in app.routes}
     True
