@@ -18,18 +18,29 @@ deterministic (same seed, same actions, same observations).
 from __future__ import annotations
 
 import asyncio
+import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from pydantic import BeforeValidator
 
 from openenv.protocol import reward_from
 
-__all__ = ["Episode", "Step", "load", "replay", "to_parquet", "to_rows"]
+__all__ = ["Episode", "RecordFolder", "Step", "load", "replay", "to_parquet", "to_rows"]
+
+
+def _as_text(given: object) -> object:
+    return os.fspath(given) if isinstance(given, os.PathLike) else given
+
+
+# A folder to record into (a server's ``record=``, a run's ``RunConfig(record=)``),
+# named by a ``str`` or a ``pathlib.Path`` (pytest's ``tmp_path / "runs"``), kept as text.
+RecordFolder = Annotated[str, BeforeValidator(_as_text)]
 
 # The largest reply frame ``replay`` takes, in bytes: what the sync and
 # multiplexing clients take, so what they recorded can be replayed.

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import difflib
 import enum
-import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openenv.runtime.base import RuntimeEngine
+from openenv.trajectories import RecordFolder
 
 __all__ = ["EngineName", "RunConfig"]
 
@@ -93,15 +93,9 @@ class RunConfig(BaseModel):
     retry_backoff: float = Field(default=0.1, ge=0)
     progress: bool | None = None
     engine_options: dict[str, Any] = Field(default_factory=dict)
-    record: str | None = None
+    record: RecordFolder | None = None
     multiplex: bool = True
     start_timeout: float | None = Field(default=None, gt=0)
-
-    @field_validator("record", mode="before")
-    @classmethod
-    def _a_folder(cls, value: object) -> object:
-        # A pathlib.Path (pytest's tmp_path / "runs") names a folder as well as a str.
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("engine_name", mode="before")
     @classmethod

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from openenv.trajectories import RecordFolder
+
 __all__ = ["ConcurrencyConfig", "ServerSettings"]
 
 # Idle seconds before a session is closed, unless the app says otherwise.
@@ -183,7 +185,7 @@ class ServerSettings(BaseModel):
             "full text and traceback are always in the server log."
         ),
     )
-    record: str | None = Field(
+    record: RecordFolder | None = Field(
         default_factory=lambda: os.environ.get("OPENENV_RECORD") or None,
         validate_default=True,  # OPENENV_RECORD is checked too
         description=(
@@ -239,12 +241,6 @@ class ServerSettings(BaseModel):
             "cap (at least 1), so no single address can take every slot."
         ),
     )
-
-    @field_validator("record", mode="before")
-    @classmethod
-    def _a_path(cls, value: object) -> object:
-        # A pathlib.Path names a folder as well as a str (as RunConfig's record).
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("record")
     @classmethod
