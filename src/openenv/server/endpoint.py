@@ -20,7 +20,6 @@ and its slot either way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 from collections.abc import Coroutine
@@ -32,6 +31,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
+from openenv.server.leaving import ChannelLeft
 from openenv.server.mux import MuxConnection
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import OPEN
@@ -67,44 +67,13 @@ class SessionEndpoint:
             await _serve(service, MuxConnection(websocket, service, receive, send, channel))
             return
         try:
-            if channel is not None and service.concurrency.queue_timeout > 0:
-                await _admit_unless_gone(service, channel)
-                session = await service.make_session()
-            else:
-                session = await service.open_session(
-                    (lambda: channel.disconnected) if channel is not None else None
-                )
+            session = await service.open_session(
+                ChannelLeft(channel) if channel is not None else None
+            )
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return
         await _serve(service, Connection(websocket, session, service, receive, send, channel))
-
-
-async def _admit_unless_gone(service: EnvService, channel: DirectChannel) -> None:
-    """``service.admit``, given up as soon as the client leaves while it waits in line:
-    a client gone must neither count in ``queued_sessions`` (pools and fleets place
-    sessions by it) nor hold a task until ``queue_timeout``."""
-    admitting = asyncio.ensure_future(service.admit(lambda: channel.disconnected))
-    try:
-        while not admitting.done():
-            # Frames the client sent meanwhile stay queued for the session; a
-            # disconnect is put behind them and sets ``disconnected``.
-            arrived = channel.arrival()
-            await asyncio.wait((admitting, arrived), return_when=asyncio.FIRST_COMPLETED)
-            if channel.disconnected and not admitting.done():
-                admitting.cancel()  # admit() is safe to cancel: no slot is held
-                with contextlib.suppress(asyncio.CancelledError):
-                    await admitting
-                raise SessionRefused(
-                    ErrorCode.SESSION_ERROR,
-                    "the client left while waiting for a slot",
-                    CloseCode.GOING_AWAY,
-                )
-    except asyncio.CancelledError:
-        if not admitting.cancel() and not admitting.cancelled() and not admitting.exception():
-            service.registry.release()  # admitted just as this task was cancelled
-        raise
-    admitting.result()  # SessionRefused if refused
 
 
 async def _serve(service: EnvService, connection: Connection | MuxConnection) -> None:

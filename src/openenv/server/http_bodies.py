@@ -6,14 +6,14 @@ one whole would hold whatever a client sends. ``read_body`` refuses a body
 whose ``Content-Length`` is over the limit before reading any of it, and one
 sent without (chunked) as soon as it passes the limit, so a client that
 announces a gigabyte, or streams for ever, costs the server ``limit`` bytes.
-Once it is read, ``client_gone`` tells whether the client has left since.
+Once it is read, ``client_gone`` tells when the client has left since.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -81,9 +81,9 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 @contextlib.asynccontextmanager
-async def client_gone(receive: Receive) -> AsyncIterator[Callable[[], bool]]:
-    """Whether the client of a request has left: for ``open_session``, so that a
-    caller who gave up while it waited in line for a slot gets no environment.
+async def client_gone(receive: Receive) -> AsyncIterator[asyncio.Event]:
+    """Set once the client of a request has left: for ``open_session``, so that a
+    caller who gives up while it waits in line for a slot leaves the line at once.
 
     For a request whose body has been read whole, or is not wanted: what is
     left of it is read and dropped.
@@ -97,6 +97,6 @@ async def client_gone(receive: Receive) -> AsyncIterator[Callable[[], bool]]:
 
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        yield left.is_set
+        yield left
     finally:
         watcher.cancel()

@@ -31,6 +31,7 @@ from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.protocol_v2 import SessionKey
 from openenv.server.direct import NOTIFY, DirectChannel
+from openenv.server.leaving import CancelsWhenLeft
 from openenv.server.mux_ending import ConnectionEnding
 from openenv.server.mux_writer import GONE, Outbox
 from openenv.server.service import EnvService, SessionRefused
@@ -396,7 +397,7 @@ class MuxConnection(ConnectionEnding):
     async def _open(self, lane: Lane, request_id: protocol.RequestId | None) -> str:
         service = self._service
         try:
-            await service.admit(lambda: self._gone)
+            await service.admit(CancelsWhenLeft(lambda: self._gone))
             lane.admitted = True
             session = await service.make_session()
         except SessionRefused as refused:

@@ -287,8 +287,8 @@ class OpenRewardBridge:
         else:
             task = req.task_at(service, body.split or "", body.index or 0)  # both set
         try:
-            async with client_gone(request.receive) as gone:
-                session = await service.open_session(gone)
+            async with client_gone(request.receive) as left:
+                session = await service.open_session(left)
         except SessionRefused as refused:
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             headers = {"Retry-After": "1"} if status == 503 else None

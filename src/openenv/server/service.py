@@ -22,6 +22,7 @@ from openenv.server.factory import environment_class, state_class
 from openenv.server.gc_tuning import tune_gc, unchanged
 from openenv.server.handoff import Handoff, LaneTicket
 from openenv.server.isolation import isolated_factory
+from openenv.server.leaving import ClientLeft, acquire_unless_left
 from openenv.server.metrics import Metrics
 from openenv.server.recording import Recorder
 from openenv.server.redact import failure_text
@@ -149,32 +150,42 @@ class EnvService:
         # before the server waits for open responses, which their calls hold.
         self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
 
-    async def open_session(self, gone: Callable[[], bool] | None = None) -> Session:
+    async def open_session(self, left: ClientLeft | None = None) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
 
         The one way in for every transport (``/ws``, ``/web/ws``, MCP, v2's
-        ``open``). ``gone`` tells whether the client has left: one that left
-        while it waited in line gets no environment, and its slot goes to the
-        next in line.
+        ``open``). ``left`` tells when the client has left: one that leaves
+        while it waits in line leaves the line at once, and gets no environment.
 
         Raises:
-            SessionRefused: shutting down, at capacity, or the factory failed;
-                nothing is left holding a slot.
+            SessionRefused: shutting down, at capacity, the client left, or the
+                factory failed; nothing is left holding a slot.
         """
-        await self.admit(gone)
+        await self.admit(left)
         return await self.make_session()
 
-    async def admit(self, gone: Callable[[], bool] | None = None) -> None:
+    async def admit(self, left: ClientLeft | None = None) -> None:
         """``open_session``'s first half: reserve a slot, or raise ``SessionRefused``.
 
         Safe to cancel: a cancelled wait holds no slot. The caller owns the
         slot until it passes it to ``make_session``.
         """
+        wait = self.concurrency.queue_timeout
         refused: SessionRefused | None = None
         if self.draining:
             refused = _shutting_down()
-        elif not await self.registry.acquire(self.concurrency.queue_timeout):
-            # Turned away from the line by a shutdown, or out of time.
+        elif not await (
+            self.registry.acquire(wait)
+            if left is None
+            else acquire_unless_left(self.registry, wait, left)
+        ):
+            # Turned away from the line by a shutdown, out of time, or gone.
+            if left is not None and left.is_set():
+                raise SessionRefused(
+                    ErrorCode.SESSION_ERROR,
+                    "the client left while waiting for a slot",
+                    CloseCode.GOING_AWAY,
+                )
             refused = (
                 _shutting_down()
                 if self.draining
@@ -189,13 +200,6 @@ class EnvService:
         elif self.draining:  # a slot freed by the shutdown itself: no environment now
             self.registry.release()
             refused = _shutting_down()
-        elif gone is not None and gone():
-            self.registry.release()
-            raise SessionRefused(
-                ErrorCode.SESSION_ERROR,
-                "the client left while waiting for a slot",
-                CloseCode.GOING_AWAY,
-            )
         else:
             return
         self.metrics.errors[refused.code.value] += 1

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
@@ -36,6 +35,7 @@ from openenv import protocol
 from openenv.protocol import ErrorCode
 from openenv.server import calls
 from openenv.server.http_bodies import client_gone, route_body
+from openenv.server.leaving import ClientLeft
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import Session
 from openenv.types import EnvironmentMetadata
@@ -67,11 +67,11 @@ async def _body(request: Request, service: EnvService) -> dict[str, Any]:
     return value
 
 
-async def _open(service: EnvService, gone: Callable[[], bool] | None = None) -> Session:
+async def _open(service: EnvService, left: ClientLeft | None = None) -> Session:
     """A session for one call: a full or stopping server is a 503 to retry, a
     factory that failed a 500."""
     try:
-        return await service.open_session(gone)
+        return await service.open_session(left)
     except SessionRefused as refused:
         status = 503 if refused.code is not ErrorCode.FACTORY_ERROR else 500
         headers = {"Retry-After": "1"} if status == 503 else None
@@ -86,8 +86,8 @@ async def _once(
     The request's body has been read: a caller that leaves while it waits for a
     slot (``queue_timeout``) is dropped from the line with no environment made."""
     service = _service(request)
-    async with client_gone(request.receive) as gone:
-        session = await _open(service, gone)
+    async with client_gone(request.receive) as left:
+        session = await _open(service, left)
     try:
         reply = await session.handle(protocol.request_frame(kind, data))
     finally:
