@@ -273,3 +273,43 @@ async def test_a_tools_json_result_says_the_same_on_every_surface() -> None:
         assert end is not None, stream
         (block,) = orjson.loads(end.group(1))["output"]["blocks"]
         assert orjson.loads(block["text"]) == MEASURED
+
+
+class Tally(Observation):
+    counts: dict[str, float] = {}
+
+
+class Tallying(Environment[Ask, Tally, State]):
+    """Its observation holds a dict shaped like a reply's envelope: a ``reward``
+    key, then a ``done`` key, as a reply without a reward writes them."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Tally:
+        return Tally()
+
+    def step(self, action: Ask, **kwargs: Any) -> Tally:
+        counts = {"reward": action.value, "done": 1.0}
+        return Tally(counts=counts, reward=0.5 if action.note else None)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+@pytest.mark.parametrize("rewarded", [False, True])
+async def test_a_nested_reward_key_is_not_taken_for_the_replys_own(rewarded: bool) -> None:
+    """A NaN under a ``reward`` key followed by a ``done`` key, inside an observation,
+    was written as ``null``: the writer took it for a reply's empty reward."""
+    app = create_app(Tallying, Ask, Tally, ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url:
+        async with WebSocketEnvClient(url, action_cls=Ask, observation_cls=Tally) as env:
+            await env.reset()
+            result = await env.step(Ask(value=math.nan, note=rewarded))
+        async with MuxClient(url, action_cls=Ask, observation_cls=Tally) as mux:
+            sessions = await mux.open(2)
+            await mux.reset(sessions)
+            batch = await mux.step(sessions, [Ask(value=v, note=rewarded) for v in ODD[1:]])
+    assert math.isnan(result.observation.counts["reward"])
+    assert [r.observation.counts["reward"] for r in batch] == ODD[1:]
+    assert [r.reward for r in [result, *batch]] == [0.5 if rewarded else None] * 3

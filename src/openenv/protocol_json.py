@@ -51,7 +51,7 @@ def frame_text(value: Any) -> str:
     # null that is not an observation's empty reward is written again, by
     # pydantic's writer. Looked for by the null's "u" first, which memchr finds
     # many times faster than a search for the word (most frames have none).
-    if b"u" in text and _other_null(text):
+    if b"u" in text and _other_null(text, value):
         # What only orjson writes keeps its nulls.
         with contextlib.suppress(ValueError, TypeError):  # pydantic's error is a ValueError
             text = pydantic_core.to_json(value, inf_nan_mode="strings", fallback=_plain)
@@ -82,15 +82,32 @@ def json_values(value: Any) -> Any:
 _NO_REWARD = b'"reward":null,"done":'
 
 
-def _other_null(text: bytes) -> bool:
-    """Whether ``text`` holds a ``null`` but an observation's empty reward (a
-    NaN's, maybe), in one pass."""
+def _other_null(text: bytes, value: Any) -> bool:
+    """Whether ``text`` (``value`` written by orjson) holds a ``null`` but the empty
+    rewards of ``value``'s observation replies (a NaN's, maybe)."""
+    alike = 0  # nulls written as an empty reward is: a reply's, or a nested dict's
     at = text.find(b"null")
     while at >= 0:
         if at < 9 or not text.startswith(_NO_REWARD, at - 9):
             return True
+        alike += 1
         at = text.find(b"null", at + 4)
-    return False
+    return alike > 0 and alike != _empty_rewards(value)
+
+
+def _empty_rewards(value: Any) -> int:
+    """How many observation replies without a reward ``value`` is (a reply) or holds
+    (a v2 frame's list of them)."""
+    if value.__class__ is list:
+        return sum(map(_empty_reward, value))
+    return _empty_reward(value)
+
+
+def _empty_reward(reply: Any) -> int:
+    if reply.__class__ is not dict or reply.get("type") != "observation":
+        return 0
+    data = reply.get("data")
+    return data.__class__ is dict and "reward" in data and data["reward"] is None
 
 
 def _plain(value: Any) -> Any:
