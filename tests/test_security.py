@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import logging
 
 import httpx
@@ -194,3 +195,20 @@ def test_the_remote_vector_env_needs_the_key() -> None:
             assert observations.shape == (2, 4)
         finally:
             envs.close()
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_page_passes_the_key_in_its_url_on(
+    keyed_url: tuple[str, Tracker], page: str
+) -> None:
+    """A browser opens ``/docs?api_key=KEY``; the page then fetched ``/openapi.json``
+    without the key (401), so it showed only an error."""
+    url, _ = keyed_url
+    with httpx.Client(base_url=url) as http:
+        html = http.get(page, params={"api_key": KEY})
+        assert html.status_code == 200
+        (schema_url,) = re.findall(r"""['"]([^'"]*openapi\.json[^'"]*)['"]""", html.text)
+        schema = http.get(schema_url)  # as the page fetches it: no header
+        assert schema.status_code == 200
+        assert "/reset" in schema.json()["paths"]
+        assert http.get(page).status_code == 401

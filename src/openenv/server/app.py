@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from openenv.server.api_docs import add_docs_pages
 from openenv.server.config import ConcurrencyConfig, ServerSettings
 from openenv.server.endpoint import SessionEndpoint
 from openenv.server.factory import check_concurrency, check_factory
@@ -119,7 +120,10 @@ def create_app(
             *openreward_env,
         ],
         lifespan=service.lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    add_docs_pages(app)
     app.state.openenv = service
     key, origins, hosts = (
         service.settings.api_key,

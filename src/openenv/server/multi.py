@@ -20,6 +20,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Mount
 
 from openenv.protocol import EnvInfo, EnvListing
+from openenv.server.api_docs import add_docs_pages
 from openenv.server.app import create_app
 from openenv.server.catalog import splits_of, tool_names
 from openenv.server.config import ConcurrencyConfig
@@ -118,7 +119,10 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
             *openreward_env,
         ],
         lifespan=_MountedLifespans(list(apps.values())),
+        docs_url=None,
+        redoc_url=None,
     )
+    add_docs_pages(app)
     app.state.openenv_envs = {name: sub.state.openenv for name, sub in apps.items()}
     app.state.openenv_guards = bridge.guards
     # Only the mounts' own paths skip the root's check: another /envs/x/... path
