@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -198,6 +199,26 @@ def test_the_rendered_code_type_checks_strictly(tmp_path: Path) -> None:
     command = [mypy, "--strict", "--cache-dir", tmp_path / ".mypy_cache", "typed_env"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_scaffolds_own_tests_pass_without_warnings_for_a_name_starting_with_test(
+    tmp_path: Path,
+) -> None:
+    # Its classes are TestAction, TestEnv...: imported into the test module, pytest
+    # tried to collect them and printed a warning for each.
+    folder = init_env("test_env", tmp_path)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout
+    assert "warning" not in done.stdout.lower(), done.stdout
 
 
 def test_echo_env_has_exactly_the_template_layout(tmp_path: Path) -> None:

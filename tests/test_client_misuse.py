@@ -119,6 +119,20 @@ async def test_a_batch_of_no_sessions_is_an_empty_result() -> None:
         await slots_free(url)
 
 
+async def test_a_negative_number_of_sessions_is_refused_by_name() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=1)) as url:
+        async with MuxClient(url, action_cls=Ping, observation_cls=Pong) as mux:
+            # It was an empty batch, as if a loop's arithmetic had gone right.
+            with pytest.raises(ValueError, match=r"n \(the number of sessions to open\).* -1"):
+                await mux.open(-1)
+            with pytest.raises(TypeError):
+                await mux.open(1.5)  # type: ignore[arg-type]
+            (env,) = await mux.open(1)  # the client goes on
+            assert (await mux.step([env], [Ping()]))[0].observation.count == 1
+        await slots_free(url)
+
+
 def test_clients_dropped_unclosed_free_their_sessions_when_collected() -> None:
     tracker = Tracker()
     with run_server(ping_app(tracker, max_envs=8)) as url:

@@ -127,7 +127,9 @@ def test_health_metadata_and_schema(echo_url: str) -> None:
     assert schema["action"]["required"] == ["message"]
 
 
-@pytest.mark.parametrize("path", ["/health", "/metadata", "/schema", "/metrics"])
+@pytest.mark.parametrize(
+    "path", ["/health", "/metadata", "/schema", "/metrics", "/tools", "/splits"]
+)
 def test_introspection_routes_answer_head_as_their_get(echo_url: str, path: str) -> None:
     # Uptime monitors ask with HEAD, and take a 405 for a server that is down.
     with httpx.Client(base_url=echo_url) as http:

@@ -74,6 +74,26 @@ def test_each_env_has_its_own_introspection_routes(url: str) -> None:
     assert HTTP.get(f"{url}/ws").status_code == 404  # no default environment
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/envs",
+        "/envs/counter/health",
+        "/envs/ns/echo/metrics",
+        "/envs/counter/splits",
+        "/envs/counter/tools",
+    ],
+)
+def test_every_get_route_answers_head_as_its_get(url: str, path: str) -> None:
+    # Uptime monitors ask with HEAD, and take a 405 for a server that is down.
+    head, get = HTTP.head(f"{url}{path}"), HTTP.get(f"{url}{path}")
+    assert (head.status_code, get.status_code) == (200, 200)
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    paths = HTTP.get(f"{url}/openapi.json").json()["paths"]
+    assert list(paths["/envs"]) == ["get"]  # the OpenAPI page lists each route once
+
+
 async def test_two_environments_with_separate_caps(url: str) -> None:
     client = MultiEnvClient(url, capacity_timeout=0)
     counter, echo = client.environments.get("counter"), client.environments.get("ns/echo")

@@ -238,6 +238,16 @@ def test_what_run_cannot_honour_is_refused_by_name() -> None:
         Runners.sync_run(input="hi", agent=solve, tool_names=["search_api"])
     with pytest.raises(ValueError, match="session_id keys AWorld's memory"):
         Runners.sync_run(input="hi", agent=solve, session_id="s1")
+    # Not a list of names: said so by name, not a bare "'int' object is not iterable".
+    with pytest.raises(TypeError, match="tool_names must be a list of tool names, not int"):
+        Runners.sync_run(input="hi", agent=solve, tool_names=1)  # type: ignore[arg-type]
+    # One name as a string is still a name of AWorld's tools.
+    with pytest.raises(ValueError, match="tool_names names AWorld's tools"):
+        Runners.sync_run(input="hi", agent=solve, tool_names="search_api")
+
+
+def test_tool_names_none_means_none_given() -> None:
+    assert Runners.sync_run(input="what is 2+2?", agent=solve, tool_names=None).answer == "4"
 
 
 async def add_one(session: EpisodeSession) -> int:

@@ -75,6 +75,30 @@ async def test_full_server_shows_the_capacity_message(
         await step_echo(second, "room now")
 
 
+async def test_a_tab_queued_for_a_slot_says_so_until_it_has_one(
+    new_page: Callable[..., Awaitable[Page]],
+) -> None:
+    concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=60)
+    with run_server(create_app(EchoEnvironment, EchoAction, EchoObservation, concurrency)) as url:
+        first = await new_page(url)
+        await reset(first)
+        second = await new_page(url)  # accepted, and in line for the one slot
+        status = second.locator("#status")
+        await expect(status).to_have_text(
+            "Waiting for a free slot: all 1 sessions are in use. "
+            "This tab gets the next one that frees up."
+        )
+        await expect(second.get_by_role("button", name="Reset")).to_be_disabled()
+        await expect(second.locator("#connection-banner")).to_be_hidden()
+
+        await first.context.close()  # its slot frees: the queued tab's session opens
+        await expect(status).to_have_text(
+            "Connected: a new session. Press Reset to start an episode."
+        )
+        await reset(second)
+        await step_echo(second, "my turn")
+
+
 async def test_dropped_socket_offers_reconnect(
     echo_url: str, new_page: Callable[..., Awaitable[Page]]
 ) -> None:

@@ -42,6 +42,7 @@ def test_page_and_every_file_it_loads_are_served(echo_url: str) -> None:
         scripts = {"app.js": http.get("/web/app.js").text}
         imported = re.findall(r'from "\./([^"]+)"', scripts["app.js"])
         assert sorted(imported) == [
+            "apikey.js",
             "form.js",
             "history.js",
             "metrics.js",

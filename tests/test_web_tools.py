@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
 from echo_env.models import EchoAction, EchoObservation
 from echo_env.server.environment import EchoEnvironment
-from openenv import ConcurrencyConfig, create_app
+from openenv import ConcurrencyConfig, create_app, tool
 from openenv.adapters.gymnasium import create_gymnasium_app
 from openenv.testing import run_server
 from wordle_env import WordleAction
@@ -128,6 +129,44 @@ async def test_step_is_disabled_once_an_episode_is_done(page: Page) -> None:
         await expect(page.get_by_role("button", name="Step")).to_be_disabled()
         await page.get_by_role("button", name="Reset").click()
         await expect(page.get_by_role("button", name="Step")).to_be_enabled()
+
+
+class GatedCounter(CounterEnvironment):
+    """The counter, plus a tool that waits (on a thread) until the test opens the gate."""
+
+    gate = threading.Event()
+
+    @tool
+    def wait(self) -> str:
+        """Wait for the gate."""
+        assert GatedCounter.gate.wait(60)
+        return "through"
+
+
+async def test_a_tool_call_in_flight_holds_step_and_reset_as_a_step_does(page: Page) -> None:
+    GatedCounter.gate.clear()
+    app = create_app(GatedCounter, CounterAction, CounterObservation)
+    with run_server(app) as url:
+        await page.goto(f"{url}/web")
+        await page.get_by_role("button", name="Reset").click()
+        await expect(page.get_by_role("button", name="Call wait")).to_be_enabled()
+        try:
+            await call(page, "wait")
+            # The call is out: its session takes nothing else meanwhile (a Step
+            # or a Reset pressed now would wait behind it, or land mid-call).
+            await expect(page.get_by_role("button", name="Step")).to_be_disabled()
+            await expect(page.get_by_role("button", name="Reset")).to_be_disabled()
+            await expect(page.get_by_role("button", name="Call increment")).to_be_disabled()
+            await expect(page.get_by_role("button", name="Refresh state")).to_be_disabled()
+        finally:
+            GatedCounter.gate.set()
+        wait = page.get_by_role("form", name="Tool wait")
+        await expect(wait.locator(".tool-result")).to_contain_text("through")
+        await expect(page.get_by_role("button", name="Step")).to_be_enabled()
+        await expect(page.get_by_role("button", name="Reset")).to_be_enabled()
+        await call(page, "increment", amount=2)
+        increment = page.get_by_role("form", name="Tool increment")
+        await expect(increment.locator(".tool-result")).to_contain_text("2")
 
 
 async def test_tool_calls_are_rows_of_the_history(page: Page, counter_url: str) -> None:

@@ -164,6 +164,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         Raises the server's refusal (``CapacityError``, ``FactoryError``) if
         any could not open; those that did are closed again.
         """
+        if operator.index(n) < 0:  # else range() would make it an empty batch, silently
+            raise ValueError(f"n (the number of sessions to open) must be 0 or more, got {n}")
         await self.connect()
         sessions = [MuxSession(self, next(self._keys)) for _ in range(n)]
         try:

@@ -209,7 +209,7 @@ class Runners:
         input: Any,
         agent: Any = None,
         swarm: Any = None,
-        tool_names: Iterable[str] = (),
+        tool_names: Iterable[str] | None = (),
         session_id: str | None = None,
         run_conf: RunConfig | None = None,
         *,
@@ -234,7 +234,7 @@ class Runners:
         input: Any,
         agent: Any = None,
         swarm: Any = None,
-        tool_names: Iterable[str] = (),
+        tool_names: Iterable[str] | None = (),
         session_id: str | None = None,
         run_conf: RunConfig | None = None,
         *,
@@ -342,7 +342,7 @@ def _one_task(
     input: Any,
     agent: Any,
     swarm: Any,
-    tool_names: Iterable[str],
+    tool_names: Iterable[str] | None,
     session_id: str | None,
     env: str | ServerPool | EnvFactory | None,
 ) -> Task:
@@ -356,6 +356,10 @@ def _one_task(
             "AWorld's Swarm has no counterpart here: pass agent=..., an `async def "
             "agent(session)` or an act() agent (ParallelizableAgent plays several at once)"
         )
+    if tool_names is None:  # none given, as swarm=None and session_id=None say
+        tool_names = ()
+    if not isinstance(tool_names, Iterable):  # list() would raise a bare TypeError
+        raise TypeError(f"tool_names must be a list of tool names, not {type(tool_names).__name__}")
     if list(tool_names):
         raise ValueError(
             "tool_names names AWorld's tools, which do not exist here: give the task an "

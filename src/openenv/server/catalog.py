@@ -11,7 +11,6 @@ from typing import Annotated, Any
 
 from fastapi import HTTPException, Query, Request
 from fastapi.routing import APIRoute
-from starlette.routing import BaseRoute
 
 from openenv.protocol import SplitList, TaskPage, ToolList
 from openenv.server.service import EnvService
@@ -76,7 +75,7 @@ async def tasks(
     )
 
 
-def catalog_routes() -> list[BaseRoute]:
+def catalog_routes() -> list[APIRoute]:
     return [
         APIRoute("/tools", tools, methods=["GET"], response_model=ToolList),
         APIRoute("/splits", splits, methods=["GET"], response_model=SplitList),

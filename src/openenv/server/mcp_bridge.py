@@ -64,6 +64,10 @@ __all__ = ["McpBridge", "mcp_routes"]
 logger = logging.getLogger("openenv.server")
 
 _PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+_PLAY_AGAIN = (  # reset once, as it opened: the next episode is the next session's
+    "an MCP session plays one episode: open a new session (initialize) to play "
+    "another, and end this one (HTTP DELETE) to free its slot"
+)
 
 
 def mcp_routes(service: EnvService) -> list[BaseRoute]:
@@ -235,6 +239,7 @@ class McpBridge:
             await session.aclose("mcp_reset_failed")
             await _rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
             return
+        session.play_again = _PLAY_AGAIN
         entry = _McpSession(session, client, in_flight=1)
 
         async def bind_on_start(message: Message) -> None:

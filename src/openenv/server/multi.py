@@ -25,6 +25,7 @@ from openenv.server.app import create_app
 from openenv.server.catalog import splits_of, tool_names
 from openenv.server.config import ConcurrencyConfig
 from openenv.server.openreward import OpenRewardBridge
+from openenv.server.routes import head_of
 from openenv.server.security import AccessGuard, AnyGuard
 from openenv.server.service import EnvService
 from openenv.types import Action, EnvironmentMetadata, Observation, State
@@ -91,7 +92,7 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
     >>> from echo_env.models import EchoAction, EchoObservation
     >>> from echo_env.server.environment import EchoEnvironment
     >>> app = create_multi_app({"echo": EnvSpec(EchoEnvironment, EchoAction, EchoObservation)})
-    >>> [r.path for r in app.routes if r.path.startswith("/envs")]
+    >>> sorted({r.path for r in app.routes if r.path.startswith("/envs")})
     ['/envs', '/envs/echo']
     """
     if not envs:
@@ -110,10 +111,12 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
     # the rest name theirs in X-Deployment or as /{name}/call (server/openreward.py).
     bridge = OpenRewardBridge({name: sub.state.openenv for name, sub in apps.items()})
     openreward_root, openreward_env = bridge.routes()
+    listing = APIRoute("/envs", list_envs, methods=["GET"], response_model=EnvListing)
     app = FastAPI(
         title=title,
         routes=[
-            APIRoute("/envs", list_envs, methods=["GET"], response_model=EnvListing),
+            listing,
+            head_of(listing),  # as a one-environment server's /health (uptime monitors)
             *(Mount(f"/envs/{name}", app=sub) for name, sub in apps.items()),
             *openreward_root,
             *openreward_env,

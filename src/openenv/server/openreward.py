@@ -63,6 +63,12 @@ _CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken
 MAX_QUEUED_CALLS = 32
 _ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# /create resets once, with the session's task: the next episode is the next session's.
+_PLAY_AGAIN = (
+    "an OpenReward session plays one episode: open a new session (the SDK's "
+    "environment.session(); POST /create_session, then /create) to play another, "
+    "and end this one (POST /delete) to free its slot"
+)
 
 
 @dataclass
@@ -293,6 +299,7 @@ class OpenRewardBridge:
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             headers = {"Retry-After": "1"} if status == 503 else None
             raise HTTPException(status, refused.message, headers=headers) from None
+        session.play_again = _PLAY_AGAIN
         entry = _Entry(sid, env, service, session)
         try:
             reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))

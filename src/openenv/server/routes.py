@@ -18,7 +18,7 @@ from openenv.server.simulation import environment_metadata, simulation_routes
 from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
-__all__ = ["SchemaResponse", "routes", "web_routes"]
+__all__ = ["SchemaResponse", "head_of", "routes", "web_routes"]
 
 
 class SchemaResponse(BaseModel):
@@ -82,19 +82,21 @@ def routes() -> list[BaseRoute]:
         APIRoute("/schema", schema, methods=["GET"], response_model=SchemaResponse),
         APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
     ]
+    catalog = catalog_routes()
     return [
         *introspection,
-        # HEAD too (uptime monitors ask so, and read a 405 as down): the GET's
-        # status and headers, whose body the HTTP layer leaves out. Not in the
-        # OpenAPI page, where it would list each route twice.
-        *(_head_of(route) for route in introspection),
+        *(head_of(route) for route in introspection),
         WebSocketRoute("/ws", SessionEndpoint()),
         *simulation_routes(),
-        *catalog_routes(),
+        *catalog,
+        *(head_of(route) for route in catalog),
     ]
 
 
-def _head_of(route: APIRoute) -> APIRoute:
+def head_of(route: APIRoute) -> APIRoute:
+    """HEAD beside a GET route (uptime monitors ask so, and read a 405 as down):
+    the GET's status and headers, whose body the HTTP layer leaves out. Not in
+    the OpenAPI page, where it would list each route twice."""
     return APIRoute(
         route.path,
         route.endpoint,

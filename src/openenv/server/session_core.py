@@ -141,6 +141,9 @@ class SessionCore:
     """
 
     _closing_because = "the session is closing"
+    # What a tool call refused as EPISODE_FINISHED tells its caller to do. A
+    # surface with no reset (MCP, OpenReward: one episode a session) says its own.
+    play_again = "reset() to start a new one"
 
     def __init__(
         self,
@@ -274,8 +277,8 @@ class SessionCore:
         if self.finished_by is not None:
             raise FrameError(
                 ErrorCode.EPISODE_FINISHED,
-                f"the episode is over (the {self.finished_by!r} tool ended it); "
-                f"reset() to start a new one before calling {name!r}",
+                f"the episode is over (the {self.finished_by!r} tool ended it), so "
+                f"{name!r} cannot be called; {self.play_again}",
                 request_id=request_id,
             )
         try:

@@ -29,6 +29,7 @@ __all__ = ["ASSETS", "asset", "page", "read_asset"]
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
+    "apikey.js": "text/javascript; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "form.js": "text/javascript; charset=utf-8",
     "history.js": "text/javascript; charset=utf-8",

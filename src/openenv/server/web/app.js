@@ -3,6 +3,7 @@
 // Every tab opens its own WebSocket, so every tab is its own session with its
 // own environment instance on the server.
 
+import { apiKey, keyIsToken } from "./apikey.js";
 import { ActionForm, choiceText, exactInteger } from "./form.js";
 import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
@@ -48,43 +49,13 @@ const page = {
   tools: null,
   tasks: null,
   busy: false,
+  waiting: false, // the socket is open, its session waiting in the server's queue for a slot
   started: false,
   done: false,
   steps: 0,
   total: 0,
   log: [], // the episode's exchanges, for Export JSONL
 };
-
-// A server started with an API key is opened as /web?api_key=KEY: fetches send
-// it as a Bearer token, the WebSocket as a subprotocol (browsers cannot set headers).
-const apiKey = takeApiKey();
-
-// The key leaves the address bar as soon as it is read, so it stays out of the
-// browser's history and of any link copied from the page; this tab keeps it
-// (sessionStorage), so a reload still has it.
-function takeApiKey() {
-  const stored = "openenv.api_key";
-  const address = new URL(window.location.href);
-  const given = address.searchParams.get("api_key");
-  if (given === null) {
-    try {
-      return window.sessionStorage.getItem(stored);
-    } catch {
-      return null; // storage disabled: the key must be given again
-    }
-  }
-  address.searchParams.delete("api_key");
-  window.history.replaceState(window.history.state, "", address.href);
-  try {
-    window.sessionStorage.setItem(stored, given);
-  } catch {
-    // storage disabled: this load has the key, a reload will not
-  }
-  return given;
-}
-// A subprotocol must be an HTTP token: a key with '/' or '=' (base64) in it
-// would make the browser refuse to open the socket, so it goes in the URL.
-const keyIsToken = Boolean(apiKey) && /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(apiKey);
 
 // Relative to the page (/web), so a path prefix added by a proxy is kept.
 function endpoint(path, websocket = false) {
@@ -107,7 +78,7 @@ function showError(text) {
 }
 
 function connected() {
-  return Boolean(page.session && page.session.open);
+  return Boolean(page.session && page.session.open) && !page.waiting;
 }
 
 function updateButtons() {
@@ -274,6 +245,16 @@ async function refreshState() {
     reply.type === "error" ? `Unavailable: ${reply.data.message}` : shown(pretty(reply.data));
 }
 
+// A tool call holds the session as a Step does: Reset, Step and the other tools
+// wait for its reply. Null if none could be made (another exchange, no session).
+async function callTool(name, args) {
+  let reply = null;
+  await exclusive(async () => {
+    reply = await page.session.request("call_tool", { name, arguments: args });
+  });
+  return reply;
+}
+
 function toolCalled(name, args, reply) {
   page.log.push({ type: "call_tool", request: { name, arguments: args }, reply: reply.data });
   updateButtons();
@@ -336,10 +317,12 @@ function connect() {
       setStatus("Connected: a new session. Press Reset to start an episode.");
       updateButtons();
       if (document.activeElement === document.body) ui.reset.focus();
+      waitIfQueued(session);
     },
     onclose: (info) => {
       if (page.session !== session) return;
       page.busy = false;
+      page.waiting = false;
       updateButtons();
       if (info.atCapacity) {
         const used = info.error && info.error.max_sessions ? ` (all ${info.error.max_sessions} sessions are in use)` : "";
@@ -368,7 +351,39 @@ function connect() {
     },
   });
   page.session = session;
+  page.waiting = false;
   updateButtons();
+}
+
+// A server at its cap with a queue accepts the socket at once, and opens its
+// session only when a slot frees: until then no request is answered. Seen full
+// from /health, the tab says it waits, and the first reply (to a request that
+// touches no environment) says its session is open.
+async function waitIfQueued(session) {
+  let health;
+  try {
+    health = await loadJSON("health");
+  } catch {
+    return; // no word on the queue: the page works as it would anyway
+  }
+  if (page.session !== session || !session.open || page.busy || page.started) return;
+  if (!(health.active_sessions >= health.max_sessions)) return;
+  page.waiting = true;
+  updateButtons();
+  setStatus(
+    `Waiting for a free slot: all ${health.max_sessions} sessions are in use. ` +
+      "This tab gets the next one that frees up.",
+  );
+  try {
+    await session.request("list_tools");
+  } catch {
+    return; // closed while waiting (queue_timeout, say): onclose says why
+  }
+  if (page.session !== session) return;
+  page.waiting = false;
+  setStatus("Connected: a new session. Press Reset to start an episode.");
+  updateButtons();
+  if (document.activeElement === document.body) ui.reset.focus();
 }
 
 // -- wiring --------------------------------------------------------------------
@@ -445,7 +460,7 @@ function wire() {
   page.tools = new ToolsPanel(
     $("tools-panel"),
     $("tools"),
-    (name, args) => page.session.request("call_tool", { name, arguments: args }),
+    callTool,
     toolCalled,
   );
   ui.reconnect.addEventListener("click", connect);

@@ -25,7 +25,8 @@ function renderContent(output) {
 
 export class ToolsPanel {
   // `section`: the panel; `list`: where the tool forms go; `call(name, args)`: the
-  // session's call_tool, resolving with the reply frame; `onResult(name, args, frame)`.
+  // session's call_tool, resolving with the reply frame (null if no call was made);
+  // `onResult(name, args, frame)`.
   constructor(section, list, call, onResult) {
     this.section = section;
     this.list = list;
@@ -67,6 +68,7 @@ export class ToolsPanel {
       button.disabled = true;
       try {
         const reply = await this.call(tool.name, values);
+        if (reply === null) return; // not made: the session was busy or gone
         result.replaceChildren(...this.describe(reply, form));
         this.onResult(tool.name, values, reply);
       } finally {
