@@ -114,6 +114,9 @@ class ClientPool:
                 if lost >= _PLACE_ATTEMPTS:
                     raise
                 continue
+            except BaseException:  # no session after all (its factory failed, a timeout)
+                pool.ended(url)
+                raise
             if session is None:  # a v1 server: EnvClient places its own session
                 pool.ended(url)
                 return None

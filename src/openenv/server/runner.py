@@ -453,6 +453,8 @@ def _supervise(
             ended = multiprocessing.connection.wait([wake_r, *(ends[p] for p in processes)], left)
             if wake_r in ended:
                 os.read(wake_r, 512)
+            if stopping:  # no worker takes connections any more: refused, not held in its backlog
+                sock.close()
             if kill_at is not None and time.monotonic() >= kill_at:
                 for process in processes:
                     if process.pid is not None and process.is_alive():
