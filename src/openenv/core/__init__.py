@@ -48,6 +48,7 @@ __all__ = [
     "create_fastapi_app",
 ]
 
+
 def __getattr__(name: str) -> Any:
     # As OpenEnv's: every name of openenv.core.env_server is one of openenv.core's too.
     server = importlib.import_module("openenv.core.env_server")

@@ -22,7 +22,7 @@ __all__ = ["GenericAction", "GenericEnvClient"]
 
 
 class GenericEnvClient(EnvClient[Any, Any, Any]):
-    """OpenEnv's client of plain dicts: ``env.step({"message": "hi"}).observation["echoed_message"]``."""
+    """OpenEnv's client of plain dicts: ``env.step({"message": "hi"}).observation["text"]``."""
 
     def _step_payload(self, action: Any) -> dict[str, Any]:
         if isinstance(action, dict):

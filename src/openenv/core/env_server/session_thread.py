@@ -28,7 +28,6 @@ loop, as there.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import queue
 import threading
@@ -124,20 +123,33 @@ _SHARED_LOCK = threading.Lock()
 
 
 def _pin(env: Any, thread: _Thread, own: bool) -> None:
-    """Route ``env``'s plain ``def`` reset, step and close to ``thread``."""
+    """Route ``env``'s plain ``def`` reset, step and close to ``thread``.
+
+    They stay plain functions, run from the server's worker threads as before,
+    which each wait for ``thread``: so a call that overruns its deadline still
+    holds its slot until it returns, and ``close()`` still waits for it.
+    """
     for name in ("reset", "step"):
         method = server_method(env, name)
         if not is_async(method):  # an overridden reset_async/step_async stays on the loop
             setattr(env, f"_{name}_on_its_thread", _on(thread, method))
             setattr(env, f"_server_{name}", f"_{name}_on_its_thread")
     close = env.close
+    if is_async(close):
 
-    async def close_on_its_thread() -> None:
-        try:
-            if is_async(close):
+        async def close_async() -> None:
+            try:
                 await close()
-            else:
-                await asyncio.wrap_future(thread.submit(close))
+            finally:
+                if own:
+                    thread.stop()
+
+        env.close = close_async
+        return
+
+    def close_on_its_thread() -> None:
+        try:
+            thread.run(close)
         finally:
             if own:
                 thread.stop()
@@ -148,7 +160,7 @@ def _pin(env: Any, thread: _Thread, own: bool) -> None:
 def _on(thread: _Thread, method: Callable[..., Any]) -> Callable[..., Any]:
     # wraps: the server reads the reset arguments it takes from its signature.
     @functools.wraps(method)
-    async def on_its_thread(*args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wrap_future(thread.submit(method, *args, **kwargs))
+    def on_its_thread(*args: Any, **kwargs: Any) -> Any:
+        return thread.run(method, *args, **kwargs)
 
     return on_its_thread
