@@ -311,7 +311,12 @@ def test_a_step_result_is_built_as_openenvs_dataclass_is(oe_echo_url: str) -> No
     with _GenericStyle(base_url=oe_echo_url) as env:
         env.reset()
         result = env.step(OeEchoAction(message="hey"))
-    assert result.observation == {"echoed_message": "hey", "message_length": 3}
+    # OpenEnv's server leaves the metadata among the observation's fields.
+    assert result.observation == {
+        "echoed_message": "hey",
+        "message_length": 3,
+        "metadata": {"original_message": "hey", "step": 1},
+    }
     assert (result.reward, result.done) == (pytest.approx(0.3), False)
 
 

@@ -110,7 +110,8 @@ class Environment(Generic[ActT, ObsT, StateT]):
 def server_method(env: Any, name: Literal["reset", "step"]) -> Callable[..., Any]:
     """The bound method a server calls for ``name`` on ``env``: ``env.reset`` or
     ``env.step``, or the one its class names instead (OpenEnv's ``reset_async`` /
-    ``step_async`` where an OpenEnv environment overrides them)."""
-    attribute = getattr(type(env), f"_server_{name}", name)
+    ``step_async`` where an OpenEnv environment overrides them; an instance may
+    name its own, as ``openenv.core``'s ``create_app`` has it do)."""
+    attribute = getattr(env, f"_server_{name}", name)
     method: Callable[..., Any] = getattr(env, attribute if isinstance(attribute, str) else name)
     return method

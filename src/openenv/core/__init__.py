@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
+from openenv.core.generic_client import GenericAction, GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 from openenv.core.sync_client import SyncEnvClient
 from openenv.types import Action, Observation, State
@@ -36,6 +37,8 @@ __all__ = [
     "ConcurrencyConfig",
     "EnvClient",
     "Environment",
+    "GenericAction",
+    "GenericEnvClient",
     "MCPToolClient",
     "Observation",
     "State",
@@ -45,10 +48,10 @@ __all__ = [
     "create_fastapi_app",
 ]
 
-_SERVER_NAMES = {"ConcurrencyConfig", "Environment", "create_app", "create_fastapi_app"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _SERVER_NAMES:
-        return getattr(importlib.import_module("openenv.core.env_server"), name)
+    # As OpenEnv's: every name of openenv.core.env_server is one of openenv.core's too.
+    server = importlib.import_module("openenv.core.env_server")
+    if name in server.__all__:
+        return getattr(server, name)
     raise AttributeError(f"module 'openenv.core' has no attribute {name!r}")

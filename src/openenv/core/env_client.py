@@ -79,7 +79,14 @@ class EnvClient(_EnvClient[ActT, ObsT, StateT]):
 
     def decode_result(self, frame: str | bytes | dict[str, Any]) -> StepResult[ObsT]:
         reply = self._decode(frame, protocol.ObservationReply)
-        return self._parse_result(reply.data.model_dump(mode="json"))
+        payload = reply.data.model_dump(mode="json")
+        # OpenEnv's server leaves the observation's metadata among its fields too,
+        # and its clients' _parse_result read it there: obs_data.get("metadata", {}).
+        # And sends the reply's own "metadata" only when there is some.
+        payload["observation"].setdefault("metadata", payload["metadata"])
+        if not payload["metadata"]:
+            del payload["metadata"]
+        return self._parse_result(payload)
 
     def decode_state(self, frame: str | bytes | dict[str, Any]) -> StateT:
         reply = self._decode(frame, protocol.StateReply)

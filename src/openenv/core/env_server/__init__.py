@@ -15,7 +15,7 @@ from openenv.core.env_server.exceptions import (
     SessionCapacityError,
 )
 from openenv.core.env_server.http_server import create_app, create_fastapi_app
-from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.interfaces import Environment, Message, ModelTokenizer, Transform
 from openenv.core.env_server.types import (
     Action,
     ConcurrencyConfig,
@@ -31,10 +31,13 @@ __all__ = [
     "Environment",
     "EnvironmentFactoryError",
     "EnvironmentMetadata",
+    "Message",
+    "ModelTokenizer",
     "Observation",
     "OpenEnvError",
     "SessionCapacityError",
     "State",
+    "Transform",
     "create_app",
     "create_fastapi_app",
 ]

@@ -14,8 +14,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.session_thread import OnItsOwnThread
 from openenv.server.app import create_app as _create_app
 from openenv.server.config import ConcurrencyConfig
+from openenv.server.factory import environment_class
 from openenv.types import Action, Observation, State
 
 __all__ = ["create_app", "create_fastapi_app"]
@@ -65,6 +68,9 @@ def create_app(
             max_concurrent_envs=concurrency_config.max_concurrent_envs,
             session_timeout=concurrency_config.session_timeout,
         )
+    made = environment_class(env)
+    if made is None or issubclass(made, Environment):
+        env = OnItsOwnThread(env)
     return _create_app(
         env,
         action_cls,

@@ -10,16 +10,47 @@ its helpers for them are here too.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import inspect
+from abc import ABC, abstractmethod
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from openenv.environment import Environment as _Environment
 from openenv.types import Action, EnvironmentMetadata, Observation, State
 
-__all__ = ["Environment"]
+__all__ = ["Environment", "Message", "ModelTokenizer", "Transform"]
 
 ActT = TypeVar("ActT", bound=Action)
 ObsT = TypeVar("ObsT", bound=Observation)
 StateT = TypeVar("StateT", bound=State)
+
+
+class Message(TypedDict):
+    """A chat message, as OpenEnv's chat environments pass them."""
+
+    role: str
+    content: str
+
+
+class ModelTokenizer(Protocol):
+    """What OpenEnv's chat environments need of a tokenizer (a ``transformers`` one fits)."""
+
+    def apply_chat_template(
+        self,
+        conversation: list[Message],
+        tokenize: bool = True,
+        return_tensors: str | None = None,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str: ...
+
+
+class Transform(ABC, Generic[ObsT]):
+    """OpenEnv's observation transform: ``Environment(transform=...)`` applies it."""
+
+    @abstractmethod
+    def __call__(self, observation: ObsT) -> ObsT:
+        """The observation, transformed (a reward added, fields filled in, ...)."""
 
 
 class Environment(_Environment[ActT, ObsT, StateT]):
@@ -83,6 +114,20 @@ class Environment(_Environment[ActT, ObsT, StateT]):
     def _apply_rubric(self, action: ActT, observation: ObsT) -> float:
         return float(self.rubric(action, observation)) if self.rubric is not None else 0.0
 
+    async def _apply_rubric_async(self, action: ActT, observation: ObsT) -> float:
+        if self.rubric is None:
+            return 0.0
+        score = self.rubric(action, observation)
+        return float(await score if inspect.isawaitable(score) else score)
+
     def _reset_rubric(self) -> None:
         if self.rubric is not None:
             self.rubric.reset()
+
+    async def _reset_rubric_async(self) -> None:
+        if self.rubric is None:
+            return
+        reset = getattr(self.rubric, "reset_async", None) or self.rubric.reset
+        done = reset()
+        if inspect.isawaitable(done):
+            await done
