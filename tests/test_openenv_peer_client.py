@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from peer_venvs import APPS
@@ -34,9 +35,18 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return peer_venv(tmp_path_factory, APPS / "openenv_peer_requirements.txt", ".venv-openenv-peer")
 
 
+class NotingEcho(EchoEnvironment):
+    """Echo, with the observation's ``metadata`` filled in."""
+
+    def step(self, action: EchoAction, **kwargs: Any) -> EchoObservation:
+        observation = super().step(action)
+        observation.metadata = {"length": len(action.message)}
+        return observation
+
+
 def test_openenv_010_client_plays_100_concurrent_episodes(peer_python: Path) -> None:
     app = create_app(
-        EchoEnvironment, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
+        NotingEcho, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
     )
     # The peer's Python must not see this checkout's `openenv` on its path.
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -59,3 +69,6 @@ def test_openenv_010_client_plays_100_concurrent_episodes(peer_python: Path) -> 
         assert episode["rewards"] == pytest.approx([len(episode["message"]) / 10] * 3)
     assert report["sync_reward"] == pytest.approx(0.4)
     assert report["plain_reward"] == pytest.approx(0.6)
+    # OpenEnv's server leaves metadata among the fields, where its clients read it;
+    # openenv's /ws sent it only beside them, so such a client saw {}.
+    assert report["plain_metadata"] == {"length": 6}

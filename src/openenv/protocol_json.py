@@ -178,10 +178,13 @@ def observation_reply(
         "reward": reward_value(reward) if reward.__class__ is float and reward - reward else reward,
         "done": fields["done"],
     }
-    metadata = fields["metadata"]
-    del fields["reward"], fields["done"], fields["metadata"]
-    if metadata:
+    del fields["reward"], fields["done"]
+    # Beside the fields, and among them too (as OpenEnv's server sends it: its
+    # clients read it there), but only when there is some.
+    if metadata := fields["metadata"]:
         payload["metadata"] = metadata
+    else:
+        del fields["metadata"]
     reply = {} if into is None else into
     reply["type"] = "observation"
     reply["data"] = payload

@@ -73,7 +73,7 @@ def main() -> None:
         sync_reward = env.step(EchoAction(message="sync")).reward
     plain = EchoEnv(base_url=url)
     plain.reset()
-    plain_reward = plain.step(EchoAction(message="plain!")).reward
+    plain_result = plain.step(EchoAction(message="plain!"))
     plain.close()
     print(
         json.dumps(
@@ -81,7 +81,9 @@ def main() -> None:
                 "module": openenv.__file__,
                 "episodes": episodes,
                 "sync_reward": sync_reward,
-                "plain_reward": plain_reward,
+                "plain_reward": plain_result.reward,
+                # Where OpenEnv's env clients read it: among the observation's fields.
+                "plain_metadata": plain_result.observation.metadata,
             }
         )
     )
