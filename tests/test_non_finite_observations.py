@@ -162,6 +162,7 @@ async def test_the_frame_is_strict_json_with_the_floats_as_text(url: str) -> Non
         "score": "-Infinity",
         "trace": [1.0, "-Infinity", "Infinity"],
         "where": {"x": "-Infinity"},
+        "metadata": {"value": "-Infinity"},  # among the fields too, as OpenEnv sends it
     }
     assert step["data"]["metadata"] == {"value": "-Infinity"}
     assert (step["data"]["reward"], step["data"]["done"]) == (0.44, False)

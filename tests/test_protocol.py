@@ -141,7 +141,8 @@ def test_observation_frame_carries_the_json_dump_of_every_field() -> None:
     assert orjson.loads(protocol.observation_frame(seen, 3)) == {
         "type": "observation",
         "data": {
-            "observation": seen.model_dump(mode="json", exclude={"reward", "done", "metadata"}),
+            # A metadata that is not empty among the fields too, as OpenEnv sends it.
+            "observation": seen.model_dump(mode="json", exclude={"reward", "done"}),
             "reward": 1.0,
             "done": True,
             "metadata": {"k": 1},
