@@ -60,10 +60,10 @@ async def _create_request(http: httpx.AsyncClient, path: str) -> httpx.Request:
 
 @pytest.mark.parametrize("path", ["/reset", "/create"])
 async def test_a_caller_that_leaves_while_queued_gets_no_environment(path: str) -> None:
-    """production.md: a connection waiting in the admission queue whose client has
-    gone by the time a slot frees is dropped, no environment made for it. HTTP
-    calls (OpenEnv's ``POST /reset``, OpenReward's ``POST /create``) wait in the
-    same line and are dropped the same way."""
+    """production.md: a connection waiting in the admission queue whose client leaves
+    leaves the line at once, and no environment is made for it. HTTP calls
+    (OpenEnv's ``POST /reset``, OpenReward's ``POST /create``) wait in the same
+    line and leave it the same way; they kept their place until the slot freed."""
     concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)
     app = create_app(CounterEnvironment, CounterAction, CounterObservation, concurrency)
     with run_server(app) as url:
@@ -82,6 +82,14 @@ async def test_a_caller_that_leaves_while_queued_gets_no_environment(path: str) 
             waiting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiting
+
+        async def left_the_line() -> bool:
+            now = await health(url)
+            return (now["queued_sessions"], now["active_sessions"]) == (0, 1)
+
+        # At once, while the slot it waited for is still taken: queued_sessions is
+        # what pools and fleets subtract from a server's room.
+        await until(left_the_line, what="the caller that left out of line")
         await holder.close()  # its slot frees: the caller in line has gone
 
         async def settled() -> bool:
@@ -94,43 +102,3 @@ async def test_a_caller_that_leaves_while_queued_gets_no_environment(path: str) 
             answer = await http.send(await _create_request(http, path))
             assert answer.status_code == 200
         assert await asyncio.to_thread(_opened, url) == 2
-
-
-@pytest.mark.parametrize("path", ["/reset", "/create"])
-async def test_a_caller_that_leaves_while_queued_leaves_the_line_at_once(path: str) -> None:
-    """production.md: a client that disconnects while in line leaves the line at once,
-    so ``queued_sessions`` (which pools and fleets subtract from a server's room)
-    stops counting it while the slot it waited for is still taken. HTTP callers
-    kept their place until that slot freed."""
-    concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=60)
-    app = create_app(CounterEnvironment, CounterAction, CounterObservation, concurrency)
-    with run_server(app) as url:
-        async with WebSocketEnvClient(
-            url, action_cls=CounterAction, observation_cls=CounterObservation
-        ) as holder:
-            await holder.reset()  # the one slot, held throughout
-            async with httpx.AsyncClient(base_url=url, timeout=60) as leaving:
-                request = await _create_request(leaving, path)
-                waiting = asyncio.create_task(leaving.send(request))
-
-                async def queued() -> bool:
-                    return (await health(url))["queued_sessions"] == 1
-
-                await until(queued, what="the HTTP call waits in line")
-                waiting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiting
-
-            async def left_the_line() -> bool:
-                now = await health(url)
-                return (now["queued_sessions"], now["active_sessions"]) == (0, 1)
-
-            await until(left_the_line, what="the caller that left out of line")
-            # The line still works: the next caller waits, and gets the slot.
-            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-                request = await _create_request(http, path)
-                answer = asyncio.create_task(http.send(request))
-                await until(queued, what="the next caller in line")
-                await holder.close()
-                assert (await answer).status_code == 200
-        assert await asyncio.to_thread(_opened, url) == 2  # the holder's and the last one's
