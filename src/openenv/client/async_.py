@@ -402,12 +402,19 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                     raise
                 outcome = self.pool.failed
             else:
-                if not _capacity_refusal(reply):
+                refusal = _refusal(reply)
+                if refusal is None:
                     self._admitted = True
                     return reply
-                if time.monotonic() > deadline:
+                if refusal == "draining":  # shutting down: as a server gone
+                    lost += 1
+                    if lost >= _ATTEMPTS:
+                        return reply  # raises SessionError where it is decoded
+                    outcome = self.pool.failed
+                elif time.monotonic() > deadline:
                     return reply  # raises CapacityError where it is decoded
-                outcome = self.pool.refused
+                else:
+                    outcome = self.pool.refused
             self._unplace(outcome)
             ws, self._ws = self._ws, None
             if ws is not None:
@@ -459,13 +466,18 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
             raise closed_error(exc) from None
 
 
-def _capacity_refusal(reply: str | bytes) -> bool:
-    # A cheap look first: only a refusal names the code, and it is rare.
-    if b"CAPACITY_REACHED" not in (reply if isinstance(reply, bytes) else reply.encode()):
-        return False
+def _refusal(reply: str | bytes) -> Literal["full", "draining"] | None:
+    """Whether ``reply`` refused to open a session on its server, which a pool then
+    places on another: the server is full, or is shutting down (``draining``)."""
+    # A cheap look first: only a refusal names these, and it is rare.
+    text = reply if isinstance(reply, bytes) else reply.encode()
+    if b"CAPACITY_REACHED" not in text and b'"draining"' not in text:
+        return None
     data = protocol.decode_frame(reply)
-    code = (data.get("data") or {}).get("code") if data.get("type") == "error" else None
-    return bool(code == protocol.ErrorCode.CAPACITY_REACHED.value)
+    error = (data.get("data") or {}) if data.get("type") == "error" else {}
+    if error.get("code") == protocol.ErrorCode.CAPACITY_REACHED.value:
+        return "full"
+    return "draining" if error.get("draining") is True else None
 
 
 class WebSocketEnvClient(EnvClient[Action, Observation, State]):

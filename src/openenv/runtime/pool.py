@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from openenv.client import MuxClient, MuxSession, ServerPool, V2Unsupported, WebSocketEnvClient
 from openenv.client.pool import as_pool
-from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError
+from openenv.errors import CapacityError, ConnectionFailedError, SessionClosedError, SessionError
 from openenv.runtime.inprocess import InProcessClient
 from openenv.runtime.session import SessionClient
 from openenv.runtime.task import Task
@@ -108,8 +108,11 @@ class ClientPool:
                 if time.monotonic() > deadline:
                     raise
                 continue
-            except (ConnectionFailedError, SessionClosedError):
-                pool.failed(url)
+            except (ConnectionFailedError, SessionClosedError, SessionError) as exc:
+                if isinstance(exc, SessionError) and not exc.details.get("draining"):
+                    pool.ended(url)  # no session after all
+                    raise
+                pool.failed(url)  # gone, or shutting down: the next server
                 lost += 1
                 if lost >= _PLACE_ATTEMPTS:
                     raise

@@ -480,6 +480,7 @@ def _shutting_down() -> SessionRefused:
         ErrorCode.SESSION_ERROR,
         "server shutting down; connect to another instance or retry later",
         CloseCode.GOING_AWAY,
+        draining=True,  # pools place the session on another server
     )
 
 
