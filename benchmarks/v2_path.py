@@ -17,6 +17,7 @@ the median over processes and the per-pair ratios.
 
     python benchmarks/v2_path.py --baseline REV   # what `make bench-v2-path` runs
     python benchmarks/v2_path.py --with-env       # the echo environment's step included
+    python benchmarks/v2_path.py --instructions --rounds 20 --baseline REV  # callgrind's count
 
 A baseline must have v2's batches (``Handoff.dispatch_batch``, 372fd79 and later).
 """
@@ -111,12 +112,40 @@ def in_tree(src: Path, rounds: int, with_env: bool) -> float:
     return float(json.loads(done.stdout))
 
 
+def instructions(src: Path, rounds: int, with_env: bool) -> float:
+    """Instructions per step in ``src``'s tree, counted by callgrind: the count of
+    ``rounds`` more rounds than a run of ``rounds``, over their steps (start-up and
+    warm-up cancel out). Steady to a few tenths of a percent on a busy machine."""
+    counts = []
+    for n in (rounds, 2 * rounds):
+        out = BENCH_DIR / f".callgrind-{os.getpid()}-{n}.out"
+        code = (
+            "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+            "import v2_path; v2_path.measure(int(sys.argv[3]), sys.argv[4] == '1')"
+        )
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c",
+                code, str(src), str(ROOT / "envs"), str(n), "1" if with_env else "0"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), "PYTHONHASHSEED": "0"}
+        subprocess.run(argv, capture_output=True, check=True, env=env)
+        try:
+            totals = [line for line in out.read_text().splitlines() if line.startswith("totals:")]
+            counts.append(int(totals[0].split()[1]))
+        finally:
+            out.unlink()
+    return (counts[1] - counts[0]) / (rounds * 8 * 64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="", help="also measure src/ at this git revision")
     parser.add_argument("--runs", type=int, default=7, help="processes per tree")
     parser.add_argument("--rounds", type=int, default=300, help="rounds of 8 frames per process")
     parser.add_argument("--with-env", action="store_true", help="run the echo env's step too")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per step with callgrind instead (--rounds 20 is plenty)",
+    )
     args = parser.parse_args()
     trees = {"this tree": ROOT / "src"}
     if args.baseline:
@@ -124,6 +153,11 @@ def main() -> None:
         from run import export_src
 
         trees[args.baseline] = export_src(args.baseline)
+    if args.instructions:
+        for name, src in trees.items():
+            count = instructions(src, args.rounds, args.with_env)
+            print(f"{name}: {count:,.0f} instructions per step")
+        return
     results: dict[str, list[float]] = {name: [] for name in trees}
     for n in range(args.runs):
         for name, src in list(trees.items())[:: 1 if n % 2 == 0 else -1]:

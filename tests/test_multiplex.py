@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 import servers
+from pydantic import field_serializer
 from servers import AsyncPingEnvironment, Ping, PingEnvironment, Pong, Tracker, health, slots_free
 from v2_wire import open_sessions, raw_v2, replies, send, steps_of
 from websockets.asyncio.client import connect
@@ -35,6 +36,7 @@ from openenv import (
     StepResult,
     WebSocketEnvClient,
     create_app,
+    protocol,
 )
 from openenv.client import ws_url
 from openenv.testing import run_server
@@ -754,3 +756,51 @@ async def test_an_observation_that_cannot_be_sent_ends_only_its_session(
 
 async def _active_is(url: str, count: int) -> bool:
     return bool((await health(url))["active_sessions"] == count)
+
+
+class Shouted(Pong):
+    """Another class in the same batch, with a serializer of its own."""
+
+    @field_serializer("message")
+    def _loud(self, message: str) -> str:
+        return message.upper()
+
+
+class Scored(Pong):
+    """And one dumped in pydantic's python mode, with a field of its own."""
+
+    dump_mode = "python"
+    score: float = 0.0
+
+
+class MixedObservations(PingEnvironment):
+    """A plain ``def`` step whose observation's class is named by the message."""
+
+    def step(self, action: Ping, **kwargs: Any) -> Any:  # type: ignore[override]
+        pong = PingEnvironment.step(self, action)
+        cls = {"shout": Shouted, "score": Scored}.get(action.message, Pong)
+        return cls(message=pong.message, count=pong.count, reward=0.5, done=cls is Scored)
+
+
+async def test_a_batch_of_observations_of_many_classes_dumps_each_by_its_own() -> None:
+    # One frame's batch returns observations of three classes, in runs and
+    # alone: each reply is what v1 sends for that observation, dumped by its
+    # own class's serializer (a batch looks a class's serializer up once a run).
+    tracker = Tracker()
+    messages = ["plain", "shout", "shout", "plain", "score", "score", "shout", "plain"]
+    with run_server(ping_app(tracker, env_cls=MixedObservations)) as url:
+        ws = await raw_v2(url)
+        try:
+            await open_sessions(ws, len(messages))
+            await send(ws, steps_of([{"message": m} for m in messages]))
+            got = {r["session"]: r for r in await replies(ws, len(messages))}
+        finally:
+            await ws.close()
+        await slots_free(url)
+    for key, message in enumerate(messages):
+        cls = {"shout": Shouted, "score": Scored}.get(message, Pong)
+        sent = cls(message=message, count=1, reward=0.5, done=cls is Scored)
+        expected = orjson.loads(protocol.observation_frame(sent, key))
+        assert {k: v for k, v in got[key].items() if k != "session"} == expected
+    assert got[1]["data"]["observation"]["message"] == "SHOUT"
+    assert got[4]["data"]["observation"] == {"message": "score", "count": 1, "score": 0.0}

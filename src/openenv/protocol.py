@@ -57,6 +57,7 @@ from openenv.protocol_json import (
     frame_text,
     observation_frame,
     observation_reply,
+    observation_serializer,
     reward_from,
     reward_value,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "observation_frame",
     "observation_from_payload",
     "observation_reply",
+    "observation_serializer",
     "parse_client_message",
     "parse_server_message",
     "plain_step",

@@ -37,11 +37,12 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
         return EchoObservation(echoed_message="", message_length=0, reward=0.0, done=False)
 
     def step(self, action: EchoAction, **kwargs: Any) -> EchoObservation:
+        message = action.message
         self._state.step_count += 1
         return EchoObservation(
-            echoed_message=action.message,
-            message_length=len(action.message),
-            reward=len(action.message) / 10,
+            echoed_message=message,
+            message_length=len(message),
+            reward=len(message) / 10,
             done=self._state.step_count >= self.max_steps,
         )
 

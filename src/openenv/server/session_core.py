@@ -327,20 +327,9 @@ class SessionCore:
         self._bad_frames = 0
         return reply
 
-    def finish_observation(
-        self, call: Call, observation: Observation, into: dict[str, Any]
-    ) -> dict[str, Any]:
-        """``finish`` for a step call that returned ``observation``, its reply left
-        as its fields added to ``into`` (``protocol.observation_reply``), for a
-        caller that encodes many at once, and that counts them in the step-time
-        metric together (``count_steps``). Raises if it cannot be dumped."""
-        reply = protocol.observation_reply(observation, call.request_id, into)
-        self._bad_frames = 0
-        return reply
-
     def count_steps(self, seconds: float, count: int) -> None:
         """Count ``count`` steps of ``seconds`` each in the step-time metric
-        (those ``finish_observation`` answered)."""
+        (a batch's, answered together: ``server/step_batches.py``)."""
         self._metrics.step_seconds.observe(seconds, count)
 
     def outcome(self, call: Call, value: Any) -> Any:

@@ -7,9 +7,10 @@ as ``Session.try_step``, the same ``step_call`` of the I/O-free core),
 ``Handoff.dispatch_batch`` runs them on the worker threads, and
 ``batch_outcomes`` turns the outcomes that came back together into replies.
 
-An observation (nearly every outcome) is answered by the core's
-``finish_observation`` and left as a dict, so the transport encodes the
-replies of a group at once; their steps, planned together and answered
+An observation (nearly every outcome) is answered as the core's ``finish``
+answers it, but left as a dict (``protocol.observation_reply``, with the
+serializer of its class looked up once for a run of that class), so the
+transport encodes the replies of a group at once; their steps, planned together and answered
 together, are counted in the step-time metric at once too. Anything else (an
 error, an awaitable to await, a session that ended meanwhile, an observation
 that cannot be sent) takes ``Session.batched_outcome``, the path of a single
@@ -90,26 +91,33 @@ class StepBatch:
         encoded: list[dict[str, Any]] = []
         which: list[int] = []  # the index of each of them
         now = time.monotonic()
+        dumped: type[Observation] | None = None  # the class ``to_python`` dumps
+        to_python: Any = None
+        mode = "json"
         for index, ok, value in outcomes:
             session, plan, head, owner = steps[index]
-            if (
-                ok
-                and isinstance(value, Observation)
-                and session.state is OPEN
-                and session._settled is None
-            ):
-                try:
-                    reply = session.finish_observation(plan, value, head)
-                except Exception:  # it cannot be dumped: the single step's path says so
-                    pass
-                else:
-                    # Session._step_reply, for this one case, written out.
-                    encoded.append(reply)
-                    which.append(index)
-                    session.busy = False
-                    session.last_active = now
-                    session._direct_step = None
-                    continue
+            if ok and session.state is OPEN and session._settled is None:
+                # A batch's observations are mostly of one class: it is checked,
+                # and its serializer looked up, once for each run of them.
+                if type(value) is not dumped and isinstance(value, Observation):
+                    dumped, to_python = type(value), None
+                if type(value) is dumped:
+                    try:
+                        if to_python is None:
+                            to_python, mode = protocol.observation_serializer(dumped)
+                        fields = to_python(value, mode=mode)
+                        reply = protocol.observation_reply(value, plan.request_id, head, fields)
+                    except Exception:  # it cannot be dumped: the single step's path says so
+                        pass
+                    else:
+                        # SessionCore.finish and Session._step_reply, for this case, written out.
+                        encoded.append(reply)
+                        which.append(index)
+                        session._bad_frames = 0
+                        session.busy = False
+                        session.last_active = now
+                        session._direct_step = None
+                        continue
             later = functools.partial(self.replied, owner)
             frame = session.batched_outcome(plan, ok, value, later)
             if frame is not None:  # None: an awaitable, whose reply comes later
