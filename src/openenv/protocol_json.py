@@ -171,7 +171,13 @@ def observation_reply(
     # every call; the envelope's fields are then moved out of the dump (read from
     # it, not the model: a pydantic attribute read passes through the model's
     # __getattr__ hook, several times dearer than a dict's).
-    fields = observation.__pydantic_serializer__.to_python(observation, mode=observation.dump_mode)
+    # In JSON mode a field pydantic cannot write (a NumPy array of an OpenEnv
+    # observation, whose models allow any type) is written as its tolist(); in
+    # python mode it is left to orjson.
+    mode = observation.dump_mode
+    fields = observation.__pydantic_serializer__.to_python(
+        observation, mode=mode, fallback=_plain if mode == "json" else None
+    )
     reward = fields["reward"]
     payload: dict[str, Any] = {
         "observation": fields,

@@ -2,7 +2,7 @@
 
 >>> from openenv.core.env_server import Action, Environment, create_app
 >>> from openenv import Action as OurAction
->>> Action is OurAction
+>>> issubclass(Action, OurAction)  # with OpenEnv's model settings (see openenv.core._models)
 True
 """
 

@@ -14,8 +14,9 @@ import inspect
 from abc import ABC, abstractmethod
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
+from openenv.core._models import Action, Observation, State
 from openenv.environment import Environment as _Environment
-from openenv.types import Action, EnvironmentMetadata, Observation, State
+from openenv.types import EnvironmentMetadata
 
 __all__ = ["Environment", "Message", "ModelTokenizer", "Transform"]
 
