@@ -4,6 +4,8 @@ its template: numpy fields, the task API as instance methods, rubrics,
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,11 @@ from openenv.core import EnvClient
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.http_server import create_app
 from openenv.testing import run_server
+
+sys.path.insert(0, str(Path(__file__).parent / "apps"))
+
+from oe_echo import OeEchoAction, OeEchoEnv
+from oe_echo.server.app import app as oe_echo_app
 
 
 def test_an_openenv_observation_with_a_numpy_field_reaches_the_client() -> None:
@@ -80,3 +87,16 @@ def test_an_openenv_observation_with_a_numpy_field_reaches_the_client() -> None:
         assert state.grid is not None
         assert state.grid.tolist() == [[1, 0], [0, 1]]
         assert state.step_count == 1
+
+
+def test_trls_scripts_import_the_docker_provider_and_run_without_it() -> None:
+    # TRL's catch.py and sudoku.py import it at the top, and use it only for
+    # --env-mode docker-image; their other modes connect to a running server.
+    from openenv.core.containers.runtime import ContainerProvider, LocalDockerProvider
+
+    with run_server(oe_echo_app) as url, OeEchoEnv(base_url=url) as env:
+        env.reset()
+        assert env.step(OeEchoAction(message="hi")).observation.echoed_message == "hi"
+    with pytest.raises(RuntimeError, match=r"does not start containers.*docker run"):
+        LocalDockerProvider()
+    assert issubclass(LocalDockerProvider, ContainerProvider)
