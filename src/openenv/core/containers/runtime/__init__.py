@@ -8,10 +8,10 @@ other modes run; making a provider raises ``RuntimeError`` saying what to run
 instead.
 
 >>> from openenv.core.containers.runtime import LocalDockerProvider
->>> LocalDockerProvider()
+>>> LocalDockerProvider()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-RuntimeError: openenv does not start containers (LocalDockerProvider): start the environment's server yourself (`docker run -p 8000:8000 IMAGE`, or `openenv serve` in the environment's directory) and give the client its URL (TRL's examples: --env-mode docker-local or local)
+RuntimeError: openenv does not start containers (LocalDockerProvider): start the ...
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class ContainerProvider(ABC):
 
     def close(self) -> None:
         """Release what the provider holds besides the container (nothing by default)."""
+        return
 
     def __enter__(self) -> Self:
         return self
