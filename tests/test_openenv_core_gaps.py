@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pydantic
 import pytest
@@ -100,3 +101,82 @@ def test_trls_scripts_import_the_docker_provider_and_run_without_it() -> None:
     with pytest.raises(RuntimeError, match=r"does not start containers.*docker run"):
         LocalDockerProvider()
     assert issubclass(LocalDockerProvider, ContainerProvider)
+
+
+def test_openenvs_task_api_as_instance_methods_is_served() -> None:
+    # OpenEnv 0.10's TaskProvider: instance methods, sync or async, answering
+    # dicts; its server calls them on a fresh environment, closed after.
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class Ask(Action):
+        answer: str = ""
+
+    class Question(Observation):
+        text: str = ""
+
+    made: list[str] = []
+    closed: list[str] = []
+    questions = {"train": ["1+1", "2+2"], "test": ["3+3"]}
+
+    class Quiz(Environment[Ask, Question, State]):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            made.append("made")
+
+        def list_splits(self) -> list[Any]:
+            return ["train", {"name": "test", "type": "test"}]
+
+        async def list_tasks(self, split: str) -> list[Any]:
+            return [{"question": q} for q in questions[split]]
+
+        def get_task(self, split: str, index: int) -> dict[str, Any]:
+            return {"question": questions[split][index]}
+
+        def reset(
+            self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+        ) -> Question:
+            # The environment's own call, on itself, as written.
+            return Question(text=self.get_task("train", 1)["question"])
+
+        def step(self, action: Ask, timeout_s: float | None = None, **kwargs: Any) -> Question:
+            return Question(done=True)
+
+        @property
+        def state(self) -> State:
+            return State()
+
+        def close(self) -> None:
+            closed.append("closed")
+
+    class QuizClient(EnvClient[Ask, Question, State]):
+        def _step_payload(self, action: Ask) -> dict[str, Any]:
+            return action.model_dump()
+
+        def _parse_result(self, payload: dict[str, Any]) -> StepResult[Question]:
+            question = Question(**payload["observation"])
+            return StepResult(observation=question, reward=payload.get("reward"), done=False)
+
+        def _parse_state(self, payload: dict[str, Any]) -> State:
+            return State(**payload)
+
+    app = create_app(Quiz, Ask, Question, env_name="quiz", max_concurrent_envs=2)
+    with run_server(app) as url, httpx.Client(base_url=url) as http:
+        splits = http.get("/splits")
+        assert splits.status_code == 200, splits.text
+        assert splits.json()["splits"] == ["train", "test"]
+        page = http.get("/tasks", params={"split": "train"}).json()
+        assert [task["question"] for task in page["tasks"]] == ["1+1", "2+2"]
+        assert page["tasks"][0]["id"] == "train-0"
+        # OpenReward's routes, which OpenEnv 0.10's own server serves too.
+        named = http.get("/quiz/splits")
+        assert named.status_code == 200, named.text
+        assert "test" in named.text
+        tasks = http.post("/quiz/tasks", json={"split": "test"})
+        assert tasks.status_code == 200, tasks.text
+        assert [task["question"] for task in tasks.json()["tasks"]] == ["3+3"]
+        assert len(closed) == len(made) > 0  # every environment made to answer was closed
+        with QuizClient(base_url=url) as env:
+            assert env.reset().observation.text == "2+2"

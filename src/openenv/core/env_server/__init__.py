@@ -15,7 +15,13 @@ from openenv.core.env_server.exceptions import (
     SessionCapacityError,
 )
 from openenv.core.env_server.http_server import create_app, create_fastapi_app
-from openenv.core.env_server.interfaces import Environment, Message, ModelTokenizer, Transform
+from openenv.core.env_server.interfaces import (
+    Environment,
+    Message,
+    ModelTokenizer,
+    TaskProvider,
+    Transform,
+)
 from openenv.core.env_server.types import (
     Action,
     ConcurrencyConfig,
@@ -37,6 +43,7 @@ __all__ = [
     "OpenEnvError",
     "SessionCapacityError",
     "State",
+    "TaskProvider",
     "Transform",
     "create_app",
     "create_fastapi_app",
