@@ -180,3 +180,82 @@ def test_openenvs_task_api_as_instance_methods_is_served() -> None:
         assert len(closed) == len(made) > 0  # every environment made to answer was closed
         with QuizClient(base_url=url) as env:
             assert env.reset().observation.text == "2+2"
+
+
+def test_an_openenv_environment_scored_by_openenvs_rubrics() -> None:
+    # As chess_env, carla_env and repl_env write them: rubrics imported from
+    # openenv.core.rubrics, given to Environment(rubric=...), applied per step.
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+    from openenv.core.rubrics.base import Rubric
+    from openenv.core.rubrics.trajectory import ExponentialDiscountingTrajectoryRubric
+
+    class Move(Action):
+        word: str = ""
+
+    class Board(Observation):
+        moves: int = 0
+
+    class Said(Rubric):  # repl_env's shape: the expected answer set at reset
+        def __init__(self) -> None:
+            super().__init__()
+            self.expected: str | None = None
+
+        def forward(self, action: Any, observation: Any) -> float:
+            return 1.0 if action.word == self.expected else 0.0
+
+    class WinLoss(ExponentialDiscountingTrajectoryRubric):
+        def __init__(self) -> None:
+            super().__init__(gamma=0.5)
+            self.said = Said()
+
+        def score_trajectory(self, trajectory: list[tuple[Any, Any]]) -> float:
+            return self.said(*trajectory[-1])
+
+    class Game(Environment[Move, Board, State]):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__(rubric=WinLoss())
+            self._state = State()
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None) -> Board:
+            self._reset_rubric()
+            self.rubric.said.expected = "mate"
+            self._state = State(episode_id=episode_id)
+            return Board()
+
+        def step(self, action: Move, timeout_s: float | None = None, **kwargs: Any) -> Board:
+            self._state.step_count += 1
+            board = Board(moves=self._state.step_count, done=self._state.step_count == 3)
+            board.reward = self._apply_rubric(action, board)
+            if board.done:
+                board.metadata["step_rewards"] = self.rubric.compute_step_rewards()
+            return board
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+    class GameClient(EnvClient[Move, Board, State]):
+        def _step_payload(self, action: Move) -> dict[str, Any]:
+            return action.model_dump()
+
+        def _parse_result(self, payload: dict[str, Any]) -> StepResult[Board]:
+            board = Board(**payload["observation"], done=payload["done"])
+            return StepResult(observation=board, reward=payload.get("reward"), done=board.done)
+
+        def _parse_state(self, payload: dict[str, Any]) -> State:
+            return State(**payload)
+
+    app = create_app(Game, Move, Board, env_name="game", max_concurrent_envs=2)
+    with run_server(app) as url, GameClient(base_url=url) as env:
+        for _ in range(2):  # the rubric starts afresh with each episode
+            env.reset()
+            rewards = [env.step(Move(word=word)).reward for word in ("e4", "Qh5", "mate")]
+            assert rewards == [0.0, 0.0, 1.0]
+        env.reset()
+        assert [env.step(Move(word="pass")).reward for _ in range(3)] == [0.0, 0.0, 0.0]
+        env.reset()
+        results = [env.step(Move(word=word)) for word in ("e4", "Qh5", "mate")]
+        assert results[-1].observation.metadata["step_rewards"] == [0.25, 0.5, 1.0]
