@@ -259,3 +259,43 @@ def test_an_openenv_environment_scored_by_openenvs_rubrics() -> None:
         env.reset()
         results = [env.step(Move(word=word)) for word in ("e4", "Qh5", "mate")]
         assert results[-1].observation.metadata["step_rewards"] == [0.25, 0.5, 1.0]
+
+
+def test_wildfire_style_app_replaces_the_web_page_with_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # wildfire_env's app.py: metadata from web_interface, its own GET /web in
+    # place of the server's.
+    from fastapi.responses import HTMLResponse
+
+    from openenv.core.env_server.web_interface import load_environment_metadata
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# Fire\nPut it out.\n", encoding="utf-8")
+    monkeypatch.setenv("ENV_README_PATH", str(readme))
+
+    def make_fire() -> Any:
+        from oe_echo.server.oe_echo_environment import OeEchoEnvironment
+
+        return OeEchoEnvironment()
+
+    from oe_echo import OeEchoAction as FireAction
+    from oe_echo import OeEchoObservation as FireObservation
+
+    app = create_app(make_fire, FireAction, FireObservation, env_name="wildfire_env")
+    metadata = load_environment_metadata(make_fire(), "wildfire_env")
+    assert metadata.name == "OeEchoEnvironment"  # an instance answers for itself
+    metadata = load_environment_metadata(make_fire, "wildfire_env")
+    assert (metadata.name, metadata.readme_content) == ("wildfire_env", "# Fire\nPut it out.\n")
+    for route in [r for r in app.routes if getattr(r, "path", None) == "/web"]:
+        if "GET" in (getattr(route, "methods", None) or {"GET"}):
+            app.routes.remove(route)
+
+    @app.get("/web", response_class=HTMLResponse)
+    async def fire_page() -> str:
+        return f"<h1>{metadata.name}</h1>"
+
+    with run_server(app) as url, httpx.Client(base_url=url) as http:
+        page = http.get("/web")
+        assert page.status_code == 200
+        assert page.text == "<h1>wildfire_env</h1>"
