@@ -54,6 +54,7 @@ from openenv.protocol_http import (
     TaskPage,
 )
 from openenv.protocol_json import (
+    _plain,
     frame_text,
     observation_frame,
     observation_reply,
@@ -409,7 +410,7 @@ def state_frame(
     state: State, request_id: RequestId | None = None, *, finished: bool | None = None
 ) -> str:
     """Encode a state reply; ``finished`` (tool environments) is reported as ``done``."""
-    data = state.model_dump(mode="json")
+    data = state.model_dump(mode="json", fallback=_plain)  # NumPy values as their tolist()
     if finished is not None:
         data["done"] = data.get("done") is True or finished
     return _frame("state", data, request_id)

@@ -192,9 +192,15 @@ def observation_reply(
     # it, not the model: a pydantic attribute read passes through the model's
     # __getattr__ hook, several times dearer than a dict's).
     if fields is None:
-        fields = observation.__pydantic_serializer__.to_python(
-            observation, mode=observation.dump_mode
-        )
+        serializer, mode = observation.__pydantic_serializer__, observation.dump_mode
+        try:
+            fields = serializer.to_python(observation, mode=mode)
+        except pydantic_core.PydanticSerializationError:
+            if mode != "json":
+                raise
+            # A field pydantic cannot write in JSON mode (a NumPy array of an
+            # OpenEnv observation, whose models allow any type): its tolist().
+            fields = serializer.to_python(observation, mode=mode, fallback=_plain)
     reward = fields.pop("reward")
     payload: dict[str, Any] = {
         "observation": fields,

@@ -7,7 +7,7 @@ half is imported on first use, as in ``openenv`` itself, so training code that
 only drives environments never imports FastAPI.
 
 >>> from openenv.core import EnvClient, StepResult
->>> from openenv.core.env_server.types import Action, Observation, State
+>>> from openenv.core._models import Action, Observation, State
 >>> EnvClient.__mro__[1].__module__
 'openenv.client.async_'
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from openenv.core._models import Action, Observation, State
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from openenv.core.generic_client import GenericAction, GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 from openenv.core.sync_client import SyncEnvClient
-from openenv.types import Action, Observation, State
 
 if TYPE_CHECKING:
     from openenv.core.env_server import (

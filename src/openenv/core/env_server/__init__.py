@@ -2,7 +2,7 @@
 
 >>> from openenv.core.env_server import Action, Environment, create_app
 >>> from openenv import Action as OurAction
->>> Action is OurAction
+>>> issubclass(Action, OurAction)  # with OpenEnv's model settings (see openenv.core._models)
 True
 """
 
@@ -15,7 +15,13 @@ from openenv.core.env_server.exceptions import (
     SessionCapacityError,
 )
 from openenv.core.env_server.http_server import create_app, create_fastapi_app
-from openenv.core.env_server.interfaces import Environment, Message, ModelTokenizer, Transform
+from openenv.core.env_server.interfaces import (
+    Environment,
+    Message,
+    ModelTokenizer,
+    TaskProvider,
+    Transform,
+)
 from openenv.core.env_server.types import (
     Action,
     ConcurrencyConfig,
@@ -37,6 +43,7 @@ __all__ = [
     "OpenEnvError",
     "SessionCapacityError",
     "State",
+    "TaskProvider",
     "Transform",
     "create_app",
     "create_fastapi_app",

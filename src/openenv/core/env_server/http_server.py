@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from openenv.core._models import State as _OpenEnvState
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.session_thread import OnItsOwnThread
 from openenv.server.app import create_app as _create_app
@@ -76,7 +77,7 @@ def create_app(
         action_cls,
         observation_cls,
         concurrency_config,
-        state_cls=None if state_cls is State else state_cls,
+        state_cls=None if state_cls in (State, _OpenEnvState) else state_cls,
         env_name=title_override or env_name,
         **settings,
     )

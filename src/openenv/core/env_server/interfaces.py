@@ -14,10 +14,12 @@ import inspect
 from abc import ABC, abstractmethod
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
+from openenv.core._models import Action, Observation, State
+from openenv.core.env_server.task_api import TaskProvider, wrap_task_methods
 from openenv.environment import Environment as _Environment
-from openenv.types import Action, EnvironmentMetadata, Observation, State
+from openenv.types import EnvironmentMetadata
 
-__all__ = ["Environment", "Message", "ModelTokenizer", "Transform"]
+__all__ = ["Environment", "Message", "ModelTokenizer", "TaskProvider", "Transform"]
 
 ActT = TypeVar("ActT", bound=Action)
 ObsT = TypeVar("ObsT", bound=Observation)
@@ -89,6 +91,8 @@ class Environment(_Environment[ActT, ObsT, StateT]):
         # And /metadata is what its get_metadata says, where it says anything.
         if cls.get_metadata is not Environment.get_metadata:
             cls._server_metadata = True
+        # And its task API may be instance methods, which openenv's routes call on the class.
+        wrap_task_methods(cls)
 
     async def reset_async(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
