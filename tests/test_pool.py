@@ -138,14 +138,20 @@ def test_a_full_pool_waits_for_room_then_places_the_session() -> None:
 
 
 def test_a_pool_full_for_longer_than_its_wait_raises_capacity_error() -> None:
-    with servers(1) as urls:
+    with run_server(app(1)) as gone:
+        pass
+    with servers(1, 2) as urls:
 
         async def scenario() -> None:
-            pool = ServerPool(urls, wait=0.2)
-            clients = await hold(pool, 1)
-            with pytest.raises(CapacityError, match="full or down"):
-                await hold(pool, 1)
-            await clients[0].close()
+            pool = ServerPool([*urls, gone], wait=0.2)
+            clients = await hold(pool, 3)
+            try:
+                with pytest.raises(CapacityError, match="full or down") as refused:
+                    await hold(pool, 1)
+                # The totals of the servers that are up, as a fleet's refusal gives them.
+                assert (refused.value.active_sessions, refused.value.max_sessions) == (3, 3)
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
 
         asyncio.run(scenario())
 

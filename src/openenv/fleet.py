@@ -36,10 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from openenv import protocol
 from openenv.fleet_directory import Directory
+from openenv.fleet_health import HealthChecks
 from openenv.fleet_replica import Replica, ReplicaView, load_problem
 
 __all__ = ["Fleet", "ReplicaView"]
@@ -163,6 +162,7 @@ class Fleet:
         self._directory: Any = None
         self._threads: list[threading.Thread] = []
         self._replica_class: Any = None
+        self._health = HealthChecks(timeout=max(interval, 2.0))
 
     # -- life ---------------------------------------------------------------
 
@@ -234,6 +234,7 @@ class Fleet:
             ray.kill(actor, no_restart=True)
         if self._directory is not None:
             self._directory.stop()
+        self._health.close()
 
     def __enter__(self) -> str:
         return self.start()
@@ -388,52 +389,58 @@ class Fleet:
             refs = list(asked.values())
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.interval)
             answered = {ref.hex() for ref in ready}
-        with httpx.Client(timeout=max(self.interval, 2.0)) as http:
-            for actor in actors:
-                view = self._views.get(id(actor))
-                ref = asked.get(id(actor))
-                if ref is not None:
-                    if ref.hex() not in answered:
-                        if view is not None:
-                            view.status = "down"
-                        if self._overdue(actor):  # its start hangs, or is slower: replace it
-                            dead.append((actor, TimeoutError(self._slow_start(actor))))
-                        continue
-                    with self._lock:
-                        self._pending.pop(id(actor), None)
-                    try:
-                        found = ray.get(ref)
-                    except RayActorError as gone:  # dead for good: Ray will not restart it
-                        dead.append((actor, gone))
-                        continue
-                    except Exception:
-                        if view is not None:
-                            view.status = "down"
-                        continue
-                    view = ReplicaView(found["url"], node=found["node"], pid=found["pid"])
-                elif view is None:
+        for actor in actors:
+            view = self._views.get(id(actor))
+            ref = asked.get(id(actor))
+            if ref is not None:
+                if ref.hex() not in answered:
+                    if view is not None:
+                        view.status = "down"
+                    if self._overdue(actor):  # its start hangs, or is slower: replace it
+                        dead.append((actor, TimeoutError(self._slow_start(actor))))
                     continue
-                try:
-                    answer = http.get(f"{view.url}/health")
-                    health = protocol.Health.model_validate_json(answer.content)
-                except (httpx.HTTPError, ValueError):  # a ValidationError too
-                    view.status = "down"
-                    self._unwell_since.setdefault(id(actor), time.monotonic())
-                    if self._overdue(actor):  # its loop blocked, its server gone...
-                        late = f"not serving for its start_timeout, {self.start_timeout:g}s"
-                        dead.append((actor, TimeoutError(late)))
-                else:
-                    self._unwell_since.pop(id(actor), None)
-                    self._allowed[id(actor)] = self.start_timeout
-                    view.status = health.status
-                    if actor is self._retiring and health.status in _SERVING:
-                        self._retiring_reported, view.status = health.status, "draining"
-                    view.active_sessions = health.active_sessions
-                    view.max_sessions = health.max_sessions
-                    view.queued_sessions = health.queued_sessions
                 with self._lock:
+                    self._pending.pop(id(actor), None)
+                try:
+                    found = ray.get(ref)
+                except RayActorError as gone:  # dead for good: Ray will not restart it
+                    dead.append((actor, gone))
+                    continue
+                except Exception:
+                    if view is not None:
+                        view.status = "down"
+                    continue
+                view = ReplicaView(found["url"], node=found["node"], pid=found["pid"])
+                with self._lock:  # listed as starting until its health answers
                     if actor in self._actors:
                         self._views[id(actor)] = view
+            elif view is None:
+                continue
+            self._health.ask(id(actor), view.url)
+        # Asked all at once, and waited for as the starts are: one that does not
+        # answer holds up no other, and is read at a later look.
+        answers = self._health.answers(self.interval)
+        for actor in actors:
+            view = self._views.get(id(actor))
+            answer = answers.get(id(actor))
+            if view is None or answer is None or answer[0] != view.url:
+                continue  # not asked, not answered yet, or asked where it no longer is
+            health = answer[1]
+            if not isinstance(health, protocol.Health):  # unreachable, timed out, not JSON
+                view.status = "down"
+                self._unwell_since.setdefault(id(actor), time.monotonic())
+                if self._overdue(actor):  # its loop blocked, its server gone...
+                    late = f"not serving for its start_timeout, {self.start_timeout:g}s"
+                    dead.append((actor, TimeoutError(late)))
+                continue
+            self._unwell_since.pop(id(actor), None)
+            self._allowed[id(actor)] = self.start_timeout
+            view.status = health.status
+            if actor is self._retiring and health.status in _SERVING:
+                self._retiring_reported, view.status = health.status, "draining"
+            view.active_sessions = health.active_sessions
+            view.max_sessions = health.max_sessions
+            view.queued_sessions = health.queued_sessions
         for actor, reason in dead:
             self._replace(actor, reason)
 
@@ -458,6 +465,7 @@ class Fleet:
     def _forget(self, actor: Any) -> None:
         """Drop what is kept about a replica that is gone (with the lock held)."""
         self._views.pop(id(actor), None)
+        self._health.forget(id(actor))
         self._pending.pop(id(actor), None)
         self._unwell_since.pop(id(actor), None)
         self._allowed.pop(id(actor), None)

@@ -150,7 +150,8 @@ class ServerPool:
         """A server's ``ws://`` URL with room for one more session, its slot taken.
 
         Raises:
-            CapacityError: every server stayed full (or down) for ``wait`` seconds.
+            CapacityError: every server stayed full (or down) for ``wait`` seconds;
+                its ``active_sessions`` and ``max_sessions`` sum the servers up.
             ConnectionFailedError: no server answers its health check: at
                 once on the first look, else once they have all been down
                 for ``wait`` seconds (a restart is waited for).
@@ -173,10 +174,17 @@ class ServerPool:
                     raise ConnectionFailedError(
                         str(self), f"no server answered on /health for {self.wait}s"
                     )
+                up = [view for view in self._servers.values() if view.up]
                 raise CapacityError(
                     protocol.ErrorCode.CAPACITY_REACHED,
                     f"all {len(self._servers)} servers of {self!r} full or down for {self.wait}s",
-                    {"servers": [view.url for view in self._servers.values() if view.up]},
+                    {
+                        "servers": [view.url for view in up],
+                        # As a fleet's refusal sums its replicas: the slots taken
+                        # as this pool counts them (every one, or it would place).
+                        "active_sessions": sum(view.max_sessions - view.free for view in up),
+                        "max_sessions": sum(view.max_sessions for view in up),
+                    },
                 )
             # A session of ours that ends frees a slot at once; look again soon.
             self.waiting += 1

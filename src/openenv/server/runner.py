@@ -29,6 +29,7 @@ from typing import Any
 
 import uvicorn
 
+from openenv.server.board_folders import new_board_folder
 from openenv.server.config import ServerSettings
 from openenv.server.gc_tuning import DEFAULT_GC_THRESHOLD, tune_gc
 from openenv.server.protocols import default_protocols
@@ -370,7 +371,7 @@ def _supervise(
     next health-check tick.
     """
     context = multiprocessing.get_context("spawn")
-    board = tempfile.mkdtemp(prefix="openenv-slots-", dir=_SHM if os.path.isdir(_SHM) else None)
+    board = new_board_folder(_SHM if os.path.isdir(_SHM) else tempfile.gettempdir())
     previous = os.environ.get(BOARD_VAR)
     os.environ[BOARD_VAR] = board  # spawned workers copy the environment as they start
     stopping = False
