@@ -28,12 +28,13 @@ def listed_with(url: str, replica: str, sessions: int) -> list[dict[str, Any]]:
 
 def test_a_stopped_replica_holds_up_no_other_replicas_counts(two_nodes: list[str]) -> None:
     # A replica whose process is stopped (SIGSTOP; a node dropping packets is
-    # alike) answers its /health with nothing until the check times out (2 s).
+    # alike) answers its /health with nothing until the check times out (here
+    # 120 s, longer than the test: it is never marked down meanwhile).
     # Asked one after another, every replica after it waited that long at each
     # look, so the fleet saw their sessions only once the stopped one was
     # marked down. Asked at once, the others' sessions show up while its check
     # is still unanswered: it is listed as it was last seen, healthy.
-    fleet = Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=4, interval=0.1)
+    fleet = Fleet(ECHO, replicas=2, num_cpus=0.5, max_sessions=4, interval=0.1, health_timeout=120)
     with fleet as url:
         until(lambda: len(healthy(url)) == 2, "2 healthy replicas")
         stopped, other = replicas(url)  # in the order the fleet asks them: the stopped one first

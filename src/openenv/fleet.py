@@ -90,6 +90,8 @@ class Fleet:
         scale_up_at: Occupancy (open / slots) above which a replica is added.
         idle_seconds: Seconds without sessions before a replica is removed.
         interval: Seconds between health checks and scaling decisions.
+        health_timeout: Seconds a replica has to answer ``/health`` before it
+            counts as down (default: ``interval``, at least 2).
         start_timeout: Seconds a replica may go without serving (starting,
             restarting, or its ``/health`` unanswered: its app hangs, its event
             loop is blocked, or Ray found no room for it) before it is replaced;
@@ -116,6 +118,7 @@ class Fleet:
         scale_up_at: float = 0.8,
         idle_seconds: float = 30.0,
         interval: float = 1.0,
+        health_timeout: float | None = None,
         start_timeout: float = 300.0,
     ) -> None:
         self.min_replicas = replicas if min_replicas is None else min_replicas
@@ -162,7 +165,9 @@ class Fleet:
         self._directory: Any = None
         self._threads: list[threading.Thread] = []
         self._replica_class: Any = None
-        self._health = HealthChecks(timeout=max(interval, 2.0))
+        self._health = HealthChecks(
+            timeout=max(interval, 2.0) if health_timeout is None else health_timeout
+        )
 
     # -- life ---------------------------------------------------------------
 
