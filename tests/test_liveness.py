@@ -468,9 +468,8 @@ async def test_queued_clients_that_leave_leave_the_line_at_once() -> None:
     with run_server(app) as url:
         async with WebSocketEnvClient(url, action_cls=Ping, observation_cls=Pong) as holder:
             await holder.reset()
-            # As openenv's clients connect: uncompressed (websockets' own framing,
-            # which compression needs, stops reading after each frame until the
-            # session reads it, so a disconnect after one is seen only then).
+            # As openenv's clients connect: uncompressed (compressed frames:
+            # test_queued_compressed_clients.py).
             queued = [await connect(ws_url(url), compression=None) for _ in range(3)]
             await queued[0].send('{"type": "reset"}')  # a frame sent while in line, too
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 
 import httpx
 import pytest
 from mcp import Client
-from servers import Tracker
+from servers import Tracker, health, until
 from test_mcp import TrackedCounter, until_active
 
 from counter_env.models import CounterAction, CounterObservation
@@ -175,3 +176,31 @@ async def test_a_request_that_is_no_initialize_makes_no_environment(body: bytes)
             assert TrackedCounter.tracker.created == []
             assert (await initialize(http)).status_code == 200
             assert len(TrackedCounter.tracker.created) == 1
+
+
+async def test_an_initialize_that_leaves_while_queued_leaves_the_line_at_once() -> None:
+    """An MCP initialize waits in the same line for a slot as ``/ws`` and HTTP
+    callers; one whose client left kept its place until the slot freed, then had
+    an environment made (and reset) for it, held until ``mcp_open_timeout``."""
+    TrackedCounter.tracker = Tracker()
+    concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=30)
+    app = create_app(TrackedCounter, CounterAction, CounterObservation, concurrency, mcp=True)
+    with run_server(app) as url:
+        async with RemoteEnv(url).session() as holder, httpx.AsyncClient(base_url=url) as http:
+            await holder.call_tool("increment", amount=1)  # the one slot
+            waiting = asyncio.create_task(initialize(http))
+
+            async def queued(count: int) -> bool:
+                return (await health(url))["queued_sessions"] == count
+
+            await until(functools.partial(queued, 1), what="the initialize in line")
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            # At once, while the slot it waited for is still taken.
+            await until(functools.partial(queued, 0), what="the caller that left out of line")
+        await until_active(url, 0)
+        assert len(TrackedCounter.tracker.created) == 1  # the holder's only
+        async with Client(f"{url}/mcp") as mcp:  # and the slot is there for the next
+            done = await mcp.call_tool("increment", {"amount": 3})
+            assert done.structured_content["data"] == {"value": 3}  # type: ignore[index]

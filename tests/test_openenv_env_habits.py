@@ -7,6 +7,7 @@ that belong to the thread that made them, and so on.
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 import time
@@ -252,3 +253,21 @@ def test_openenvs_generic_client_plays_with_plain_dicts(echo_url: str) -> None:
         assert result.observation["echoed_message"] == "hi"
         assert result.reward == env.step({"message": "hi"}).reward
         assert env.state()["step_count"] == 2
+
+
+def test_the_single_thread_of_an_app_ends_with_the_app() -> None:
+    # Each app of an environment that requires a single thread left its thread
+    # running for good, after its server stopped and the app was gone.
+    def serve_one_session() -> None:
+        app = create_app(OneThreadForAll, Hold, Where, env_name="single", max_concurrent_envs=1)
+        with run_server(app) as url, BoundClient(base_url=url) as env:
+            assert env.reset().observation.made_here
+
+    def single_threads() -> int:
+        return sum(t.name == "openenv-single-thread" for t in threading.enumerate())
+
+    before = single_threads()
+    for _ in range(3):
+        serve_one_session()
+    gc.collect()
+    wait_until(lambda: single_threads() == before)

@@ -338,3 +338,51 @@ def test_the_record_folder_may_be_a_path(tmp_path: Path) -> None:
     taken.write_text("not a folder")
     with pytest.raises(ValueError, match="is a file"):  # checked as a str is
         create_app(EchoEnvironment, EchoAction, EchoObservation, record=taken)
+
+
+class Said(Observation):
+    text: str = ""
+
+
+class Saying(Environment[Coin, Said, State]):
+    """Deterministic, and says what it did in its observations' metadata."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Said:
+        return Said(text="start")
+
+    def step(self, action: Coin, **kwargs: Any) -> Said:
+        return Said(text="tossed", metadata={"event": "toss", "n": 1})
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_a_recording_replays_whether_its_metadata_is_among_the_fields_or_only_beside(
+    tmp_path: Path,
+) -> None:
+    # An observation's non-empty metadata now travels among its fields too;
+    # recordings made before have it beside them only. Replayed against the
+    # same deterministic environment, every step with metadata was reported as
+    # differing (or, the other way, every new recording against an older server).
+    app = create_app(Saying, Coin, Said, record=str(tmp_path / "rec"))
+
+    async def play(url: str) -> None:
+        async with WebSocketEnvClient(url, action_cls=Coin, observation_cls=Said) as env:
+            await env.reset()
+            assert (await env.step(Coin())).observation.metadata == {"event": "toss", "n": 1}
+
+    with run_server(app) as url:
+        asyncio.run(play(url))
+        (recorded,) = load(tmp_path / "rec")
+        (step_reply,) = [s.reply for s in recorded.steps if s.kind == "step"]
+        fields = step_reply["data"]["observation"]
+        among, beside = dict(fields), {k: v for k, v in fields.items() if k != "metadata"}
+        among["metadata"] = step_reply["data"]["metadata"]
+        for shape in (among, beside):
+            step_reply["data"]["observation"] = shape
+            assert asyncio.run(replay(recorded, url)) == []
+        step_reply["data"]["observation"] = {**among, "metadata": {"event": "other"}}
+        assert asyncio.run(replay(recorded, url)) == [1]  # a metadata that differs still does

@@ -91,6 +91,8 @@ def shape(name: str) -> dict[str, Any]:
         return {"page": "<p>a line</p>\n" * 214_286}
     if name == "nulls":
         return {"a": None, "b": [None], "c": {"x": None}, "d": [{"k": None}]}
+    if name == "metadata":
+        return {"metadata": {"event": "toss", "turn": 2}, "side": "heads"}
     return {}
 
 
@@ -344,6 +346,23 @@ async def test_awkward_observations_are_shown_whole(
         "123456789012345"
     )
     assert problems == []
+
+
+async def test_an_observations_metadata_is_shown_once_after_its_fields_not_as_a_view(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    # The metadata travels among the observation's fields too now: the page
+    # showed it as one of them (a table among the views, first in the JSON).
+    page = await new_page(shapes_url)
+    await reset(page)
+    await action(page, "Show").fill("metadata")
+    await step(page)
+    shown = await observation(page)
+    assert list(shown)[-1] == "metadata"
+    assert shown["metadata"] == {"event": "toss", "turn": 2}
+    assert shown["side"] == "heads"
+    await expect(page.locator("#views")).to_contain_text("heads")
+    await expect(page.locator("#views")).not_to_contain_text("toss")
 
 
 async def test_a_long_episode_keeps_no_second_copy_of_every_reply(

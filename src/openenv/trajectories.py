@@ -228,6 +228,15 @@ def _invalid_frame(request: Any) -> str:
 
 def _comparable(reply: dict[str, Any]) -> Any:
     reply = {k: v for k, v in reply.items() if k != "id"}
+    data = reply.get("data")
+    if reply.get("type") == "observation" and isinstance(data, dict):
+        fields = data.get("observation")
+        # A non-empty metadata travels beside the fields and among them (as OpenEnv's
+        # server sends it); recordings made before the latter have it beside them
+        # only. The same reply either way: a replay must not call it different.
+        if isinstance(fields, dict) and fields.get("metadata") == data.get("metadata", {}):
+            fields = {k: v for k, v in fields.items() if k != "metadata"}
+            reply["data"] = {**data, "observation": fields}
     return reply
 
 

@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
 from openenv.server import calls
-from openenv.server.http_bodies import BodyTooLarge, read_body, replay
+from openenv.server.http_bodies import BodyTooLarge, client_gone, read_body, replay
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session, SessionState
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
@@ -146,7 +146,7 @@ class McpBridge:
         if manager is None:
             await JSONResponse({"detail": "MCP is not running"}, 503)(scope, receive, send)
             return
-        body = b""
+        body, raw = b"", receive
         if scope["method"] == "POST":
             # Read here, bounded, rather than whole by the SDK: and so an
             # environment is made only for a request that is an initialize.
@@ -161,7 +161,7 @@ class McpBridge:
         headers = Headers(scope=scope)
         sid = headers.get(MCP_SESSION_ID_HEADER)
         if sid is None and _opens_session(headers) and _is_initialize(body):
-            await self._open(manager, scope, receive, send)
+            await self._open(manager, scope, raw, body, send)
             return
         entry = self.sessions.get(sid) if sid is not None else None
         if entry is None:
@@ -195,9 +195,10 @@ class McpBridge:
         manager: StreamableHTTPSessionManager,
         scope: Scope,
         receive: Receive,
+        body: bytes,
         send: Send,
     ) -> None:
-        """Serve the request that opens an MCP session, with an environment ready for it."""
+        """Serve the initialize (``body``) that opens an MCP session, its environment ready."""
         client = _client_address(scope)
         if self._per_client[client] >= self.per_client:
             message = (
@@ -209,7 +210,7 @@ class McpBridge:
         self._per_client[client] += 1
         opened: list[str] = []  # the session id, once bound (then _end releases the client)
         try:
-            await self._open_for(manager, client, opened, scope, receive, send)
+            await self._open_for(manager, client, opened, scope, receive, body, send)
         finally:
             if not opened:
                 self._release_client(client)
@@ -221,12 +222,14 @@ class McpBridge:
         opened: list[str],
         scope: Scope,
         receive: Receive,
+        body: bytes,
         send: Send,
     ) -> None:
         """``_open`` once the client may open one; a bound session's id goes in ``opened``."""
         service = self.service
         try:
-            session = await service.open_session()
+            async with client_gone(receive) as left:  # one that leaves the line: no session
+                session = await service.open_session(left)
         except SessionRefused as refused:
             # Full or shutting down: try again later (503); a broken factory: 500.
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
@@ -241,6 +244,7 @@ class McpBridge:
             return
         session.play_again = _PLAY_AGAIN
         entry = _McpSession(session, client, in_flight=1)
+        receive = replay(body, receive)  # the initialize, for the SDK to read
 
         async def bind_on_start(message: Message) -> None:
             # Bind before the client can learn the session id, so its next

@@ -54,6 +54,17 @@ class FlowControlled(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         return message
 
+    def send_receive_event_to_app(self) -> None:
+        # A message websockets read (a compressed frame, a fragmented one): uvicorn
+        # pauses reading after each, until the app takes it. Only past the limit
+        # here, as for the others: else a client that sent one while in line for
+        # a slot, and then left, was not seen to leave until the app read.
+        paused = self.read_paused
+        super().send_receive_event_to_app()
+        if not paused and self.read_paused and self.queue.qsize() <= self._max_queue:
+            self.read_paused = False
+            self.transport.resume_reading()
+
     async def receive(self) -> Any:
         while (message := self.receive_nowait()) is None:
             await self.arrival()

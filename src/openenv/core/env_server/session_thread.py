@@ -115,6 +115,8 @@ class OnItsOwnThread(functools.partial[Any]):
             thread = _SHARED.get(self)
             if thread is None:
                 thread = _SHARED[self] = _Thread("openenv-single-thread")
+                # Ended with its app (this factory): each app served made one for good.
+                weakref.finalize(self, thread.stop)
         return thread
 
 

@@ -128,7 +128,9 @@ function clearEpisode(message) {
 
 function showObservation(data) {
   const metadata = data.metadata && Object.keys(data.metadata).length ? { metadata: data.metadata } : {};
-  const fields = renderFrames($("frames"), data.observation);
+  // Sent among the fields too (as OpenEnv's), but not one of them: shown once, after.
+  const { metadata: _copy, ...observed } = data.observation || {};
+  const fields = renderFrames($("frames"), observed);
   renderViews($("views"), fields);
   ui.outcome.textContent = messageOf(fields);
   ui.observation.textContent = shown(pretty({ ...fields, ...metadata }));
