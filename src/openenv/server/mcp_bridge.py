@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
@@ -55,15 +54,21 @@ from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
 from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, client_gone, read_body, replay
+from openenv.server.mcp_messages import (
+    client_address,
+    is_initialize,
+    opens_session,
+    rpc_error,
+    to_mcp,
+)
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session, SessionState
-from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput, tools_of
+from openenv.tools import tools_of
 
 __all__ = ["McpBridge", "mcp_routes"]
 
 logger = logging.getLogger("openenv.server")
 
-_PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
 _PLAY_AGAIN = (  # reset once, as it opened: the next episode is the next session's
     "an MCP session plays one episode: open a new session (initialize) to play "
     "another, and end this one (HTTP DELETE) to free its slot"
@@ -153,14 +158,14 @@ class McpBridge:
             try:
                 body = await read_body(scope, receive, self.service.settings.max_message_size)
             except BodyTooLarge as exc:
-                await _rpc_error(413, mcp.INVALID_REQUEST, str(exc))(scope, receive, send)
+                await rpc_error(413, mcp.INVALID_REQUEST, str(exc))(scope, receive, send)
                 return
             except ClientDisconnect:
                 return
             receive = replay(body, receive)
         headers = Headers(scope=scope)
         sid = headers.get(MCP_SESSION_ID_HEADER)
-        if sid is None and _opens_session(headers) and _is_initialize(body):
+        if sid is None and opens_session(headers) and is_initialize(body):
             await self._open(manager, scope, raw, body, send)
             return
         entry = self.sessions.get(sid) if sid is not None else None
@@ -199,13 +204,13 @@ class McpBridge:
         send: Send,
     ) -> None:
         """Serve the initialize (``body``) that opens an MCP session, its environment ready."""
-        client = _client_address(scope)
+        client = client_address(scope)
         if self._per_client[client] >= self.per_client:
             message = (
                 f"this client already holds {self._per_client[client]} MCP sessions, the "
                 f"most one address may (mcp_sessions_per_client); end one (HTTP DELETE) first"
             )
-            await _rpc_error(429, mcp.INTERNAL_ERROR, message)(scope, receive, send)
+            await rpc_error(429, mcp.INTERNAL_ERROR, message)(scope, receive, send)
             return
         self._per_client[client] += 1
         opened: list[str] = []  # the session id, once bound (then _end releases the client)
@@ -233,14 +238,14 @@ class McpBridge:
         except SessionRefused as refused:
             # Full or shutting down: try again later (503); a broken factory: 500.
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
-            await _rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+            await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
             return
         frame = await session.handle(protocol.request_frame("reset"))
         assert frame is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(frame)
         if isinstance(reply, protocol.ErrorReply):
             await session.aclose("mcp_reset_failed")
-            await _rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
+            await rpc_error(500, mcp.INTERNAL_ERROR, reply.data.message)(scope, receive, send)
             return
         session.play_again = _PLAY_AGAIN
         entry = _McpSession(session, client, in_flight=1)
@@ -453,7 +458,7 @@ class McpBridge:
                 return mcp.CallToolResult(content=[mcp.TextContent(text=text)], is_error=True)
             finally:
                 entry.running = None
-        return _to_mcp(output)
+        return to_mcp(output)
 
     def _record(
         self, session: str, started: float, name: str, arguments: Any, outcome: Any
@@ -468,56 +473,3 @@ class McpBridge:
         else:
             reply = protocol.tool_result_frame(outcome)
         recorder.call(session, started, request, reply)
-
-
-def _client_address(scope: Scope) -> str:
-    """The remote address (behind a proxy, its own unless uvicorn trusts its headers)."""
-    client = scope.get("client")
-    return str(client[0]) if client else ""
-
-
-def _is_initialize(body: bytes) -> bool:
-    """Whether a POST's body is a JSON-RPC ``initialize`` (anything else opens no
-    session, and the SDK refuses it as it would)."""
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    return type(message) is dict and message.get("method") == "initialize"
-
-
-def _opens_session(headers: Headers) -> bool:
-    """Whether a POST without a session id is a handshake-era request (it may open one)."""
-    version = headers.get(_PROTOCOL_VERSION_HEADER)
-    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
-
-
-def _to_mcp(output: ToolOutput) -> mcp.CallToolResult:
-    content: list[mcp.TextContent | mcp.ImageContent] = []
-    for block in output.content:
-        if isinstance(block, TextContent):
-            content.append(mcp.TextContent(text=block.text))
-        elif isinstance(block, JsonContent):
-            content.append(mcp.TextContent(text=protocol.json_text(block.data)))
-        elif isinstance(block, ImageContent):
-            content.append(mcp.ImageContent(data=block.data, mime_type=block.mime_type))
-    # Reward and the end of the episode ride in structuredContent, where any
-    # MCP client can read them without parsing text.
-    structured: dict[str, Any] = {
-        "reward": protocol.reward_value(output.reward),
-        "finished": output.finished,
-    }
-    if output.metadata:
-        structured["metadata"] = output.metadata
-    if (data := output.data) is not None:
-        structured["data"] = data
-    # As JSON text and back: NaN and ±inf as text, as in the content (the SDK
-    # would write null).
-    structured = orjson.loads(protocol.json_text(structured))
-    return mcp.CallToolResult(content=content, structured_content=structured)
-
-
-def _rpc_error(status: int, code: int, message: str) -> JSONResponse:
-    """A JSON-RPC error with no request id, as the MCP SDK answers transport-level refusals."""
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return JSONResponse(body, status_code=status)
