@@ -271,3 +271,19 @@ def test_the_single_thread_of_an_app_ends_with_the_app() -> None:
         serve_one_session()
     gc.collect()
     wait_until(lambda: single_threads() == before)
+
+
+def test_an_environment_left_without_close_ends_its_thread_with_it() -> None:
+    # A shutdown leaves a session stuck in a call without close(): its own
+    # thread, once the call returns, ran on for as long as the process.
+    from openenv.core.env_server.session_thread import OnItsOwnThread
+
+    def own_threads() -> int:
+        return sum(t.name == "openenv-session" for t in threading.enumerate())
+
+    before = own_threads()
+    env = OnItsOwnThread(ThreadBound)()
+    assert own_threads() == before + 1
+    del env
+    gc.collect()
+    wait_until(lambda: own_threads() == before)

@@ -136,6 +136,8 @@ def _pin(env: Any, thread: _Thread, own: bool) -> None:
         if not is_async(method):  # an overridden reset_async/step_async stays on the loop
             setattr(env, f"_{name}_on_its_thread", _on(thread, method))
             setattr(env, f"_server_{name}", f"_{name}_on_its_thread")
+    if own:  # a session left without close() (a shutdown abandons one stuck in a call)
+        weakref.finalize(env, thread.stop)
     close = env.close
     if is_async(close):
 
