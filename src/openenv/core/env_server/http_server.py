@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from openenv.core._mcp_types import mcp_action_class
 from openenv.core._models import State as _OpenEnvState
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.session_thread import OnItsOwnThread
@@ -49,7 +50,9 @@ def create_app(
     both, as in OpenEnv), else ``$MAX_CONCURRENT_ENVS``, else one session;
     ``$OPENENV_MAX_CONCURRENT_ENVS`` (what ``openenv serve --max-sessions``
     sets) wins over all of them. Further keywords are ``openenv.create_app``
-    settings (``step_timeout=30``, ``mcp=True``, ...).
+    settings (``step_timeout=30``, ``mcp=True``, ...). As on OpenEnv, an app
+    whose action class is ``Action``, ``CallToolAction`` or ``ListToolsAction``
+    takes both MCP actions by their ``type``.
 
     >>> from openenv.core.env_server.http_server import create_app
     >>> from echo_env.models import EchoAction, EchoObservation
@@ -74,7 +77,7 @@ def create_app(
         env = OnItsOwnThread(env)
     return _create_app(
         env,
-        action_cls,
+        mcp_action_class(action_cls),
         observation_cls,
         concurrency_config,
         state_cls=None if state_cls in (State, _OpenEnvState) else state_cls,
