@@ -263,14 +263,11 @@ def test_the_single_thread_of_an_app_ends_with_the_app() -> None:
         with run_server(app) as url, BoundClient(base_url=url) as env:
             assert env.reset().observation.made_here
 
-    def single_threads() -> int:
-        return sum(t.name == "openenv-single-thread" for t in threading.enumerate())
-
-    before = single_threads()
+    before = threads_named("openenv-single-thread")
     for _ in range(3):
         serve_one_session()
-    gc.collect()
-    wait_until(lambda: single_threads() == before)
+    # Those this test made (an earlier test's may end meanwhile too).
+    wait_until(lambda: not threads_named("openenv-single-thread") - before, wait=30)
 
 
 def test_an_environment_left_without_close_ends_its_thread_with_it() -> None:
@@ -278,12 +275,14 @@ def test_an_environment_left_without_close_ends_its_thread_with_it() -> None:
     # thread, once the call returns, ran on for as long as the process.
     from openenv.core.env_server.session_thread import OnItsOwnThread
 
-    def own_threads() -> int:
-        return sum(t.name == "openenv-session" for t in threading.enumerate())
-
-    before = own_threads()
+    before = threads_named("openenv-session")
     env = OnItsOwnThread(ThreadBound)()
-    assert own_threads() == before + 1
+    assert len(threads_named("openenv-session") - before) == 1
     del env
+    wait_until(lambda: not threads_named("openenv-session") - before, wait=30)
+
+
+def threads_named(name: str) -> set[threading.Thread]:
+    """The live threads called ``name``, collecting garbage first (what ends them)."""
     gc.collect()
-    wait_until(lambda: own_threads() == before)
+    return {t for t in threading.enumerate() if t.name == name}
