@@ -369,7 +369,8 @@ async function waitIfQueued(session) {
     return; // no word on the queue: the page works as it would anyway
   }
   if (page.session !== session || !session.open || page.busy || page.started) return;
-  if (!(health.active_sessions >= health.max_sessions)) return;
+  // Full with no line is this tab's own session in the last slot: not waiting.
+  if (!(health.active_sessions >= health.max_sessions && health.queued_sessions > 0)) return;
   page.waiting = true;
   updateButtons();
   setStatus(
@@ -381,7 +382,7 @@ async function waitIfQueued(session) {
   } catch {
     return; // closed while waiting (queue_timeout, say): onclose says why
   }
-  if (page.session !== session) return;
+  if (page.session !== session || !page.waiting) return;
   page.waiting = false;
   setStatus("Connected: a new session. Press Reset to start an episode.");
   updateButtons();
