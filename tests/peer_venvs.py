@@ -9,9 +9,12 @@ a fresh venv from PyPI. An install that fails fails the test, saying why.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +54,22 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory, requirements: Path, ma
             f"could not install {pinned(requirements)} from PyPI:\n{installed.stderr[-3000:]}"
         )
     return python
+
+
+def run_peer_script(python: Path, script: Path, *args: str) -> dict[str, Any]:
+    """Run ``script`` with a peer's ``python`` (this checkout's ``openenv`` kept off its
+    path) and return the JSON report it prints last; a failure shows its stderr."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    played = subprocess.run(
+        [str(python), str(script), *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=python.parent,
+        timeout=180,
+        check=False,
+    )
+    assert played.returncode == 0, played.stderr[-3000:]
+    report: dict[str, Any] = json.loads(played.stdout.splitlines()[-1])
+    assert Path(report["module"]).is_relative_to(python.parents[1])  # the peer's own
+    return report

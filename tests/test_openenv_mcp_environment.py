@@ -9,8 +9,6 @@ through ``step``, with the tool client, and with OpenEnv 0.10's own client.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peer_venvs import APPS
+from peer_venvs import APPS, run_peer_script
 from peer_venvs import peer_python as peer_venv
 
 from openenv.core import GenericEnvClient
@@ -196,19 +194,7 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_openenv_010_client_plays_the_mcp_echo_environment(
     echo_url: str, peer_python: Path
 ) -> None:
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    played = subprocess.run(
-        [str(peer_python), str(APPS / "openenv_peer_mcp_client.py"), echo_url],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=peer_python.parent,
-        timeout=180,
-        check=False,
-    )
-    assert played.returncode == 0, played.stderr[-3000:]
-    report = json.loads(played.stdout.splitlines()[-1])
-    assert Path(report["module"]).is_relative_to(peer_python.parents[1])
+    report = run_peer_script(peer_python, APPS / "openenv_peer_mcp_client.py", echo_url)
     assert report["observation_types"] == ["CallToolObservation", "CallToolObservation"]
     assert report["tools"] == ["echo_message", "echo_with_length"]
     assert report["echoed"] == "hi"

@@ -8,14 +8,11 @@ lives in a venv of its own (``tests/peer_venvs.py``: make's
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from peer_venvs import APPS
+from peer_venvs import APPS, run_peer_script
 from peer_venvs import peer_python as peer_venv
 
 from echo_env.models import EchoAction, EchoObservation
@@ -48,21 +45,8 @@ def test_openenv_010_client_plays_100_concurrent_episodes(peer_python: Path) -> 
     app = create_app(
         NotingEcho, EchoAction, EchoObservation, ConcurrencyConfig(max_concurrent_envs=128)
     )
-    # The peer's Python must not see this checkout's `openenv` on its path.
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with run_server(app) as url:
-        played = subprocess.run(
-            [str(peer_python), str(SCRIPT), url, str(EPISODES)],
-            capture_output=True,
-            text=True,
-            env=environ,
-            cwd=peer_python.parent,
-            timeout=180,
-            check=False,
-        )
-    assert played.returncode == 0, played.stderr[-3000:]
-    report = json.loads(played.stdout.splitlines()[-1])
-    assert Path(report["module"]).is_relative_to(peer_python.parents[1])
+        report = run_peer_script(peer_python, SCRIPT, url, str(EPISODES))
     assert len(report["episodes"]) == EPISODES
     for episode in report["episodes"]:
         assert episode["steps"] == 3
