@@ -56,6 +56,7 @@ from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, client_gone, read_body, replay
 from openenv.server.mcp_messages import (
     client_address,
+    foreign_session_call,
     is_initialize,
     opens_session,
     rpc_error,
@@ -161,6 +162,9 @@ class McpBridge:
                 await rpc_error(413, mcp.INVALID_REQUEST, str(exc))(scope, receive, send)
                 return
             except ClientDisconnect:
+                return
+            if (refusal := foreign_session_call(body)) is not None:
+                await refusal(scope, receive, send)
                 return
             receive = replay(body, receive)
         headers = Headers(scope=scope)

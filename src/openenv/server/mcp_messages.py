@@ -14,9 +14,28 @@ from starlette.types import Scope
 from openenv import protocol
 from openenv.tools import ImageContent, JsonContent, TextContent, ToolOutput
 
-__all__ = ["client_address", "is_initialize", "opens_session", "rpc_error", "to_mcp"]
+__all__ = [
+    "client_address",
+    "foreign_session_call",
+    "is_initialize",
+    "opens_session",
+    "rpc_error",
+    "to_mcp",
+]
 
 _PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+
+# OpenEnv's own /mcp session methods (its MCPToolClient's production mode):
+# JSON-RPC POSTs with no MCP handshake, ``params.session_id`` naming the session.
+_FOREIGN_SESSION_METHODS = "openenv/session/"
+_NOT_SERVED = (
+    "{method} is OpenEnv's own /mcp session protocol (the production mode of "
+    "OpenEnv's MCPToolClient), which this server does not serve: its /mcp is the "
+    "standard MCP streamable HTTP transport (initialize, then Mcp-Session-Id). Use an "
+    "MCP client (mcp.Client(url + '/mcp')), openenv.core.mcp_client.MCPToolClient, or "
+    "OpenEnv's EnvClient stepping ListToolsAction/CallToolAction over /ws "
+    "(docs/compat.md)"
+)
 
 
 def client_address(scope: Scope) -> str:
@@ -33,6 +52,35 @@ def is_initialize(body: bytes) -> bool:
     except orjson.JSONDecodeError:
         return False
     return type(message) is dict and message.get("method") == "initialize"
+
+
+def foreign_session_call(body: bytes) -> JSONResponse | None:
+    """The answer to one of OpenEnv's own ``openenv/session/*`` calls: a JSON-RPC
+    "method not found" that says what to use instead, or ``None`` for any other body.
+
+    With HTTP 200, as OpenEnv's client expects of a JSON-RPC error: it raises
+    the message (on a 4xx it would show only the status).
+
+    >>> foreign_session_call(b'{"jsonrpc": "2.0", "method": "tools/list", "id": 1}') is None
+    True
+    >>> answer = foreign_session_call(
+    ...     b'{"jsonrpc": "2.0", "method": "openenv/session/create", "params": {}, "id": 1}'
+    ... )
+    >>> answer.status_code, orjson.loads(answer.body)["error"]["code"]
+    (200, -32601)
+    """
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(message) is not dict:
+        return None
+    method = message.get("method")
+    if type(method) is not str or not method.startswith(_FOREIGN_SESSION_METHODS):
+        return None
+    request_id = message.get("id")
+    error = {"code": mcp.METHOD_NOT_FOUND, "message": _NOT_SERVED.format(method=method)}
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
 def opens_session(headers: Headers) -> bool:
