@@ -163,12 +163,13 @@ class McpBridge:
                 return
             except ClientDisconnect:
                 return
-            if (refusal := foreign_session_call(body)) is not None:
-                await refusal(scope, receive, send)
-                return
             receive = replay(body, receive)
         headers = Headers(scope=scope)
         sid = headers.get(MCP_SESSION_ID_HEADER)
+        # OpenEnv's own client sends no session header: only such a body is looked into.
+        if sid is None and body and (refusal := foreign_session_call(body)) is not None:
+            await refusal(scope, receive, send)
+            return
         if sid is None and opens_session(headers) and is_initialize(body):
             await self._open(manager, scope, raw, body, send)
             return
