@@ -186,3 +186,28 @@ async def test_the_web_form_renders_and_steps(
     await idle(page)
     await expect(page.locator("#history tbody tr:not(.detail)")).to_have_count(rows + 1)
     assert (await observation(page))["brush"] == 7
+
+
+class ToollessPainter(CoreEnvironment[CorePaint, CoreCanvas, oe_types.State]):
+    """No tools: only /schema and the page's form meet the fields."""
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> CoreCanvas:
+        return CoreCanvas()
+
+    def step(self, action: CorePaint, timeout_s: float | None = None, **kwargs: Any) -> CoreCanvas:
+        return CoreCanvas(done=True)
+
+    @property
+    def state(self) -> oe_types.State:
+        return oe_types.State()
+
+
+def test_schema_of_an_openenv_app_without_tools() -> None:
+    app = core_create_app(ToollessPainter, CorePaint, CoreCanvas, env_name="plain")
+    with run_server(app) as url, httpx.Client(base_url=url) as http:
+        answer = http.get("/schema")
+        assert answer.status_code == 200, answer.text
+        mask = answer.json()["action"]["properties"]["mask"]
+        assert permissive(mask)["x-python-type"] == "numpy.ndarray"
