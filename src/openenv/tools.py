@@ -37,6 +37,7 @@ from typing import Annotated, Any, Literal, TypeVar, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, create_model
 
+from openenv.json_schema import model_schema
 from openenv.protocol_json import json_values
 
 __all__ = [
@@ -311,7 +312,7 @@ def _build(env_cls: type, marker: _Marker) -> ToolSpec:
     else:
         arguments = _arguments_model(where, name, params, hints, arg_docs)
         takes_model = False
-    schema = arguments.model_json_schema()
+    schema = model_schema(arguments)
     schema.pop("title", None)
     info = ToolInfo(
         name=name,

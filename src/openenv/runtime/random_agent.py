@@ -21,6 +21,7 @@ import string
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from openenv.json_schema import model_schema
 from openenv.types import Action
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class RandomAgent:
         rng: random.Random | None = None,
     ) -> None:
         if isinstance(action, type):
-            action = action.model_json_schema()
+            action = model_schema(action)
         self.schema = action
         self.seed = seed
         self.rng = rng or random.Random(seed)

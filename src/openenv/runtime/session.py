@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv.client import http_url
 from openenv.client._base import auth_headers
+from openenv.json_schema import model_schema
 from openenv.runtime.recording import EpisodeRecord, ended_by
 from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, State, StepResult
@@ -214,7 +215,7 @@ class EpisodeSession:
     async def action_schema(self) -> dict[str, Any]:
         """The JSON Schema of the environment's action (from ``GET /schema`` when remote)."""
         if self.client.action_cls is not Action:
-            return self.client.action_cls.model_json_schema()
+            return model_schema(self.client.action_cls)
         return await fetch_schema(self.client.url)
 
 

@@ -1,11 +1,14 @@
 """What an environment offers, over HTTP: its tools, task splits and tasks.
 
 Everything here is class-level: no environment instance is created and no
-session slot is taken to answer.
+session slot is taken to answer; except for OpenEnv's task API, written as
+instance methods, which is asked of an environment the app's factory makes
+(closed after), as OpenEnv's server does.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -17,7 +20,7 @@ from openenv.server.service import EnvService
 from openenv.tasks import TaskSpec, unknown_split_message
 from openenv.tools import tools_of
 
-__all__ = ["MAX_PAGE", "catalog_routes", "splits_of", "tool_names"]
+__all__ = ["MAX_PAGE", "catalog_routes", "splits_of", "tasks_of", "tool_names"]
 
 MAX_PAGE = 1000  # tasks per page at most; a client pages through larger splits
 
@@ -26,7 +29,26 @@ def splits_of(service: EnvService) -> list[str]:
     """The environment's split names (none when its class is unknown)."""
     if service.env_cls is None:
         return []
-    return list(service.env_cls.list_splits())
+    return list(_task_call(service, "list_splits"))
+
+
+def tasks_of(service: EnvService, split: str) -> Sequence[Any]:
+    """The tasks of ``split``, one of ``splits_of(service)``."""
+    if service.env_cls is None:
+        return []
+    tasks: Sequence[Any] = _task_call(service, "list_tasks", split)
+    return tasks
+
+
+def _task_call(service: EnvService, name: str, *args: Any) -> Any:
+    env_cls = service.env_cls
+    assert env_cls is not None
+    # OpenEnv's instance-method task API (openenv.core's TaskMethod) is asked of
+    # what the app's factory makes: Env() may lack its constructor's arguments.
+    call_with = getattr(inspect.getattr_static(env_cls, name, None), "call_with", None)
+    if callable(call_with):
+        return call_with(service.env_factory, *args)
+    return getattr(env_cls, name)(*args)
 
 
 def tool_names(service: EnvService) -> list[str]:
@@ -61,7 +83,7 @@ async def tasks(
     known = splits_of(service)
     if split not in known or service.env_cls is None:
         raise HTTPException(status_code=404, detail=unknown_split_message(split, known))
-    every: Sequence[Any] = service.env_cls.list_tasks(split)
+    every = tasks_of(service, split)
     total = len(every)
     page = [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
     end = offset + len(page)

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from openenv.server import openreward_wire as wire
+from openenv.server.catalog import splits_of, tasks_of
 from openenv.server.http_bodies import route_body
 from openenv.server.service import EnvService
 from openenv.tasks import unknown_split_message
@@ -51,15 +52,14 @@ async def body(request: Request, model: type[_B], service: EnvService) -> _B:
 
 
 def split_names(service: EnvService) -> list[str]:
-    return [] if service.env_cls is None else list(service.env_cls.list_splits())
+    return splits_of(service)
 
 
 def split_tasks(service: EnvService, split: str) -> Sequence[Any]:
     known = split_names(service)
     if split not in known or service.env_cls is None:
         fail(400, f"Invalid split: {unknown_split_message(split, known)}")
-    tasks: Sequence[Any] = service.env_cls.list_tasks(split)
-    return tasks
+    return tasks_of(service, split)
 
 
 def task_at(service: EnvService, split: str, index: int) -> Any:

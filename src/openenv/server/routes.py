@@ -9,6 +9,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
+from openenv.json_schema import model_schema
 from openenv.protocol import PROTOCOL_VERSION, Health
 from openenv.server.catalog import catalog_routes
 from openenv.server.endpoint import SessionEndpoint
@@ -63,9 +64,9 @@ async def schema(request: Request) -> SchemaResponse:
     """JSON Schemas of the action, the observation and the state."""
     service = _service(request)
     return SchemaResponse(
-        action=service.action_cls.model_json_schema(),
-        observation=service.observation_cls.model_json_schema(),
-        state=service.state_cls.model_json_schema(),
+        action=model_schema(service.action_cls),
+        observation=model_schema(service.observation_cls),
+        state=model_schema(service.state_cls),
     )
 
 

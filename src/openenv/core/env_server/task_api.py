@@ -2,11 +2,14 @@
 
 OpenEnv's ``TaskProvider`` methods (``list_splits(self)``, ``list_tasks(self,
 split)``, ...) are instance methods, sync or async, that its server calls on a
-freshly made environment; openenv's routes (``/splits``, ``/tasks``,
-OpenReward's ``/{name}/splits``, ...) call ``list_splits`` and ``list_tasks`` on
-the class. ``TaskMethod`` is both: on an instance, the method as written; on
-the class, the method called on a fresh instance (closed after), its answer
-mapped onto openenv's (split names; ``TaskSpec``-shaped dicts).
+environment freshly made by the app's factory, closed after; openenv's routes
+(``/splits``, ``/tasks``, OpenReward's ``/{name}/splits``, ...) call
+``list_splits`` and ``list_tasks`` on the class. ``TaskMethod`` is both: on an
+instance, the method as written; on the class, the method called on a fresh
+``cls()``, its answer mapped onto openenv's (split names; ``TaskSpec``-shaped
+dicts). The server's routes call ``call_with(factory, ...)`` instead, so an
+environment whose constructor takes arguments (``functools.partial(Env,
+data_dir=...)``) lists the tasks of the data it was given.
 
 >>> from openenv.core.env_server.interfaces import Environment
 >>> class Quiz(Environment):
@@ -20,17 +23,22 @@ mapped onto openenv's (split names; ``TaskSpec``-shaped dicts).
 [{'id': 'test-0', 'question': '1+1'}, {'id': 'q2', 'question': '2+2'}]
 >>> Quiz().list_splits()  # as written, on an instance
 ['train', {'name': 'test', 'type': 'test'}]
+>>> Quiz.__dict__["list_splits"].call_with(Quiz)  # on what a factory makes
+['train', 'test']
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pydantic import BaseModel
+
+from openenv.core.env_server.session_thread import OnItsOwnThread
 
 __all__ = ["TaskMethod", "TaskProvider", "wrap_task_methods"]
 
@@ -93,10 +101,15 @@ class TaskMethod:
         if instance is not None:
             return self.func.__get__(instance, owner)
         assert owner is not None
-        return lambda *args: self._on_fresh(owner, *args)
+        return lambda *args: self.call_with(owner, *args)
 
-    def _on_fresh(self, cls: type, *args: Any) -> Any:
-        env = cls()
+    def call_with(self, factory: Callable[[], Any], *args: Any) -> Any:
+        """The method called on an environment ``factory()`` makes (closed after),
+        its answer mapped onto openenv's, as on the class."""
+        # OpenEnv makes it, asks it and closes it on one thread: its own thread is not wanted.
+        if isinstance(factory, OnItsOwnThread):  # a partial: its own args, not just .func
+            factory = functools.partial(factory.func, *factory.args, **factory.keywords)
+        env = factory()
         try:
             answer = _outcome(self.func(env, *args))
         finally:
