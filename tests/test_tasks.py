@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from servers import Ping, PingEnvironment, Pong
 from tool_envs import HTTP, SPLITS, Puzzle, ToolBox
@@ -142,3 +145,33 @@ def test_the_sync_remote_env(url: str) -> None:
         assert session.get_prompt() == "say 2"
         assert session.call_tool("answer", value=2).reward == 1.0
         assert session.state().done is True  # type: ignore[attr-defined]
+
+
+class SlowCatalog(PingEnvironment):
+    """Its splits come from somewhere slow (a dataset on a network disk)."""
+
+    asked = threading.Event()
+    go_on = threading.Event()
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        cls.asked.set()
+        # Told to go on only once a step has been answered meanwhile.
+        return ["train"] if cls.go_on.wait(30) else ["the loop was blocked"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[TaskSpec]:
+        return [TaskSpec(id="t0")]
+
+
+async def test_a_slow_split_listing_does_not_hold_up_the_sessions_steps() -> None:
+    app = create_app(SlowCatalog, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=2))
+    with run_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            listing = asyncio.ensure_future(http.get("/splits"))
+            assert await asyncio.to_thread(SlowCatalog.asked.wait, 30)
+            async with RemoteEnv(url).session() as session:
+                result = await session.step(Ping(message="meanwhile"))
+            assert result.observation.message == "meanwhile"  # type: ignore[attr-defined]
+            SlowCatalog.go_on.set()
+            assert (await listing).json() == {"splits": ["train"]}

@@ -3,7 +3,9 @@
 Everything here is class-level: no environment instance is created and no
 session slot is taken to answer; except for OpenEnv's task API, written as
 instance methods, which is asked of an environment the app's factory makes
-(closed after), as OpenEnv's server does.
+(closed after), as OpenEnv's server does. Splits and tasks are user code (a
+``list_tasks`` may read a dataset): they are asked on a worker thread, never
+on the event loop, so the sessions' steps go on meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import HTTPException, Query, Request
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 
 from openenv.protocol import SplitList, TaskPage, ToolList
 from openenv.server.service import EnvService
@@ -25,18 +28,18 @@ __all__ = ["MAX_PAGE", "catalog_routes", "splits_of", "tasks_of", "tool_names"]
 MAX_PAGE = 1000  # tasks per page at most; a client pages through larger splits
 
 
-def splits_of(service: EnvService) -> list[str]:
+async def splits_of(service: EnvService) -> list[str]:
     """The environment's split names (none when its class is unknown)."""
     if service.env_cls is None:
         return []
-    return list(_task_call(service, "list_splits"))
+    return list(await run_in_threadpool(_task_call, service, "list_splits"))
 
 
-def tasks_of(service: EnvService, split: str) -> Sequence[Any]:
+async def tasks_of(service: EnvService, split: str) -> Sequence[Any]:
     """The tasks of ``split``, one of ``splits_of(service)``."""
     if service.env_cls is None:
         return []
-    tasks: Sequence[Any] = _task_call(service, "list_tasks", split)
+    tasks: Sequence[Any] = await run_in_threadpool(_task_call, service, "list_tasks", split)
     return tasks
 
 
@@ -49,6 +52,12 @@ def _task_call(service: EnvService, name: str, *args: Any) -> Any:
     if callable(call_with):
         return call_with(service.env_factory, *args)
     return getattr(env_cls, name)(*args)
+
+
+def _page(service: EnvService, split: str, offset: int, limit: int) -> tuple[int, list[TaskSpec]]:
+    # On a worker thread: a split may be a Sequence that makes its items on demand.
+    every: Sequence[Any] = _task_call(service, "list_tasks", split)
+    return len(every), [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
 
 
 def tool_names(service: EnvService) -> list[str]:
@@ -69,7 +78,7 @@ async def tools(request: Request) -> ToolList:
 
 async def splits(request: Request) -> SplitList:
     """The names of the environment's task splits."""
-    return SplitList(splits=splits_of(_service(request)))
+    return SplitList(splits=await splits_of(_service(request)))
 
 
 async def tasks(
@@ -80,12 +89,10 @@ async def tasks(
 ) -> TaskPage:
     """One page of a split's tasks; follow ``next_offset`` for the next page."""
     service = _service(request)
-    known = splits_of(service)
+    known = await splits_of(service)
     if split not in known or service.env_cls is None:
         raise HTTPException(status_code=404, detail=unknown_split_message(split, known))
-    every = tasks_of(service, split)
-    total = len(every)
-    page = [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
+    total, page = await run_in_threadpool(_page, service, split, offset, limit)
     end = offset + len(page)
     return TaskPage(
         split=split,

@@ -162,7 +162,7 @@ async def list_envs(request: Request) -> EnvListing:
                 metadata=service.metadata,
                 active_sessions=service.registry.totals()[0],
                 max_sessions=service.registry.max_sessions,
-                splits=splits_of(service),
+                splits=await splits_of(service),
                 tools=tool_names(service),
             )
             for name, service in services.items()

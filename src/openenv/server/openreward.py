@@ -220,30 +220,32 @@ class OpenRewardBridge:
 
     async def splits(self, request: Request) -> Response:
         _, service = self._service(request, "/splits")
-        return req.json_response([wire.split_entry(name) for name in req.split_names(service)])
+        return req.json_response(
+            [wire.split_entry(name) for name in await req.split_names(service)]
+        )
 
     async def tasks(self, request: Request) -> Response:
         env, service = self._service(request, "/tasks")
         body = await req.body(request, wire.SplitRequest, service)
-        tasks = req.split_tasks(service, body.split)
+        tasks = await req.split_tasks(service, body.split)
         return req.json_response({"tasks": [wire.task_json(t) for t in tasks], "env_name": env})
 
     async def num_tasks(self, request: Request) -> Response:
         _, service = self._service(request, "/num_tasks")
         body = await req.body(request, wire.SplitRequest, service)
-        return req.json_response({"num_tasks": len(req.split_tasks(service, body.split))})
+        return req.json_response({"num_tasks": len(await req.split_tasks(service, body.split))})
 
     async def task(self, request: Request) -> Response:
         env, service = self._service(request, "/task")
         body = await req.body(request, wire.TaskRequest, service)
         return req.json_response(
-            {"task": req.task_at(service, body.split, body.index), "env_name": env}
+            {"task": await req.task_at(service, body.split, body.index), "env_name": env}
         )
 
     async def task_range(self, request: Request) -> Response:
         env, service = self._service(request, "/task_range")
         body = await req.body(request, wire.TaskRangeRequest, service)
-        tasks = req.split_tasks(service, body.split)
+        tasks = await req.split_tasks(service, body.split)
         chosen = [wire.task_json(tasks[i]) for i in range(len(tasks))[body.start : body.stop]]
         return req.json_response({"tasks": chosen, "env_name": env})
 
@@ -291,7 +293,7 @@ class OpenRewardBridge:
         if body.task_spec is not None:
             task: Any = body.task_spec
         else:
-            task = req.task_at(service, body.split or "", body.index or 0)  # both set
+            task = await req.task_at(service, body.split or "", body.index or 0)  # both set
         try:
             async with client_gone(request.receive) as left:
                 session = await service.open_session(left)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -51,19 +52,24 @@ async def body(request: Request, model: type[_B], service: EnvService) -> _B:
         fail(422, f"invalid {model.__name__} body: {problems}")
 
 
-def split_names(service: EnvService) -> list[str]:
-    return splits_of(service)
+async def split_names(service: EnvService) -> list[str]:
+    return await splits_of(service)
 
 
-def split_tasks(service: EnvService, split: str) -> Sequence[Any]:
-    known = split_names(service)
+async def split_tasks(service: EnvService, split: str) -> Sequence[Any]:
+    known = await split_names(service)
     if split not in known or service.env_cls is None:
         fail(400, f"Invalid split: {unknown_split_message(split, known)}")
-    return tasks_of(service, split)
+    return await tasks_of(service, split)
 
 
-def task_at(service: EnvService, split: str, index: int) -> Any:
-    tasks = split_tasks(service, split)
+async def task_at(service: EnvService, split: str, index: int) -> Any:
+    tasks = await split_tasks(service, split)
+    # On a worker thread too: a split may be a Sequence that makes its items on demand.
+    return await run_in_threadpool(_task_json_at, tasks, split, index)
+
+
+def _task_json_at(tasks: Sequence[Any], split: str, index: int) -> Any:
     if not -len(tasks) <= index < len(tasks):
         fail(400, f"Invalid index: split {split!r} has {len(tasks)} tasks, no index {index}")
     return wire.task_json(tasks[index])
