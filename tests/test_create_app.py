@@ -203,3 +203,35 @@ def test_metadata_never_shows_the_base_classs_docstring() -> None:
         metadata = httpx.get(f"{url}/metadata").json()
     assert metadata["name"] == "Undocumented"
     assert metadata["description"] == ""
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("OPENENV_MAX_CONCURRENT_ENVS", "abc"),
+        ("OPENENV_MAX_CONCURRENT_ENVS", "0"),
+        ("OPENENV_SESSION_TIMEOUT", "never"),
+        ("OPENENV_QUEUE_TIMEOUT", "-1"),
+    ],
+)
+def test_a_bad_environment_variable_is_named_in_the_error(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str
+) -> None:
+    # A deployment sets the variable, never the field: pydantic's message named only
+    # the field (`session_timeout: Input should be a valid number`).
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(ValueError, match=rf"^{var} must be .+, not '{raw}'$"):
+        ConcurrencyConfig.from_env(max_concurrent_envs=64)
+
+
+def test_openenvs_cap_variable_is_named_when_it_is_not_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from openenv.core.env_server.http_server import create_app as openenv_create_app
+
+    monkeypatch.setenv("MAX_CONCURRENT_ENVS", "eight")
+    with pytest.raises(ValueError, match=r"^MAX_CONCURRENT_ENVS must be .+, not 'eight'$"):
+        openenv_create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo")
+    monkeypatch.setenv("MAX_CONCURRENT_ENVS", "3")
+    app = openenv_create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo")
+    assert app.state.openenv.concurrency.max_concurrent_envs == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from openenv.trajectories import RecordFolder
 
@@ -64,13 +64,30 @@ class ConcurrencyConfig(BaseModel):
             "max_concurrent_envs": max_concurrent_envs,
             "session_timeout": session_timeout,
         }
-        if raw := os.environ.get("OPENENV_MAX_CONCURRENT_ENVS"):
-            values["max_concurrent_envs"] = raw
-        if raw := os.environ.get("OPENENV_SESSION_TIMEOUT"):
-            values["session_timeout"] = None if raw.lower() in {"none", "0"} else raw
-        if raw := os.environ.get("OPENENV_QUEUE_TIMEOUT"):
-            values["queue_timeout"] = raw
-        return cls.model_validate(values)
+        read = set()  # the fields a variable set
+        for field, (var, _) in _ENV_VARS.items():
+            if raw := os.environ.get(var):
+                values[field] = raw
+                read.add(field)
+        if "session_timeout" in read and values["session_timeout"].lower() in {"none", "0"}:
+            values["session_timeout"] = None
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            # pydantic names the field, which the user never wrote: name the variable.
+            for error in exc.errors():
+                if (field := str(error["loc"][0])) in read:
+                    var, meaning = _ENV_VARS[field]
+                    raise ValueError(f"{var} must be {meaning}, not {values[field]!r}") from None
+            raise
+
+
+# The variables ``ConcurrencyConfig.from_env`` reads, and what each must hold.
+_ENV_VARS = {
+    "max_concurrent_envs": ("OPENENV_MAX_CONCURRENT_ENVS", "a whole number of sessions, 1 or more"),
+    "session_timeout": ("OPENENV_SESSION_TIMEOUT", "a positive number of seconds, or 'none'"),
+    "queue_timeout": ("OPENENV_QUEUE_TIMEOUT", "a number of seconds, 0 or more"),
+}
 
 
 class ServerSettings(BaseModel):

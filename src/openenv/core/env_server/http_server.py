@@ -65,7 +65,7 @@ def create_app(
     if max_concurrent_envs is not None and concurrency_config is not None:
         raise ValueError("pass max_concurrent_envs or concurrency_config, not both")
     if concurrency_config is None:
-        cap = max_concurrent_envs or int(os.environ.get("MAX_CONCURRENT_ENVS") or 1)
+        cap = max_concurrent_envs or _cap_from_env()
         concurrency_config = ConcurrencyConfig.from_env(max_concurrent_envs=cap)
     elif os.environ.get("OPENENV_MAX_CONCURRENT_ENVS"):
         concurrency_config = ConcurrencyConfig.from_env(
@@ -111,3 +111,15 @@ def create_fastapi_app(
         web=False,
         **settings,
     )
+
+
+def _cap_from_env() -> int:
+    """``$MAX_CONCURRENT_ENVS`` (OpenEnv's variable), else one session."""
+    raw = os.environ.get("MAX_CONCURRENT_ENVS") or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        # int()'s own message named neither the variable nor what it wants.
+        raise ValueError(
+            f"MAX_CONCURRENT_ENVS must be a whole number of sessions, not {raw!r}"
+        ) from None
