@@ -128,7 +128,7 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
         docs_url=None,
         redoc_url=None,
     )
-    add_docs_pages(app)
+    add_docs_pages(app, keyed=any(s.state.openenv.settings.api_key for s in apps.values()))
     app.state.openenv_envs = {name: sub.state.openenv for name, sub in apps.items()}
     app.state.openenv_guards = bridge.guards
     # Only the mounts' own paths skip the root's check: another /envs/x/... path
