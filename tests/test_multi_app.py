@@ -21,10 +21,13 @@ from openenv import (
     CapacityError,
     ConcurrencyConfig,
     ConcurrencyConfigurationError,
+    ConnectionFailedError,
     EnvSpec,
     MultiEnvClient,
     NotFoundError,
+    ServerPool,
     SyncMultiEnvClient,
+    WebSocketEnvClient,
     create_multi_app,
 )
 from openenv.client import ws_url
@@ -294,3 +297,8 @@ async def test_the_root_health_sums_every_environment_and_says_which_is_unwell()
             return HTTP.get(f"{url}/health").json()["status"] == "healthy"
 
         await until(healthy, what="the root's /health healthy again")
+        # A pool reads /health to place sessions on /ws, which the root has not.
+        pool = ServerPool([url], wait=0)
+        with pytest.raises(ConnectionFailedError, match="no server answered on /health"):
+            async with WebSocketEnvClient(pool, action_cls=Hold, observation_cls=Held) as env:
+                await env.reset()
