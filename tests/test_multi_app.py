@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import threading
 from collections.abc import Iterator
 
 import pytest
 from mcp import Client
-from servers import Ping, PingEnvironment, Pong
+from servers import Held, Hold, HoldingEnvironment, Ping, PingEnvironment, Pong, until
 from tool_envs import HTTP
+from websockets.asyncio.client import connect
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
@@ -17,12 +21,16 @@ from openenv import (
     CapacityError,
     ConcurrencyConfig,
     ConcurrencyConfigurationError,
+    ConnectionFailedError,
     EnvSpec,
     MultiEnvClient,
     NotFoundError,
+    ServerPool,
     SyncMultiEnvClient,
+    WebSocketEnvClient,
     create_multi_app,
 )
+from openenv.client import ws_url
 from openenv.testing import run_server
 
 
@@ -216,3 +224,81 @@ def test_openrewards_listing_and_unknown_names_show_a_key_only_its_environments(
         stranger = HTTP.get(f"{url}/nope/tools", headers={"X-Session-ID": "s"})
         assert stranger.status_code == 401  # no key of any: told nothing
         assert stranger.json() == {"detail": "missing API key"}
+
+
+async def test_the_root_health_sums_every_environment_and_says_which_is_unwell() -> None:
+    """Load balancers and Docker's HEALTHCHECK ask the root's /health, as on a
+    one-environment server; it is healthy only when every environment is."""
+    entered, gate = threading.Semaphore(0), threading.Event()
+    held = EnvSpec(
+        functools.partial(HoldingEnvironment, entered, gate),
+        Hold,
+        Held,
+        ConcurrencyConfig(max_concurrent_envs=3),
+        max_threads=1,
+        api_key="key-h",
+    )
+    echo = EnvSpec(EchoEnvironment, EchoAction, EchoObservation)
+    with run_server(create_multi_app({"held": held, "echo": echo})) as url:
+        head = HTTP.head(f"{url}/health")
+        assert (head.status_code, head.content) == (200, b"")
+        assert HTTP.get(f"{url}/health").json() == {
+            "status": "healthy",
+            "active_sessions": 0,
+            "max_sessions": 4,
+            "queued_sessions": 0,
+            "protocol_version": 1,
+            "workers": 1,
+            # Public, as /health is: an environment behind a key is only counted.
+            "envs": {
+                "echo": {
+                    "status": "healthy",
+                    "active_sessions": 0,
+                    "max_sessions": 1,
+                    "queued_sessions": 0,
+                    "protocol_version": 1,
+                    "workers": 1,
+                }
+            },
+        }
+        key = {"X-API-Key": "key-h"}
+        sockets = [
+            await connect(f"{ws_url(url)[:-3]}/envs/held/ws", additional_headers=key)
+            for _ in range(3)
+        ]
+        try:
+            for ws in sockets:
+                await ws.send('{"type": "reset"}')
+                await ws.recv()
+            # Two steps block both lanes of threads (max_threads=1); a third waits.
+            for ws in sockets[:2]:
+                await ws.send('{"type": "step", "data": {"wait": true}}')
+                assert await asyncio.to_thread(entered.acquire, True, 10)
+            await sockets[2].send('{"type": "step", "data": {}}')
+
+            async def degraded() -> bool:
+                return HTTP.get(f"{url}/health").json()["status"] == "degraded"
+
+            await until(degraded, what="the root's /health reporting held's waiting call")
+            seen = HTTP.get(f"{url}/health", headers=key).json()
+            assert seen["reason"].startswith("held: degraded (1 environment call(s) wait")
+            assert (seen["active_sessions"], seen["envs"]["held"]["active_sessions"]) == (3, 3)
+            assert seen["envs"]["held"]["status"] == "degraded"
+            assert seen["envs"]["echo"]["status"] == "healthy"
+            stranger = HTTP.get(f"{url}/health").json()
+            assert stranger["reason"] == "1 environment(s) that need another key: not healthy"
+            assert list(stranger["envs"]) == ["echo"]
+        finally:
+            gate.set()
+            for ws in sockets:
+                await ws.close()
+
+        async def healthy() -> bool:
+            return HTTP.get(f"{url}/health").json()["status"] == "healthy"
+
+        await until(healthy, what="the root's /health healthy again")
+        # A pool reads /health to place sessions on /ws, which the root has not.
+        pool = ServerPool([url], wait=0)
+        with pytest.raises(ConnectionFailedError, match="no server answered on /health"):
+            async with WebSocketEnvClient(pool, action_cls=Hold, observation_cls=Held) as env:
+                await env.reset()

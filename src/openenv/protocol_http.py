@@ -21,6 +21,7 @@ __all__ = [
     "EnvInfo",
     "EnvListing",
     "Health",
+    "MultiHealth",
     "ReplicaHealth",
     "ReplicaList",
     "SplitList",
@@ -58,6 +59,15 @@ class Health(BaseModel):
     )
     workers: int = Field(default=1, description="Worker processes sharing the cap.")
     reason: str | None = Field(default=None, description='Why the status is "degraded".')
+
+
+class MultiHealth(Health):
+    """``GET /health`` of a server of several environments (``create_multi_app``):
+    the sums over them, and each one's own ``/health``."""
+
+    envs: dict[str, Health] = Field(
+        default_factory=dict, description="Each environment's /health, by name."
+    )
 
 
 class ReplicaHealth(Health):

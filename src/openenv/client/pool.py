@@ -289,7 +289,10 @@ async def _describe(http: Any, url: str, bound: float) -> list[tuple[str, protoc
                 return [(http_url(replica.url), replica) for replica in replicas]
             health = await http.get(f"{url}/health")
             if health.status_code == 200:
-                return [(url, protocol.Health.model_validate_json(health.content))]
+                reply = protocol.MultiHealth.model_validate_json(health.content)
+                # The root of a server of several environments has no /ws of its own.
+                if "envs" not in reply.model_fields_set:
+                    return [(url, reply)]
     except (httpx.HTTPError, OSError, ValueError):  # TimeoutError and ValidationError too
         pass
     return [(url, None)]

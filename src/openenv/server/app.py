@@ -123,7 +123,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    add_docs_pages(app)
+    add_docs_pages(app, keyed=bool(service.settings.api_key))
     app.state.openenv = service
     key, origins, hosts = (
         service.settings.api_key,

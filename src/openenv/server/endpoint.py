@@ -33,13 +33,20 @@ from openenv.protocol import CloseCode, ErrorCode
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
 from openenv.server.leaving import ChannelLeft
 from openenv.server.mux import MuxConnection
+from openenv.server.security import route_path
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import OPEN
 from openenv.server.sessions import Session, SessionState
 
-__all__ = ["SUBPROTOCOL", "Connection", "SessionEndpoint"]
+__all__ = ["PAGE_READS", "SUBPROTOCOL", "Connection", "SessionEndpoint"]
 
 SUBPROTOCOL = "openenv"
+# What the web page asks of its session by itself, never at its player's
+# word: whether the session is open yet (a list_tools, while it waits in the
+# admission queue) and the state panel (after each reset and step). A
+# recording (record=) leaves them out of /web/ws sessions: a list_tools before
+# the first reset read back as an episode of its own.
+PAGE_READS = frozenset({"list_tools", "state"})
 
 logger = logging.getLogger("openenv.server")
 
@@ -73,6 +80,8 @@ class SessionEndpoint:
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return
+        if route_path(scope) == "/web/ws":
+            session.unrecorded = PAGE_READS
         await _serve(service, Connection(websocket, session, service, receive, send, channel))
 
 

@@ -4,7 +4,8 @@ Each environment is a full ``create_app`` app mounted under its name, so it
 keeps its own session cap, threads and idle timeout, and every route of a
 one-environment server: ``/envs/{name}/ws``, ``/envs/{name}/health``,
 ``/envs/{name}/tasks``, ``/envs/{name}/mcp`` (with ``mcp=True``), ...
-``GET /envs`` lists them. OpenReward's SDK reaches them all from the root
+``GET /envs`` lists them, and ``GET /health`` sums up theirs
+(``server/multi_health.py``). OpenReward's SDK reaches them all from the root
 (``server/openreward.py``), each session under its environment's cap.
 """
 
@@ -24,6 +25,7 @@ from openenv.server.api_docs import add_docs_pages
 from openenv.server.app import create_app
 from openenv.server.catalog import splits_of, tool_names
 from openenv.server.config import ConcurrencyConfig
+from openenv.server.multi_health import health_routes
 from openenv.server.openreward import OpenRewardBridge
 from openenv.server.routes import head_of
 from openenv.server.security import AccessGuard, AnyGuard
@@ -117,6 +119,7 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
         routes=[
             listing,
             head_of(listing),  # as a one-environment server's /health (uptime monitors)
+            *health_routes(),  # where load balancers and HEALTHCHECKs look
             *(Mount(f"/envs/{name}", app=sub) for name, sub in apps.items()),
             *openreward_root,
             *openreward_env,
@@ -125,7 +128,7 @@ def create_multi_app(envs: Mapping[str, EnvSpec], *, title: str = "openenv") -> 
         docs_url=None,
         redoc_url=None,
     )
-    add_docs_pages(app)
+    add_docs_pages(app, keyed=any(s.state.openenv.settings.api_key for s in apps.values()))
     app.state.openenv_envs = {name: sub.state.openenv for name, sub in apps.items()}
     app.state.openenv_guards = bridge.guards
     # Only the mounts' own paths skip the root's check: another /envs/x/... path

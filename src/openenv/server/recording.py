@@ -11,6 +11,8 @@ one session, in the order the session saw them:
   client is recorded as the ``call_tool`` frame it would have been)
 - ``{"session": ID, "event": "closed", "at": T, "reason": "disconnect"}``
 
+The web page's own reads of its session (``endpoint.PAGE_READS``) are left out.
+
 Frames are embedded as they are, not decoded and encoded again, and lines go
 through a 64 KiB buffer, so recording costs a few microseconds per step.
 ``openenv.trajectories`` reads the files back as episodes, replays them

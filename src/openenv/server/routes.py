@@ -19,7 +19,7 @@ from openenv.server.simulation import environment_metadata, simulation_routes
 from openenv.server.webpage import asset, page
 from openenv.types import EnvironmentMetadata
 
-__all__ = ["SchemaResponse", "head_of", "routes", "web_routes"]
+__all__ = ["SchemaResponse", "head_of", "health_of", "routes", "web_routes"]
 
 
 class SchemaResponse(BaseModel):
@@ -35,7 +35,11 @@ def _service(request: Request) -> EnvService:
 
 async def health(request: Request) -> Health:
     """Liveness, and how many session slots are taken (in the whole server)."""
-    service = _service(request)
+    return health_of(_service(request))
+
+
+def health_of(service: EnvService) -> Health:
+    """What ``/health`` says of ``service``."""
     active, queued = service.registry.totals()
     problems = service.health_problems()
     status = "draining" if service.draining else "degraded" if problems else "healthy"

@@ -39,6 +39,7 @@ __all__ = [
     "HostAllowList",
     "host_name",
     "is_public",
+    "route_path",
 ]
 
 KEY_SUBPROTOCOL_PREFIX = "openenv.key."
@@ -153,7 +154,7 @@ class AccessGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        refusal = self.refusal(scope, _route_path(scope))
+        refusal = self.refusal(scope, route_path(scope))
         if refusal is not None:
             await _deny(scope, receive, send, *refusal)
             return
@@ -210,7 +211,7 @@ class AnyGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and not scope["path"].startswith(self.mounted):
-            path = _route_path(scope)
+            path = route_path(scope)
             refusals = [guard.refusal(scope, path) for guard in self.guards]
             if None not in refusals:
                 # 401 before 403: one that refused only the key would take the right one.
@@ -220,7 +221,7 @@ class AnyGuard:
         await self.app(scope, receive, send)
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The path within this app: under a ``Mount`` (``/envs/{name}``) Starlette
     keeps the full path in ``path`` and the mount point in ``root_path``."""
     path: str = scope["path"]

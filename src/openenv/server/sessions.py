@@ -48,6 +48,10 @@ class Session(SessionCore, DirectStepping):
     when it is no longer ``OPEN``, ``close_code`` says how to close.
     """
 
+    # Request types a recording leaves out: the web page's own reads, which
+    # its player never made (``endpoint.PAGE_READS``).
+    unrecorded: frozenset[str] = frozenset()
+
     def __init__(self, env: Environment[Any, Any, Any], service: SessionHost) -> None:
         SessionCore.__init__(self, env, service.action_cls, service.settings, service.metrics)
         self.busy = False
@@ -130,7 +134,11 @@ class Session(SessionCore, DirectStepping):
         finally:
             self.busy = False
             self.last_active = time.monotonic()
-            if recorder is not None and reply is not None:  # a close is its own event
+            if (
+                recorder is not None
+                and reply is not None  # a close is its own event
+                and (request is None or request.get("type") not in self.unrecorded)
+            ):
                 if frame is None:
                     frame = protocol.json_text(request)
                 recorder.call(self.id, started, frame, reply)
