@@ -74,7 +74,8 @@ from openenv.server.handoff_calls import (
     NotStarted,
     Receiver,
     SubmittedCall,
-    outcome,
+    Worker,
+    outcome_of,
     run,
 )
 
@@ -84,22 +85,6 @@ _monotonic = time.monotonic
 
 # How many quick calls in a row bring a session back from the slow lane.
 _SLOW_CREDITS = 16
-
-
-class _Worker:
-    __slots__ = ("batch", "current", "detached", "started", "thread", "wake")
-
-    def __init__(self, handoff: Handoff) -> None:
-        self.wake = threading.Lock()
-        self.wake.acquire()  # held = asleep; released by the loop to wake the worker
-        self.current: LaneTicket | None = None  # the ticket of the call it runs
-        self.batch: Batch | None = None  # the batch it takes its calls from
-        self.started = 0.0
-        self.detached = False  # left the fast lane while blocked; ends after its call
-        self.thread = threading.Thread(
-            target=handoff._work, args=(self,), name="openenv-env-fast", daemon=True
-        )
-        self.thread.start()
 
 
 class Handoff:
@@ -121,9 +106,9 @@ class Handoff:
         self._pending: deque[Call | Batch] = deque()
         self._home: Home | None = None  # the last caller's loop
         self._lock = threading.Lock()
-        self._workers: list[_Worker] = []
-        self._idle: list[_Worker] = []
-        self._active: list[_Worker] = []
+        self._workers: list[Worker] = []
+        self._idle: list[Worker] = []
+        self._active: list[Worker] = []
         self._kicking = False
         self._watching = False
         self._stopped = False
@@ -332,7 +317,7 @@ class Handoff:
         if self._idle:
             worker = self._idle.pop()
         elif len(self._workers) < self.max_threads and not self._stopped:
-            worker = _Worker(self)
+            worker = Worker(self._work)
             self._workers.append(worker)
         else:
             return  # every thread is busy; the watch keeps looking
@@ -396,7 +381,7 @@ class Handoff:
 
     # -- worker threads -----------------------------------------------------
 
-    def _work(self, worker: _Worker) -> None:
+    def _work(self, worker: Worker) -> None:
         pending = self._pending
         while True:
             if not worker.wake.acquire(timeout=self.idle_exit):
@@ -441,7 +426,7 @@ class Handoff:
                         self._detached -= 1
                     return
 
-    def _run_batch(self, worker: _Worker, batch: Batch) -> None:
+    def _run_batch(self, worker: Worker, batch: Batch) -> None:
         """Run a batch's calls until none is left (or this thread left the fast lane)."""
         batch.queued = False
         worker.batch = batch
@@ -458,8 +443,14 @@ class Handoff:
             # values for the moment it takes to start the next.
             worker.current = ticket
             worker.started = started = now
-            # A ticket closed after drop_queued looked: the call never runs.
-            ok, value = outcome(ticket, fn, args)
+            # outcome(), written out: a call less a step (a tenth of this loop's cost).
+            if ticket.closed:  # closed after drop_queued looked: the call never runs
+                ok, value = False, NotStarted(ENDED)
+            else:
+                try:
+                    ok, value = True, fn(*args)
+                except BaseException as exc:
+                    ok, value = outcome_of(exc)
             now = _monotonic()
             if now - started > slow_after:
                 ticket.slow = _SLOW_CREDITS

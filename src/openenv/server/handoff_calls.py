@@ -1,5 +1,6 @@
 """What travels through the thread hand-over (``server/handoff.py``): calls,
-batches, the tickets that say whose they are, and the way back to the loop.
+batches, the tickets that say whose they are, the way back to the loop, and
+the fast lane's threads that carry them.
 
 A call or a batch is made on the loop thread, run on a worker thread, and its
 outcome queued on its ``Home`` (the loop it came from), which the loop drains
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,7 +29,9 @@ __all__ = [
     "NotStarted",
     "Receiver",
     "SubmittedCall",
+    "Worker",
     "outcome",
+    "outcome_of",
     "run",
 ]
 
@@ -224,14 +228,37 @@ def outcome(
         return (False, NotStarted(ENDED))
     try:
         return (True, fn(*args, **kwargs))
-    except StopIteration as exc:  # a future cannot carry it, as in run_in_executor
+    except BaseException as exc:
+        return outcome_of(exc)
+
+
+def outcome_of(exc: BaseException) -> tuple[bool, Any]:
+    """``(False, error)`` for what a call raised: ``exc``, or what stands for it."""
+    if isinstance(exc, StopIteration):  # a future cannot carry it, as in run_in_executor
         return (False, RuntimeError(f"StopIteration: {exc}"))
-    except GeneratorExit as exc:
+    if isinstance(exc, GeneratorExit):
         # Nor this one: thrown into the awaiting coroutine, it closes every
         # coroutine awaiting it and surfaces in the outermost one (the
         # connection's task, MCP's task group), past every handler in between.
         error = RuntimeError(f"GeneratorExit: {exc}")
         error.__cause__ = exc
         return (False, error)
-    except BaseException as exc:  # handed to the awaiting coroutine
-        return (False, exc)
+    return (False, exc)  # handed to the awaiting coroutine
+
+
+class Worker:
+    """A thread of the fast lane, and what the watch reads of it."""
+
+    __slots__ = ("batch", "current", "detached", "started", "thread", "wake")
+
+    def __init__(self, work: Callable[[Worker], None]) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()  # held = asleep; released by the loop to wake the worker
+        self.current: LaneTicket | None = None  # the ticket of the call it runs
+        self.batch: Batch | None = None  # the batch it takes its calls from
+        self.started = 0.0
+        self.detached = False  # left the fast lane while blocked; ends after its call
+        self.thread = threading.Thread(
+            target=work, args=(self,), name="openenv-env-fast", daemon=True
+        )
+        self.thread.start()
