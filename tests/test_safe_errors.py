@@ -147,3 +147,25 @@ async def test_a_key_whose_name_is_percent_encoded_is_not_taken_past_the_log_fil
             escaped = KEY.replace("-", "%2D")
             assert (await http.get(f"{url}/schema?api_key={escaped}")).status_code == 200
     assert KEY not in "".join(capfd.readouterr())
+
+
+async def test_an_env_error_is_one_log_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Agents in training make the same mistake by the thousand: the log gets a
+    # line for each, as for any client's mistake, and keeps tracebacks for bugs.
+    with run_server(vault_app()) as url, caplog.at_level(logging.INFO, logger="openenv.server"):
+        async with client(url) as env:
+            await env.reset()
+            for _ in range(2):
+                with pytest.raises(EnvExecutionError):
+                    await env.step(Ping(message="safe"))
+            with pytest.raises(EnvExecutionError):
+                await env.step(Ping(message="secret"))
+    raised = [r for r in caplog.records if "step() raised" in r.getMessage()]
+    said = [r for r in raised if "that move is not allowed" in r.getMessage()]
+    assert [(r.levelno, r.exc_info) for r in said] == [(logging.INFO, None)] * 2
+    bugs = [r for r in raised if r not in said]
+    assert [r.levelno for r in bugs] == [logging.ERROR]
+    assert bugs[0].exc_info is not None
+    assert SECRET in str(bugs[0].exc_info[1])

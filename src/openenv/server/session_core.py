@@ -52,6 +52,7 @@ from pydantic import ValidationError
 
 from openenv import protocol
 from openenv.environment import Environment, server_method
+from openenv.errors import EnvError
 from openenv.protocol import CloseCode, ErrorCode, FrameError
 from openenv.server.calls import DeadlineExceeded
 from openenv.server.handoff import NotStarted
@@ -420,10 +421,15 @@ class SessionCore:
                 request_id,
                 fatal=True,
             )
+        text = failure_text(exc, self._settings.error_details)
+        if isinstance(exc, EnvError):
+            # The environment's own word to its client (a move not allowed, a game
+            # over): a line, as for any client's mistake, not a traceback per agent.
+            self.log.info("%s raised %s", name, text)
+            return EnvFailure(ErrorCode.EXECUTION_ERROR, f"{name} raised {text}", request_id)
         # The full text and traceback stay in the server log; the wire gets the
         # exception's type, and its message only if the environment marked it safe.
         self.log.error("%s raised", name, exc_info=exc)
-        text = failure_text(exc, self._settings.error_details)
         return EnvFailure(ErrorCode.EXECUTION_ERROR, f"{name} raised {text}", request_id)
 
     # -- refusals and the end --------------------------------------------------
