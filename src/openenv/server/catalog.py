@@ -5,12 +5,15 @@ session slot is taken to answer; except for OpenEnv's task API, written as
 instance methods, which is asked of an environment the app's factory makes
 (closed after), as OpenEnv's server does. Splits and tasks are user code (a
 ``list_tasks`` may read a dataset): they are asked on a worker thread, never
-on the event loop, so the sessions' steps go on meanwhile.
+on the event loop, so the sessions' steps go on meanwhile. One that raises
+is answered with a 500 naming the call (its message as the server's
+``error_details`` allows; the traceback in the server log).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -19,6 +22,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from openenv.protocol import SplitList, TaskPage, ToolList
+from openenv.server.redact import failure_text
 from openenv.server.service import EnvService
 from openenv.tasks import TaskSpec, unknown_split_message
 from openenv.tools import tools_of
@@ -26,6 +30,8 @@ from openenv.tools import tools_of
 __all__ = ["MAX_PAGE", "catalog_routes", "splits_of", "tasks_of", "tool_names"]
 
 MAX_PAGE = 1000  # tasks per page at most; a client pages through larger splits
+
+logger = logging.getLogger("openenv.server")
 
 
 async def splits_of(service: EnvService) -> list[str]:
@@ -44,6 +50,20 @@ async def tasks_of(service: EnvService, split: str) -> Sequence[Any]:
 
 
 def _task_call(service: EnvService, name: str, *args: Any) -> Any:
+    try:
+        return _call(service, name, *args)
+    except Exception as exc:
+        # Left to the server, it was a bare 500 that also dropped the connection.
+        raise _failed(service, f"{name}{args!r}".replace(",)", ")"), exc) from exc
+
+
+def _failed(service: EnvService, call: str, exc: Exception) -> HTTPException:
+    logger.exception("%s raised", call)
+    detail = f"the environment's {call} raised {failure_text(exc, service.settings.error_details)}"
+    return HTTPException(status_code=500, detail=detail)
+
+
+def _call(service: EnvService, name: str, *args: Any) -> Any:
     env_cls = service.env_cls
     assert env_cls is not None
     # OpenEnv's instance-method task API (openenv.core's TaskMethod) is asked of
@@ -57,7 +77,11 @@ def _task_call(service: EnvService, name: str, *args: Any) -> Any:
 def _page(service: EnvService, split: str, offset: int, limit: int) -> tuple[int, list[TaskSpec]]:
     # On a worker thread: a split may be a Sequence that makes its items on demand.
     every: Sequence[Any] = _task_call(service, "list_tasks", split)
-    return len(every), [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
+    try:
+        page = [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
+    except Exception as exc:  # a task that is no TaskSpec, or a lazy split that raised
+        raise _failed(service, f"list_tasks({split!r})[{offset}:{offset + limit}]", exc) from exc
+    return len(every), page
 
 
 def tool_names(service: EnvService) -> list[str]:
