@@ -88,7 +88,8 @@ def test_a_failing_task_listing_is_a_500_naming_the_call_on_a_connection_that_st
             answer = http.get("/tasks", params={"split": "train"})
             assert answer.status_code == 500
             detail = answer.json()["detail"]
-            assert call in detail and "RuntimeError" in detail
+            assert call in detail
+            assert "RuntimeError" in detail
             assert "hunter2" not in detail  # not an EnvError: its message stays in the log
         assert http.get("/health").status_code == 200
 
