@@ -1,10 +1,13 @@
 """An environment whose task listing fails (its factory, ``list_splits`` or
 ``list_tasks`` raises): ``/splits``, ``/tasks``, OpenReward's routes and
-``/envs`` answer with an error naming the call, and the connection stays up."""
+``/envs`` answer with an error naming the call, and the connection stays up; one whose
+listing hangs holds up only its own listings."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import threading
 from typing import Any
 
 import httpx
@@ -125,3 +128,45 @@ def test_one_environment_failing_to_list_its_splits_does_not_hide_the_others() -
         splits = {env["name"]: env["splits"] for env in answer.json()["envs"]}
         assert splits == {"broken": [], "fine": ["train"]}
         assert httpx.get(f"{url}/envs/broken/splits").status_code == 500
+
+
+class Stuck(Flaky):
+    """Its split listing hangs (a dataset on a dead network share) until ``gate`` opens."""
+
+    gate = threading.Event()
+    entered: list[int] = []
+
+    def list_splits(self) -> list[Any]:
+        Stuck.entered.append(1)
+        Stuck.gate.wait(60)
+        return ["train"]
+
+
+async def test_an_environment_whose_listing_hangs_holds_up_only_its_own() -> None:
+    # Each request for the stuck environment's splits held one of anyio's 40
+    # shared worker threads: past 40, no environment could list its splits.
+    app = create_multi_app(
+        {"stuck": EnvSpec(Stuck, Ask, Question), "fine": EnvSpec(Flaky, Ask, Question)}
+    )
+    arrived: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            arrived.append(scope["path"])
+        await app(scope, receive, send)
+
+    with run_server(counting) as url:
+        limits = httpx.Limits(max_connections=None)
+        async with httpx.AsyncClient(base_url=url, timeout=90, limits=limits) as http:
+            stuck = [asyncio.ensure_future(http.get("/envs/stuck/splits")) for _ in range(60)]
+            try:
+                deadline = asyncio.get_running_loop().time() + 30
+                while len(arrived) < len(stuck) or not Stuck.entered:
+                    assert asyncio.get_running_loop().time() < deadline, len(arrived)
+                    await asyncio.sleep(0.01)
+                answer = await asyncio.wait_for(http.get("/envs/fine/splits"), 20)
+                assert answer.json() == {"splits": ["train"]}
+            finally:
+                Stuck.gate.set()
+                answers = await asyncio.gather(*stuck)
+        assert {a.status_code for a in answers} == {200}
