@@ -21,6 +21,7 @@ from openenv import create_app as openenv_create_app
 from openenv.core.env_server import types as oe_types
 from openenv.core.env_server.http_server import create_app as core_create_app
 from openenv.core.env_server.interfaces import Environment as CoreEnvironment
+from openenv.runtime import RandomAgent, RunConfig, Runners, Task
 from openenv.testing import run_server
 
 
@@ -211,3 +212,60 @@ def test_schema_of_an_openenv_app_without_tools() -> None:
         assert answer.status_code == 200, answer.text
         mask = answer.json()["action"]["properties"]["mask"]
         assert permissive(mask)["x-python-type"] == "numpy.ndarray"
+
+
+# Such fields inside lists, dicts and unions: RandomAgent samples what the
+# server accepts (leaving them out, or another variant), and names a required one.
+class Brushes(Action):
+    model_config = ARBITRARY
+    size: int = 1
+    masks: list[np.ndarray] = []
+    layers: dict[str, np.ndarray] = {}
+    tint: np.ndarray | int = 0
+    stroke: Stroke | None = None
+
+
+class Needs(Action):
+    model_config = ARBITRARY
+    mask: np.ndarray
+
+
+class Brusher(Environment[Brushes, Canvas, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None) -> Canvas:
+        return Canvas()
+
+    def step(self, action: Brushes) -> Canvas:
+        return Canvas(brush=action.size)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class Needy(Brusher):
+    def step(self, action: Needs) -> Canvas:  # type: ignore[override]
+        return Canvas()
+
+
+def test_random_agent_samples_actions_the_server_accepts() -> None:
+    app = openenv_create_app(Brusher, Brushes, Canvas, max_concurrent_envs=4)
+    with run_server(app) as url:
+        tasks = [
+            Task(id=f"t{i}", env=url, agent=RandomAgent(seed=i), seed=i, max_steps=20)
+            for i in range(8)
+        ]
+        results = Runners.sync_run_task(tasks, RunConfig(progress=False))
+    assert all(r.ok and r.steps == 20 for r in results), [r.error for r in results]
+
+
+def test_random_agent_names_a_required_field_it_cannot_sample() -> None:
+    app = openenv_create_app(Needy, Needs, Canvas, max_concurrent_envs=1)
+    with run_server(app) as url:
+        [result] = Runners.sync_run_task(
+            [Task(id="t0", env=url, agent=RandomAgent(seed=0))], RunConfig(progress=False)
+        )
+    assert not result.ok
+    assert result.error is not None
+    assert "RandomAgent cannot sample mask: a numpy.ndarray" in result.error.message

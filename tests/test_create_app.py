@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import httpx
@@ -235,3 +236,32 @@ def test_openenvs_cap_variable_is_named_when_it_is_not_a_number(
     monkeypatch.setenv("MAX_CONCURRENT_ENVS", "3")
     app = openenv_create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo")
     assert app.state.openenv.concurrency.max_concurrent_envs == 3
+
+
+@pytest.mark.parametrize("raw", ["0", "-3"])
+def test_openenvs_cap_variable_is_named_when_it_is_below_one(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    # pydantic's message named the field (max_concurrent_envs), never set by anyone.
+    from openenv.core.env_server.http_server import create_app as openenv_create_app
+
+    monkeypatch.setenv("MAX_CONCURRENT_ENVS", raw)
+    with pytest.raises(ValueError, match=rf"^MAX_CONCURRENT_ENVS must be .+, not '{raw}'$"):
+        openenv_create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo")
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "said"),
+    [
+        ("OPENENV_API_KEY", " key with spaces around ", "$OPENENV_API_KEY must be printable"),
+        ("OPENENV_API_KEY", "clé", "$OPENENV_API_KEY must be printable"),
+        ("OPENENV_RECORD", __file__, f"$OPENENV_RECORD={__file__} is a file"),
+    ],
+)
+def test_a_bad_server_setting_variable_is_named_in_the_error(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str, said: str
+) -> None:
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(ValueError, match=re.escape(said)) as raised:
+        create_app(EchoEnvironment, EchoAction, EchoObservation)
+    assert "key with spaces" not in str(raised.value)  # a key, even a bad one, is a secret

@@ -53,6 +53,7 @@ class ServerView:
     up: bool = False  # answers, and takes sessions ("healthy" or "degraded")
     degraded: bool = False  # slowed (its loop was blocked lately): used when no other has room
     placed: int = 0  # sessions this pool holds there now
+    why: str = ""  # why it takes no session though it answers (no /ws of its own)
 
 
 class ServerPool:
@@ -161,7 +162,7 @@ class ServerPool:
             if not self._servers:  # the first look: nothing to go on until it answers
                 await self._refresh()
                 if not any(view.up for view in self._servers.values()):
-                    raise ConnectionFailedError(str(self), "no server answered on /health")
+                    raise ConnectionFailedError(str(self), self._none_answered())
             elif time.monotonic() - self._checked >= self.refresh:
                 self._refresh_soon()  # meanwhile, place by the pool's own count
             chosen = self._take()
@@ -192,6 +193,10 @@ class ServerPool:
                 await asyncio.sleep(min(_LOOK_AGAIN, left))
             finally:
                 self.waiting -= 1
+
+    def _none_answered(self) -> str:
+        reasons = [view.why for view in self._servers.values() if view.why]
+        return "; ".join(reasons) or "no server answered on /health"
 
     def refused(self, ws: str) -> None:
         """The server at ``ws`` was full after all: no room there until the next check."""
@@ -265,8 +270,12 @@ class ServerPool:
         for servers in found:
             for url, health in servers:
                 view = self._servers.get(url) or ServerView(url)
+                view.why = ""
                 if health is None:
                     view.up, view.free = False, 0
+                elif isinstance(health, protocol.MultiHealth):
+                    view.up, view.free = False, 0
+                    view.why = _several(url, health)
                 else:
                     view.up = health.status in _TAKES_SESSIONS
                     view.degraded = health.status == "degraded"
@@ -292,7 +301,8 @@ async def _describe(http: Any, url: str, bound: float) -> list[tuple[str, protoc
                 reply = protocol.MultiHealth.model_validate_json(health.content)
                 # The root of a server of several environments has no /ws of its own.
                 if "envs" not in reply.model_fields_set:
-                    return [(url, reply)]
+                    return [(url, protocol.Health.model_validate(reply.model_dump()))]
+                return [(url, reply)]
     except (httpx.HTTPError, OSError, ValueError):  # TimeoutError and ValidationError too
         pass
     return [(url, None)]
@@ -334,3 +344,12 @@ def as_pool(target: str | ServerPool) -> ServerPool | None:
             pool = _JOINED[target] = ServerPool.shared(parsed.urls, api_key=parsed.api_key)
         return pool
     return None
+
+
+def _several(url: str, health: protocol.MultiHealth) -> str:
+    """Why the root of a server of several environments takes no session."""
+    names = [f"{url}/envs/{name}" for name in health.envs] or [f"{url}/envs/NAME"]
+    return (
+        f"{url} is the root of a server of several environments, with no /ws of its "
+        f"own: give the pool an environment's URL ({', '.join(names)})"
+    )

@@ -13,6 +13,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import random
@@ -95,6 +96,10 @@ def sample_schema(schema: dict[str, Any], rng: random.Random) -> Any:
 _DEEP = 8
 
 
+class _Unsampleable(TypeError):
+    """A value no JSON can be: a field JSON Schema cannot describe (a ``numpy.ndarray``)."""
+
+
 class _Sampler:
     def __init__(self, root: dict[str, Any], rng: random.Random) -> None:
         self.root = root
@@ -109,6 +114,12 @@ class _Sampler:
                 return self.sample(self._resolve(schema["$ref"]), where)
             finally:
                 self.depth -= 1
+        if "x-python-type" in schema:  # openenv.json_schema's mark: JSON cannot be one
+            raise _Unsampleable(
+                f"RandomAgent cannot sample {where or 'the action'}: a "
+                f"{schema['x-python-type']}, which JSON Schema cannot describe; give it a "
+                f"default or write an agent for this environment"
+            )
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
@@ -118,7 +129,7 @@ class _Sampler:
                 variants = schema[key]
                 if self.depth > _DEEP:
                     variants = [v for v in variants if v.get("type") == "null"] or variants
-                return self.sample(rng.choice(variants), where)
+                return self._one_of(variants, where)
         if "allOf" in schema:
             merged: dict[str, Any] = {}
             for part in schema["allOf"]:
@@ -133,6 +144,18 @@ class _Sampler:
         if method is None:
             raise TypeError(f"RandomAgent cannot sample {where or 'the action'}: type {kind!r}")
         return method(schema, where)
+
+    def _one_of(self, variants: list[dict[str, Any]], where: str) -> Any:
+        chosen = self.rng.choice(variants)
+        try:
+            return self.sample(chosen, where)
+        except _Unsampleable:
+            # ``np.ndarray | None``: None, then, or whichever other variant can be.
+            for variant in variants:
+                if variant is not chosen:
+                    with contextlib.suppress(_Unsampleable):
+                        return self.sample(variant, where)
+            raise
 
     def _resolve(self, ref: str) -> dict[str, Any]:
         if not ref.startswith("#/"):
@@ -232,7 +255,13 @@ class _Sampler:
         items = schema.get("items", {})
         out = [self.sample(s, f"{where}[{i}]") for i, s in enumerate(prefix[:length])]
         if items is not False:
-            out += [self.sample(items, f"{where}[{i}]") for i in range(len(out), length)]
+            for i in range(len(out), length):
+                try:
+                    out.append(self.sample(items, f"{where}[{i}]"))
+                except _Unsampleable:
+                    if i < low:
+                        raise
+                    break  # as few items as it may have
         return out
 
     def _object(self, schema: dict[str, Any], where: str) -> dict[str, Any]:
@@ -240,11 +269,18 @@ class _Sampler:
         out: dict[str, Any] = {}
         for name, sub in schema.get("properties", {}).items():
             if name in required or (self.depth <= _DEEP and self.rng.random() < 0.5):
-                out[name] = self.sample(sub, f"{where}.{name}" if where else name)
+                try:
+                    out[name] = self.sample(sub, f"{where}.{name}" if where else name)
+                except _Unsampleable:
+                    if name in required:
+                        raise  # else left out: it has a default
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict) and not schema.get("properties"):
             for i in range(self.rng.randint(0, 3)):
-                out[f"key{i}"] = self.sample(extra, f"{where}.key{i}")
+                try:
+                    out[f"key{i}"] = self.sample(extra, f"{where}.key{i}")
+                except _Unsampleable:
+                    break  # no keys but those it could sample
         return out
 
 

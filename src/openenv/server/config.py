@@ -265,7 +265,8 @@ class ServerSettings(BaseModel):
         # Found at the first session instead, it stopped the server's start with
         # a raw FileExistsError from inside its lifespan.
         if record is not None and os.path.exists(record) and not os.path.isdir(record):
-            raise ValueError(f"{record} is a file; record sessions into a folder")
+            given = "$OPENENV_RECORD=" if _from_var("OPENENV_RECORD", record) else ""
+            raise ValueError(f"{given}{record} is a file; record sessions into a folder")
         return record
 
     @field_validator("api_key")
@@ -275,11 +276,18 @@ class ServerSettings(BaseModel):
         # ASCII, and the server strips what surrounds a header's value: any
         # other key could never be sent so that it matches.
         if key is not None and not (key.isascii() and key.isprintable() and key == key.strip()):
-            raise ValueError(
-                "the API key must be printable ASCII with no spaces around it "
-                "(clients send it in an HTTP header)"
+            given = "$OPENENV_API_KEY" if _from_var("OPENENV_API_KEY", key) else "the API key"
+            raise ValueError(  # never the key itself: a secret
+                f"{given} must be printable ASCII with no spaces around it "
+                f"(clients send it in an HTTP header)"
             )
         return key
+
+
+def _from_var(var: str, value: str) -> bool:
+    """Whether ``value`` is what ``$VAR`` holds: an error then names the variable,
+    which a deployment sets, not only the field, which it never wrote."""
+    return os.environ.get(var) == value
 
 
 def _env_list(name: str) -> tuple[str, ...]:

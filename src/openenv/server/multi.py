@@ -16,7 +16,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
 from starlette.routing import Mount
 
@@ -165,10 +165,18 @@ async def list_envs(request: Request) -> EnvListing:
                 metadata=service.metadata,
                 active_sessions=service.registry.totals()[0],
                 max_sessions=service.registry.max_sessions,
-                splits=await splits_of(service),
+                splits=await _splits_or_none(service),
                 tools=tool_names(service),
             )
             for name, service in services.items()
             if guards[name].refusal(request.scope, "/envs") is None
         ]
     )
+
+
+async def _splits_or_none(service: EnvService) -> list[str]:
+    # One environment whose list_splits raises (logged) must not hide the others.
+    try:
+        return await splits_of(service)
+    except HTTPException:
+        return []

@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from openenv.server import openreward_wire as wire
-from openenv.server.catalog import splits_of, tasks_of
+from openenv.server.catalog import in_thread, splits_of, tasks_of
 from openenv.server.http_bodies import route_body
 from openenv.server.service import EnvService
 from openenv.tasks import unknown_split_message
@@ -66,7 +65,7 @@ async def split_tasks(service: EnvService, split: str) -> Sequence[Any]:
 async def task_at(service: EnvService, split: str, index: int) -> Any:
     tasks = await split_tasks(service, split)
     # On a worker thread too: a split may be a Sequence that makes its items on demand.
-    return await run_in_threadpool(_task_json_at, tasks, split, index)
+    return await in_thread(service, _task_json_at, tasks, split, index)
 
 
 def _task_json_at(tasks: Sequence[Any], split: str, index: int) -> Any:

@@ -117,9 +117,13 @@ def _cap_from_env() -> int:
     """``$MAX_CONCURRENT_ENVS`` (OpenEnv's variable), else one session."""
     raw = os.environ.get("MAX_CONCURRENT_ENVS") or "1"
     try:
-        return int(raw)
+        cap = int(raw)
     except ValueError:
-        # int()'s own message named neither the variable nor what it wants.
+        cap = 0
+    if cap < 1:
+        # int()'s own message (or pydantic's, of a field) named neither the
+        # variable nor what it wants.
         raise ValueError(
-            f"MAX_CONCURRENT_ENVS must be a whole number of sessions, not {raw!r}"
-        ) from None
+            f"MAX_CONCURRENT_ENVS must be a whole number of sessions, 1 or more, not {raw!r}"
+        )
+    return cap
