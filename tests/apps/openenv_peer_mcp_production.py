@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 import httpx
+
 import openenv
 from openenv.core.env_server.types import Action
 from openenv.core.mcp_client import MCPToolClient

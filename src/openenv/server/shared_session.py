@@ -59,7 +59,10 @@ class SharedSession(Session):
                     f"the session has ended ({self._closing_because})",
                     request_id=request_id if isinstance(request_id, str | int) else None,
                 )
-            return await super().handle(frame, request)
+            reply = await super().handle(frame, request)
+            if reply is None:  # a close frame ends the WebSocket (which detaches), not this
+                self.state = SessionState.OPEN
+            return reply
 
     def abandon(self) -> None:
         super().abandon()
@@ -72,7 +75,7 @@ class SharedSession(Session):
             self.last_active = time.monotonic()  # idle from now, not from its last frame
             if not self.close_pending:
                 return
-            reason = "openenv_close"
+            reason = "client_close"  # over HTTP, while it was attached
         if self.state is SessionState.CLOSED:
             return
         self._closing_because = f"closed: {reason.replace('_', ' ')}"
