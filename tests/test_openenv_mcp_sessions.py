@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from servers import health, slots_free, until
+from servers import Tracker, health, slots_free, until
+from test_mcp import TrackedCounter
 from test_mcp_limits import INITIALIZE
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -328,3 +329,17 @@ async def test_a_failing_tool_is_a_json_rpc_error_and_the_session_goes_on() -> N
             submitted = await rpc(http, "tools/call", name="submit", session_id=sid)
             assert submitted["result"]["structuredContent"]["finished"] is True
             assert submitted["result"]["data"].startswith("wrong: the counter is")
+
+
+async def test_a_shutdown_closes_attached_and_detached_sessions() -> None:
+    TrackedCounter.tracker = Tracker()
+    with run_server(counter_app(env=TrackedCounter)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            await create(http)  # HTTP only
+            sid = await create(http)
+            ws = await connect(ws_url(url, sid))
+            await ask(ws, "reset")
+        # The server stops here, its WebSocket still attached.
+    await TrackedCounter.tracker.until_closed(2)
+    with pytest.raises(ConnectionClosed):
+        await ws.recv()
