@@ -17,7 +17,9 @@ instead: many sessions per connection, each of these messages tagged with its
 ``session``, many of them per frame (``openenv/protocol_v2.py`` defines it).
 
 The error and close codes (``openenv/protocol_errors.py``) and the HTTP
-routes' bodies (``openenv/protocol_http.py``) are re-exported from here.
+routes' bodies (``openenv/protocol_http.py``) are re-exported from here;
+OpenEnv's own ``/mcp`` session methods and ``/ws?session_id=`` are in
+``openenv/protocol_mcp_sessions.py``.
 
 >>> msg = parse_client_message('{"type": "step", "data": {"message": "hi"}, "id": 7}')
 >>> type(msg).__name__, msg.data, msg.id

@@ -41,7 +41,8 @@ def create_app(
     serves ``/health``, ``/metadata``, ``/schema``, ``/metrics``, what the
     environment offers (``/tools``, ``/splits``, ``/tasks``) and ``/web``, a
     page to play it by hand. With ``mcp=True`` MCP clients reach the tools at
-    ``/mcp``, one environment per MCP session. OpenReward's SDK drives it over
+    ``/mcp``, one environment per MCP session, and so does OpenEnv's own
+    ``MCPToolClient`` (``server/openenv_mcp.py``). OpenReward's SDK drives it over
     OpenReward's HTTP session protocol (``/create_session``, ``/create``,
     ``/call``, ...; ``server/openreward.py``), its sessions under the same cap.
 

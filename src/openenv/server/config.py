@@ -246,16 +246,18 @@ class ServerSettings(BaseModel):
         default=30.0,
         gt=0,
         description=(
-            "Seconds an MCP session may wait for its first tool call before its "
-            "environment is closed and its slot freed (later, session_timeout applies)."
+            "Seconds an MCP session may wait for its first tool call (an OpenEnv /mcp "
+            "session, for any request) before its environment is closed and its slot "
+            "freed (later, session_timeout applies)."
         ),
     )
     mcp_sessions_per_client: int | None = Field(
         default=None,
         ge=1,
         description=(
-            "MCP sessions one client address may hold at once; default: half the session "
-            "cap (at least 1), so no single address can take every slot."
+            "MCP sessions (OpenEnv's /mcp sessions too) one client address may hold at "
+            "once; default: half the session cap (at least 1), so no single address can "
+            "take every slot."
         ),
     )
 

@@ -24,12 +24,14 @@ import contextvars
 import logging
 from collections.abc import Coroutine
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from openenv import protocol, protocol_v2
 from openenv.protocol import CloseCode, ErrorCode
+from openenv.protocol_mcp_sessions import SESSION_QUERY
 from openenv.server.direct import DIRECT, NOTIFY, DirectChannel
 from openenv.server.leaving import ChannelLeft
 from openenv.server.mux import MuxConnection
@@ -74,15 +76,27 @@ class SessionEndpoint:
             await _serve(service, MuxConnection(websocket, service, receive, send, channel))
             return
         try:
-            session = await service.open_session(
-                ChannelLeft(channel) if channel is not None else None
-            )
+            if service.attach_session is not None and (sid := _attaching(scope)) is not None:
+                session = service.attach_session(sid)  # decided here, once: no cost per step
+            else:
+                session = await service.open_session(
+                    ChannelLeft(channel) if channel is not None else None
+                )
         except SessionRefused as refused:
             await _refuse(websocket, refused, service.settings.send_timeout)
             return
         if route_path(scope) == "/web/ws":
             session.unrecorded = PAGE_READS
         await _serve(service, Connection(websocket, session, service, receive, send, channel))
+
+
+def _attaching(scope: Scope) -> str | None:
+    """The session ``/ws?session_id=<id>`` attaches to (``None``: a new one)."""
+    query = scope.get("query_string", b"")
+    if not query:
+        return None
+    values = parse_qs(query.decode("latin-1"), keep_blank_values=True).get(SESSION_QUERY)
+    return values[-1] if values else None
 
 
 async def _serve(service: EnvService, connection: Connection | MuxConnection) -> None:

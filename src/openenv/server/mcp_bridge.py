@@ -52,16 +52,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from openenv import protocol
 from openenv.protocol import ErrorCode, FrameError
+from openenv.protocol_mcp_sessions import openenv_request
 from openenv.server import calls
 from openenv.server.http_bodies import BodyTooLarge, client_gone, read_body, replay
 from openenv.server.mcp_messages import (
     client_address,
-    foreign_session_call,
     is_initialize,
     opens_session,
     rpc_error,
     to_mcp,
 )
+from openenv.server.openenv_mcp import OpenEnvSessions
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.sessions import EnvFailure, Session, SessionState
 from openenv.tools import tools_of
@@ -79,7 +80,7 @@ _PLAY_AGAIN = (  # reset once, as it opened: the next episode is the next sessio
 def mcp_routes(service: EnvService) -> list[BaseRoute]:
     """The ``/mcp`` route of ``service``; its session manager runs in the app's lifespan."""
     bridge = McpBridge(service)
-    service.lifespan_hooks.append(bridge.running)
+    service.lifespan_hooks.extend((bridge.running, bridge.openenv.running))
     return [Route("/mcp", bridge, methods=["GET", "POST", "DELETE"])]
 
 
@@ -108,6 +109,9 @@ class McpBridge:
             1, service.concurrency.max_concurrent_envs // 2
         )
         self._per_client: Counter[str] = Counter()  # sessions held or being opened
+        self.openenv = OpenEnvSessions(  # OpenEnv's own /mcp sessions, beside MCP's
+            service, self._per_client, self.per_client, self.idle_timeout, self.open_timeout
+        )
         self.server: Server[Any] = Server(
             service.metadata.name,
             version=service.metadata.version or "",
@@ -167,8 +171,8 @@ class McpBridge:
         headers = Headers(scope=scope)
         sid = headers.get(MCP_SESSION_ID_HEADER)
         # OpenEnv's own client sends no session header: only such a body is looked into.
-        if sid is None and body and (refusal := foreign_session_call(body)) is not None:
-            await refusal(scope, receive, send)
+        if sid is None and body and (call := openenv_request(body)) is not None:
+            await self.openenv.serve(call, scope, receive, send)
             return
         if sid is None and opens_session(headers) and is_initialize(body):
             await self._open(manager, scope, raw, body, send)

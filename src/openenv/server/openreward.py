@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
-import hmac
 import logging
 import os
 import time
@@ -47,6 +45,7 @@ from openenv.server.http_bodies import client_gone
 from openenv.server.security import AccessGuard
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import SessionState
+from openenv.server.session_ids import EndedSessions, SessionIds
 from openenv.server.sessions import Session
 from openenv.tools import tools_of
 
@@ -61,7 +60,6 @@ DEFAULT_IDLE_TIMEOUT = 900.0
 _CALLS_KEPT = 4  # finished calls a session keeps for the SDK to resume a broken stream
 # Calls of one session running or waiting their turn: they outlive their requests.
 MAX_QUEUED_CALLS = 32
-_ENDED_KEPT = 10_000  # ended session ids remembered, to answer 410 rather than 404
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # /create resets once, with the session's task: the next episode is the next session's.
 _PLAY_AGAIN = (
@@ -120,8 +118,8 @@ class OpenRewardBridge:
             for name, s in self.services.items()
         }
         self.sessions: dict[str, _Entry] = {}
-        self.ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
-        self._secret = os.urandom(32)
+        self.ended = EndedSessions()  # to answer 410 rather than 404
+        self.ids = SessionIds()
         for name, service in self.services.items():
             service.lifespan_hooks.append(functools.partial(self._running, name))
             service.drain_hooks.append(functools.partial(self._drain, name))
@@ -259,27 +257,17 @@ class OpenRewardBridge:
 
     # -- sessions ----------------------------------------------------------------
 
-    def _new_sid(self) -> str:
-        token = os.urandom(16).hex()
-        return token + self._mac(token)
-
-    def _mac(self, token: str) -> str:
-        return hmac.new(self._secret, token.encode(), hashlib.sha256).hexdigest()[:16]
-
-    def _issued(self, sid: str) -> bool:
-        return len(sid) == 48 and hmac.compare_digest(sid[32:], self._mac(sid[:32]))
-
     async def create_session(self, request: Request) -> Response:
         """A new session id, as OpenReward's event stream: ``task_id`` then an empty ``end``."""
         self._check(request, None, "/create_session")
-        sid = self._new_sid()
+        sid = self.ids.new()
         body = wire.sse("task_id", sid) + wire.sse("end", "")
         return Response(body, media_type="text/event-stream", headers=_STREAM_HEADERS)
 
     async def create(self, request: Request) -> Response:
         """Open the session's environment (a slot, the factory, ``reset(task=...)``)."""
         sid = req.session_id(request)
-        if not self._issued(sid):
+        if not self.ids.issued(sid):
             req.fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
         if sid in self.sessions:
             req.fail(400, "Session already exists")
@@ -314,7 +302,7 @@ class OpenRewardBridge:
             await session.aclose("openreward_create_failed")
             raise
         self.sessions[sid] = entry
-        self.ended.pop(sid, None)
+        self.ended.forget(sid)
         if await request.is_disconnected():  # nobody will use or delete it
             await self._end(sid, "client_gone")
         return req.json_response({"sid": sid})
@@ -425,9 +413,7 @@ class OpenRewardBridge:
         entry = self.sessions.pop(sid, None)
         if entry is None:
             return
-        entry.ended = self.ended[sid] = reason.replace("_", " ")
-        while len(self.ended) > _ENDED_KEPT:
-            self.ended.popitem(last=False)
+        entry.ended = self.ended.add(sid, reason)
         try:
             await asyncio.wait_for(entry.lock.acquire(), wait)
         except TimeoutError:

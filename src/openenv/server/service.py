@@ -149,8 +149,13 @@ class EnvService:
         # Their sessions to end when a shutdown begins, beside /ws's (``drain``):
         # before the server waits for open responses, which their calls hold.
         self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
+        # ``/ws?session_id=``: the session an HTTP client opened, for a WebSocket to
+        # drive (OpenEnv's /mcp sessions, with mcp=True); raises SessionRefused.
+        self.attach_session: Callable[[str], Session] | None = None
 
-    async def open_session(self, left: ClientLeft | None = None) -> Session:
+    async def open_session(
+        self, left: ClientLeft | None = None, kind: type[Session] = Session
+    ) -> Session:
         """Reserve a slot (waiting in line up to ``queue_timeout``), make an environment.
 
         The one way in for every transport (``/ws``, ``/web/ws``, MCP, v2's
@@ -162,7 +167,7 @@ class EnvService:
                 factory failed; nothing is left holding a slot.
         """
         await self.admit(left)
-        return await self.make_session()
+        return await self.make_session(kind)
 
     async def admit(self, left: ClientLeft | None = None) -> None:
         """``open_session``'s first half: reserve a slot, or raise ``SessionRefused``.
@@ -205,7 +210,7 @@ class EnvService:
         self.metrics.errors[refused.code.value] += 1
         raise refused
 
-    async def make_session(self) -> Session:
+    async def make_session(self, kind: type[Session] = Session) -> Session:
         """``open_session``'s second half: the environment for a slot ``admit`` reserved.
 
         Raises ``SessionRefused`` (``FACTORY_ERROR``) when the factory fails
@@ -213,7 +218,7 @@ class EnvService:
         on its thread, freed once it returns).
         """
         try:
-            return Session(await self.create_env(), self)  # create_env frees its slot
+            return kind(await self.create_env(), self)  # create_env frees its slot
         except FactoryTimeout as exc:
             logger.error("%s", exc)
             message = f"could not create the environment: {exc}"
