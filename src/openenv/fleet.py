@@ -39,7 +39,8 @@ from typing import Any
 from openenv import protocol
 from openenv.fleet_directory import Directory
 from openenv.fleet_health import HealthChecks
-from openenv.fleet_replica import Replica, ReplicaView, load_problem
+from openenv.fleet_replica import SERVING, Replica, ReplicaView, load_problem
+from openenv.fleet_scaling import FleetScaling
 
 __all__ = ["Fleet", "ReplicaView"]
 
@@ -49,24 +50,15 @@ logger = logging.getLogger("openenv.fleet")
 _CHECK_TIMEOUT = 120.0
 # Seconds a replica's own drain may take (its sessions closed, its server stopped).
 _REPLICA_STOP_TIMEOUT = 60.0
-# The least time a replica is listed as draining before it is removed: a
-# ServerPool reads /replicas every second by default, so by then every pool
-# in use has seen it leave, and a session one of them placed there meanwhile
-# has shown up in the replica's health and kept it.
-_RETIRE_SECONDS = 2.0
 # A start past its allowance doubles the next start's, up to this many start_timeouts.
 _MOST_PATIENCE = 8
-
-
-# The statuses of a replica that takes sessions, in the order they are chosen.
-_SERVING = ("healthy", "degraded")
 
 
 def _free(view: ReplicaView) -> int:
     return view.max_sessions - view.active_sessions - view.queued_sessions
 
 
-class Fleet:
+class Fleet(FleetScaling):
     """Replicas of one environment across a Ray cluster, behind one directory address.
 
     >>> fleet = Fleet("envs/echo_env", replicas=2, max_replicas=4)
@@ -266,14 +258,14 @@ class Fleet:
         """The replicas that take sessions: "healthy" ones, then "degraded" ones
         (slowed, their loop blocked lately, but serving)."""
         views = self.views()
-        return [v for status in _SERVING for v in views if v.status == status]
+        return [v for status in SERVING for v in views if v.status == status]
 
     def place(self) -> str | None:
         """The replica with the most room, a healthy one if any has room, else a
         degraded one (its slot counted until the next look)."""
         with self._lock:
             views = [self._views[id(a)] for a in self._actors if id(a) in self._views]
-            for status in _SERVING:
+            for status in SERVING:
                 room = [v for v in views if v.status == status and _free(v) > 0]
                 if room:
                     best = max(room, key=_free)
@@ -294,27 +286,6 @@ class Fleet:
             self._actors.append(actor)
             self._allowed[id(actor)] = self._raised_allowance or self.start_timeout
 
-    def _retire(self) -> None:
-        """Begin removing a replica: listed as draining, it gets no new session
-        from the directory or a pool; ``_scale`` removes it once it has stayed
-        empty that way for a while, or keeps it if a session showed up there."""
-        with self._lock:
-            if len(self._actors) <= self.min_replicas:
-                return
-            actor = self._actors[-1]
-            view = self._views.get(id(actor))
-            self._retiring, self._retiring_since = actor, time.monotonic()
-            if view is not None and view.status in _SERVING:
-                self._retiring_reported, view.status = view.status, "draining"
-
-    def _keep(self) -> None:
-        """Call off a retirement: the replica takes sessions again."""
-        with self._lock:
-            actor, self._retiring = self._retiring, None
-            view = self._views.get(id(actor))
-            if view is not None and view.status == "draining":
-                view.status = self._retiring_reported
-
     def _remove(self, actor: Any) -> None:
         import ray
 
@@ -332,47 +303,6 @@ class Fleet:
         while not self._stopping.wait(self.interval):
             self._refresh()
             self._scale()
-
-    def _scale(self) -> None:
-        # A degraded replica serves: its sessions count (it is not removed as idle
-        # under them), and it is not a replica still on its way.
-        views = self.serving()
-        retiring = self._retiring
-        with self._lock:
-            count = len(self._actors)
-            leaving = self._views.get(id(retiring)) if retiring is not None else None
-        coming = count - len(views) - (retiring is not None)
-        slots = sum(v.max_sessions for v in views)
-        active = sum(v.active_sessions for v in views)
-        queued = sum(v.queued_sessions for v in views)
-        crowded = queued or (slots and active >= self.scale_up_at * slots)
-        now = time.monotonic()
-        if retiring is not None:
-            # A session placed there before it was listed as draining (by a pool
-            # that had not looked again yet) keeps it, as does a fleet that needs
-            # its room again: removing it would close sessions with 1001.
-            if crowded or (
-                leaving is not None and (leaving.active_sessions or leaving.queued_sessions)
-            ):
-                self._idle_since = None
-                self._keep()
-            elif now - self._retiring_since >= max(2 * self.interval, _RETIRE_SECONDS):
-                self._idle_since = now
-                self._remove(retiring)
-            return
-        # Not while a replica is on its way (starting, restarting, unreachable):
-        # its room is not counted yet, and adding one per interval until it shows
-        # up would overshoot to max_replicas on every burst.
-        if crowded and not coming and count < self.max_replicas:
-            self._idle_since = None
-            self._add()
-            return
-        if active or queued:
-            self._idle_since = None
-        elif self._idle_since is None:
-            self._idle_since = now
-        elif now - self._idle_since >= self.idle_seconds and count > self.min_replicas:
-            self._retire()
 
     def _refresh(self) -> None:
         """Ask every replica where it is (once, or again after a restart) and how full it is."""
@@ -441,7 +371,7 @@ class Fleet:
             self._unwell_since.pop(id(actor), None)
             self._allowed[id(actor)] = self.start_timeout
             view.status = health.status
-            if actor is self._retiring and health.status in _SERVING:
+            if actor is self._retiring and health.status in SERVING:
                 self._retiring_reported, view.status = health.status, "draining"
             view.active_sessions = health.active_sessions
             view.max_sessions = health.max_sessions

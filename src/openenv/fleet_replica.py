@@ -10,7 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Replica", "ReplicaView", "load_problem"]
+__all__ = ["SERVING", "Replica", "ReplicaView", "load_problem"]
+
+# The statuses of a replica that takes sessions, in the order they are chosen.
+SERVING = ("healthy", "degraded")
 
 
 @dataclass

@@ -5,7 +5,7 @@ long as the connection stays open. N worker processes share one listening
 socket and one session cap: ``--max-sessions`` (``OPENENV_MAX_CONCURRENT_ENVS``)
 counts the sessions of every worker together, so a client gets a session
 while the server has room, whichever worker the kernel hands it to. A worker
-that dies is replaced and its slots are freed (``server/slots.py``).
+that dies is replaced and its slots are freed (``server/slot_board.py``).
 """
 
 from __future__ import annotations

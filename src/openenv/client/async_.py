@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -24,12 +24,11 @@ from openenv.client._base import (
     ws_url,
 )
 from openenv.client.loop_aware import abandoned, close_when_dropped, cut, loop_aware
+from openenv.client.placement import PoolPlacement
 from openenv.client.pool import ServerPool, as_pool
 from openenv.client.sockets import close_by, closed_error, deadline_in, open_socket
 from openenv.client.sync import run_sync
 from openenv.errors import (
-    AuthenticationError,
-    ConnectionFailedError,
     EnvTimeoutError,
     SessionClosedError,
     shown_url,
@@ -45,14 +44,11 @@ if TYPE_CHECKING:
 
 __all__ = ["EnvClient", "WebSocketEnvClient"]
 
-# Servers a new session may fail to reach, or lose (gone before replying), before
-# the error is the caller's.
-_ATTEMPTS = 8
 # "Not given" for options where None already means "off".
 _UNSET: Any = object()
 
 
-class EnvClient(ClientCore[ActT, ObsT, StateT]):
+class EnvClient(ClientCore[ActT, ObsT, StateT], PoolPlacement):
     """A typed client for one environment session, async or blocking.
 
     Subclass it with your models as generic arguments; replies are parsed
@@ -200,29 +196,6 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 # (a new asyncio.run once the server is up) and must be let in.
                 self.home_loop = None
 
-    async def _open_connection(self) -> None:
-        self._owed = 0  # a new connection owes no reply
-        if self.pool is None:
-            self._ws = await self._opened(self.url)
-            return
-        failed = 0
-        while True:
-            self.url, self._placed = await self.pool.place(), True
-            try:
-                self._ws = await self._opened(self.url)
-            except AuthenticationError:
-                self._unplace(self.pool.failed)
-                raise
-            except ConnectionFailedError:
-                self._unplace(self.pool.failed)  # the pool tries the next server
-                # A server whose /health answers but whose /ws never does (a proxy
-                # without WebSockets) is back in the pool at its next health check.
-                failed += 1
-                if failed >= _ATTEMPTS:
-                    raise
-            else:
-                return
-
     async def _opened(self, url: str) -> ClientConnection:
         ws = await self._open(url)
         if self._closed:  # close() came while the handshake ran: nobody will use it
@@ -239,11 +212,6 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
 
     async def _open(self, url: str) -> ClientConnection:
         return await open_socket(url, self.connect_timeout, self._connect_options)
-
-    def _unplace(self, outcome: Callable[[str], None]) -> None:
-        if self._placed:
-            self._placed = False
-            outcome(self.url)
 
     @loop_aware
     async def reset(
@@ -384,42 +352,6 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
         self.on_exchange(frame, reply, started)
         return reply
 
-    async def _placed_request(self, kind: str, frame: str) -> str | bytes:
-        if self._admitted:
-            return await self._exchange(kind, frame)
-        assert self.pool is not None
-        # The first request on a pool's server: a refusal for capacity (or a
-        # server gone before answering) means no session was made there, so
-        # the same request goes to the next server the pool chooses.
-        deadline = time.monotonic() + self.pool.wait
-        lost = 0
-        while True:
-            try:
-                reply = await self._exchange(kind, frame)
-            except SessionClosedError:
-                lost += 1
-                if lost >= _ATTEMPTS:
-                    raise
-                outcome = self.pool.failed
-            else:
-                refusal = _refusal(reply)
-                if refusal is None:
-                    self._admitted = True
-                    return reply
-                if refusal == "draining":  # shutting down: as a server gone
-                    lost += 1
-                    if lost >= _ATTEMPTS:
-                        return reply  # raises SessionError where it is decoded
-                    outcome = self.pool.failed
-                elif time.monotonic() > deadline:
-                    return reply  # raises CapacityError where it is decoded
-                else:
-                    outcome = self.pool.refused
-            self._unplace(outcome)
-            ws, self._ws = self._ws, None
-            if ws is not None:
-                await ws.close()
-
     async def _exchange(self, kind: str, frame: str) -> str | bytes:
         await self._connect()
         ws = self._ws
@@ -464,20 +396,6 @@ class EnvClient(ClientCore[ActT, ObsT, StateT]):
                 return await self._reply(ws)
         except (ConnectionClosed, TimeoutError):
             raise closed_error(exc) from None
-
-
-def _refusal(reply: str | bytes) -> Literal["full", "draining"] | None:
-    """Whether ``reply`` refused to open a session on its server, which a pool then
-    places on another: the server is full, or is shutting down (``draining``)."""
-    # A cheap look first: only a refusal names these, and it is rare.
-    text = reply if isinstance(reply, bytes) else reply.encode()
-    if b"CAPACITY_REACHED" not in text and b'"draining"' not in text:
-        return None
-    data = protocol.decode_frame(reply)
-    error = (data.get("data") or {}) if data.get("type") == "error" else {}
-    if error.get("code") == protocol.ErrorCode.CAPACITY_REACHED.value:
-        return "full"
-    return "draining" if error.get("draining") is True else None
 
 
 class WebSocketEnvClient(EnvClient[Action, Observation, State]):

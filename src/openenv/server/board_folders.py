@@ -1,7 +1,7 @@
 """Where ``openenv serve --workers N`` keeps its slot board, and removing those left behind.
 
 The supervisor removes its board's folder as it ends, and workers it left
-behind remove it as the last of them stops (``slots.remove_if_unused``). A
+behind remove it as the last of them stops (``slot_board.remove_if_unused``). A
 server killed all at once (SIGKILL to its process group, the OOM killer, a
 container's hard stop with ``/dev/shm`` mounted from the host) leaves it: no
 later server uses it, but they pile up in memory. So each folder's name says

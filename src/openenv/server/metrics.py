@@ -7,7 +7,7 @@ numbers become Prometheus metric families when ``/metrics`` is scraped.
 Each app has its own registry, so several apps in one process (tests, a
 multi-environment server) never mix their numbers. Under ``--workers N``
 each worker publishes its counters on the shared board once a second and a
-scrape of any worker adds them all up (``server/slots.py``).
+scrape of any worker adds them all up (``server/slot_board.py``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Metrics:
             "step_counts": self.step_seconds.counts,
             "step_sum": self.step_seconds.sum,
             "errors": dict(self.errors),
-            # Gauges describe live workers: a dead one's are dropped (slots.py).
+            # Gauges describe live workers: a dead one's are dropped (slot_board.py).
             "gauges": {"v2_paused": self.count_v2_paused()},
         }
 

@@ -9,9 +9,9 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from openenv.environment import Environment
 from openenv.errors import ServerSideError
@@ -26,6 +26,7 @@ from openenv.server.leaving import ClientLeft, acquire_unless_left
 from openenv.server.metrics import Metrics
 from openenv.server.recording import Recorder
 from openenv.server.redact import failure_text
+from openenv.server.served import Served, ServedConnections
 from openenv.server.sessions import Session
 from openenv.server.slots import SessionRegistry, SlotBoard
 from openenv.server.watchdog import LoopWatchdog
@@ -38,41 +39,12 @@ logger = logging.getLogger("openenv.server")
 
 # How stale another worker's counters may be in a /metrics scrape under --workers.
 METRICS_PUBLISH_SECONDS = 1.0
-# After a shutdown's deadline aborts the sessions left, how long their tasks
-# get to unwind (free slots, close idle environments) before the next try.
-_ABORT_GRACE = 1.0
 # A loop blocked this long is logged; /health says "degraded" for a while after.
 LOOP_BLOCK_WARNING = 1.0
 
 
 # The services running in this process, for a graceful shutdown to drain.
 LIVE_SERVICES: weakref.WeakSet[EnvService] = weakref.WeakSet()
-
-
-class Served(Protocol):
-    """What the service asks of a connection it serves (v1's one session, v2's many)."""
-
-    closed: asyncio.Future[None]  # done once every session of it is closed
-
-    @property
-    def sends(self) -> int:
-        """Counts each send's start and its end: odd while a send waits on the
-        peer, and the same odd number at two sweeps means the same send waits."""
-
-    async def expire(self, reason: str) -> None:
-        """End every session (a shutdown): close frames, environments closed."""
-
-    def abort(self) -> None:
-        """Drop the connection now; its task frees the slots."""
-
-    def stall(self) -> None:
-        """A send has waited past ``send_timeout``: abort the connection."""
-
-    def idle_closings(self, deadline: float) -> list[Coroutine[Any, Any, None]]:
-        """Closings of the sessions idle since before ``deadline`` (``time.monotonic``)."""
-
-    def describe(self, task: asyncio.Task[Any]) -> str | None:
-        """Which session ``task`` serves, if it is one of this connection's."""
 
 
 class FactoryTimeout(ServerSideError):
@@ -92,7 +64,7 @@ class SessionRefused(ServerSideError):
         self.details = details
 
 
-class EnvService:
+class EnvService(ServedConnections):
     """Everything the routes of one environment share; lives on ``app.state.openenv``."""
 
     def __init__(
@@ -384,100 +356,14 @@ class EnvService:
                 return described
         return f"task {task.get_name()}"
 
-    async def drain(self) -> None:
-        """Refuse new sessions and steps, end every open one (close code 1001), close
-        their environments.
-
-        Bounded by ``shutdown_timeout``: steps that have not started never do;
-        past the deadline every connection left is aborted and its slot freed, and
-        an environment stuck in a blocking call is left behind (and logged)
-        without ``close()`` rather than holding the shutdown.
-        """
-        loop = asyncio.get_running_loop()
-        if loop in self._serving:
-            self._serving[loop] = True
-            self.registry.turn_away(loop)  # those in line are refused now, not at their timeout
-        await asyncio.gather(self._drain_connections(loop), *(h() for h in self.drain_hooks))
-
-    async def _drain_connections(self, loop: asyncio.AbstractEventLoop) -> None:
-        connections = self._served_here(loop)
-        if not connections:
-            return
-        expiring = [asyncio.ensure_future(c.expire("shutdown")) for c in connections]
-        closed = [c.closed for c in connections]
-        timeout = self.settings.shutdown_timeout
-        _, pending = await asyncio.wait([*expiring, *closed], timeout=timeout)
-        for task in expiring:
-            task.cancel()
-        if not pending:
-            return
-        left = [c for c in connections if not c.closed.done()]
-        logger.error("%d session(s) still open after %ss; aborting them", len(left), timeout)
-        for _ in range(3):  # a task may await again as it unwinds: cancel it again
-            for connection in left:
-                connection.abort()
-            await asyncio.wait([c.closed for c in left], timeout=_ABORT_GRACE)
-            left = [c for c in left if not c.closed.done()]
-            if not left:
-                return
-        logger.error("%d session(s) would not end; shutting down without them", len(left))
-
     async def _publish_metrics(self, board: SlotBoard) -> None:
         while True:
             board.publish(self.metrics.numbers())
             await asyncio.sleep(METRICS_PUBLISH_SECONDS)
 
-    async def _abort_stalled_sends(self, limit: float) -> None:
-        """Stall every connection whose reply has waited on its client past ``limit``.
-
-        One sweep for all connections, rather than a timer around every reply;
-        a connection counts its sends (``Served.sends``) instead of reading a
-        clock for each. So a send is timed from the first sweep that saw it:
-        stalled after ``limit`` to ``limit + interval``.
-        """
-        interval = min(max(limit / 4, 0.05), 1.0)
-        loop = asyncio.get_running_loop()
-        waiting: dict[Served, tuple[int, float]] = {}  # a send in progress, first seen
-        while True:
-            await asyncio.sleep(interval)
-            now = loop.time()
-            still: dict[Served, tuple[int, float]] = {}
-            for connection in self._served_here(loop):
-                sends = connection.sends
-                if not sends & 1:
-                    continue
-                seen = waiting.get(connection)
-                since = seen[1] if seen is not None and seen[0] == sends else now
-                if now - since >= limit:
-                    connection.stall()
-                else:
-                    still[connection] = (sends, since)
-            waiting = still
-
-    async def _reap_idle(self, idle_limit: float) -> None:
-        interval = self.settings.reap_interval or min(max(idle_limit / 4, 0.01), 5.0)
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            deadline = time.monotonic() - idle_limit
-            for connection in self._served_here(loop):
-                # Each on its own: a client that does not read its close frame
-                # (bounded by send_timeout) must not hold up the next sweep.
-                for closing in connection.idle_closings(deadline):
-                    self._spawn(closing)
-
     def _v2_paused(self) -> int:
         """The v2 connections not read until their replies go out (a v1 one has no ``paused``)."""
         return sum(1 for c in list(self.connections) if getattr(c, "paused", False))
-
-    def _served_here(self, loop: asyncio.AbstractEventLoop) -> list[Served]:
-        """The connections of the server running ``loop`` (usually all of them)."""
-        return [c for c in self.connections if c.closed.get_loop() is loop]
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(_discard_logged(self._background))
 
 
 def _shutting_down() -> SessionRefused:
@@ -487,15 +373,6 @@ def _shutting_down() -> SessionRefused:
         CloseCode.GOING_AWAY,
         draining=True,  # pools place the session on another server
     )
-
-
-def _discard_logged(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
-    def done(task: asyncio.Task[None]) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            logger.error("closing a session failed", exc_info=exc)
-
-    return done
 
 
 def _default_metadata(
