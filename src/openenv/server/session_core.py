@@ -198,35 +198,22 @@ class SessionCore:
             return self.refusal(exc)
 
     def step_call(
-        self,
-        data: Any,
-        request_id: protocol.RequestId | None,
-        again: Call | None = None,
-        started: float | None = None,
+        self, data: Any, request_id: protocol.RequestId | None, started: float | None = None
     ) -> Call:
         """The call of a step with action ``data``; ``FrameError`` if it is no action.
 
-        For a caller that plans a step of many sessions at once (a v2 batch):
-        ``again`` is a step call of this session that has finished, planned
-        anew rather than a new one made (nothing may hold on to it any more),
-        and ``started`` when the batch's steps were planned (``time.perf_counter``).
+        ``started``: when a caller that plans the steps of many sessions at once
+        (a v2 batch) planned them (``time.perf_counter``), else now.
         """
         try:
             action = self._validate_action(data)
         except ValidationError as exc:
             raise protocol.validation_frame_error(exc, "action", request_id) from None
-        if again is None:
-            call = Call(
-                _STEP, "step()", self.env_step, (action,), request_id, self._settings.step_timeout
-            )
-        else:
-            call = again
-            call.args = (action,)
-            call.request_id = request_id
+        call = Call(
+            _STEP, "step()", self.env_step, (action,), request_id, self._settings.step_timeout
+        )
         if started is not None:
             call.started = started
-        elif again is not None:
-            call.started = time.perf_counter()
         return call
 
     def _plan(self, message: protocol.ClientMessage) -> Call | str | None:
