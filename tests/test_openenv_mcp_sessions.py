@@ -18,6 +18,7 @@ from mcp import Client
 from servers import Tracker, health, slots_free, until
 from test_mcp import TrackedCounter
 from test_mcp_limits import INITIALIZE
+from test_shutdown import graceful
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -343,3 +344,95 @@ async def test_a_shutdown_closes_attached_and_detached_sessions() -> None:
     await TrackedCounter.tracker.until_closed(2)
     with pytest.raises(ConnectionClosed):
         await ws.recv()
+
+
+class Stuck(TrackedCounter):
+    """A counter whose ``block`` tool blocks its thread until the test releases it."""
+
+    release = threading.Event()
+    returned = threading.Event()
+    running: list[int] = []
+
+    @tool
+    def block(self) -> int:
+        """Block until released."""
+        Stuck.running.append(1)
+        Stuck.release.wait(60)
+        Stuck.returned.set()
+        return 1
+
+
+def stuck_app(**settings: Any) -> Any:
+    Stuck.release.clear()
+    Stuck.returned.clear()
+    Stuck.running.clear()
+    TrackedCounter.tracker = Tracker()
+    return counter_app(env=Stuck, **settings)
+
+
+async def test_a_tool_call_past_step_timeout_is_answered_at_once_and_its_websocket_told() -> None:
+    """The TIMEOUT reply waited for the blocking call to return (for ever, for one
+    that never does), and the attached WebSocket's next step had its connection
+    dropped with no frame and no close code."""
+    try:
+        with run_server(stuck_app(step_timeout=0.2)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                sid = await create(http)
+                async with connect(ws_url(url, sid)) as ws:
+                    await ask(ws, "reset")
+                    timed_out = await rpc(http, "tools/call", name="block", session_id=sid)
+                    assert not Stuck.returned.is_set()  # answered while the call still runs
+                    assert timed_out["error"]["data"] == {"code": "TIMEOUT", "fatal": True}
+                    ended = await ask(ws, "step", {"amount": 1})
+                    assert ended["data"] == {
+                        "code": "SESSION_ERROR",
+                        "message": "the session has ended (closed: fatal error)",
+                    }
+                    with pytest.raises(ConnectionClosed):
+                        await ws.recv()
+                    assert ws.close_code == 1011
+                gone = await rpc(http, "tools/list", session_id=sid)
+                assert "has ended (fatal error)" in gone["error"]["message"]
+                error, code = await refused(ws_url(url, sid))
+                assert "has ended (fatal error)" in error["data"]["message"]
+                assert code == 1008
+                assert (await health(url))["active_sessions"] == 1  # until the thread returns
+                Stuck.release.set()
+                await slots_free(url)
+                await TrackedCounter.tracker.until_closed(1)  # close() after the call, not beside
+    finally:
+        Stuck.release.set()
+
+
+async def test_a_shutdown_answers_tool_calls_still_running_past_shutdown_timeout() -> None:
+    """A blocking tool call in flight held ``openenv serve``'s shutdown for as
+    long as it ran (for ever, for one that never returns): the drain waited for it
+    without a deadline, and its open response held uvicorn's."""
+    try:
+        with graceful(stuck_app(shutdown_timeout=0.5)) as (url, server):
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                idle = await create(http)
+                detached, attached = await create(http), await create(http)
+                ws = await connect(ws_url(url, attached))
+                await ask(ws, "reset")
+                calls = [
+                    asyncio.create_task(rpc(http, "tools/call", name="block", session_id=sid))
+                    for sid in (detached, attached)
+                ]
+
+                async def both_running() -> bool:
+                    return len(Stuck.running) == 2
+
+                await until(both_running, what="both calls on their threads")
+                server.should_exit = True
+                answered = await asyncio.gather(*calls)
+            assert idle
+            for reply in answered:
+                assert reply["error"]["message"] == (
+                    "[SESSION_ERROR] the session has ended (shutdown)"
+                )
+            assert not Stuck.returned.is_set()
+        # The idle session's environment was closed; those in a call were given up.
+        assert len(TrackedCounter.tracker.closed) == 1
+    finally:
+        Stuck.release.set()
