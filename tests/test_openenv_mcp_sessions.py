@@ -436,3 +436,17 @@ async def test_a_shutdown_answers_tool_calls_still_running_past_shutdown_timeout
         assert len(TrackedCounter.tracker.closed) == 1
     finally:
         Stuck.release.set()
+
+
+async def test_a_session_id_never_reaches_uvicorns_logs(capfd: pytest.CaptureFixture[str]) -> None:
+    """The id is the one key to its session (whoever has it may attach, call its
+    tools, close it), and uvicorn logged ``/ws?session_id=<id>`` whole."""
+    with run_server(counter_app(), log_level="info", access_log=True) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            sid = await create(http)
+            async with connect(ws_url(url, sid)) as ws:
+                await ask(ws, "reset")
+            await rpc(http, "openenv/session/close", session_id=sid)
+    logged = "".join(capfd.readouterr())
+    assert '"WebSocket /ws?session_id=***" [accepted]' in logged
+    assert sid not in logged

@@ -7,8 +7,9 @@ exception's type, and its message only when the environment raised an
 keeps the full text and traceback.
 
 uvicorn writes each request's path and query to its logs, and a browser
-passes the API key as ``?api_key=``: ``redact_api_keys`` installs a filter on
-uvicorn's loggers that blanks it out.
+passes the API key as ``?api_key=``, OpenEnv's client a session's id (the one
+key to that session) as ``/ws?session_id=``: ``redact_api_keys`` installs a
+filter on uvicorn's loggers that blanks both out.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ import logging
 import re
 
 from openenv.errors import EnvError
+from openenv.protocol_mcp_sessions import SESSION_QUERY
 
 __all__ = ["ApiKeyFilter", "failure_text", "redact_api_keys"]
 
 # uvicorn's request lines (access log) and WebSocket handshakes (error log, INFO).
 _LOGGERS = ("uvicorn.access", "uvicorn.error")
-# ``api_key=`` with any of its characters percent-encoded (``api%5Fkey=``) too:
-# the server takes only the plain name as a key, but a key sent under another
-# spelling is as secret.
-_NAME = "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in "api_key")
-_API_KEY = re.compile(rf"(?i)((?<!\w){_NAME}=)[^&#\s\"]*")
+# ``api_key=`` (and ``session_id=``) with any of its characters percent-encoded
+# (``api%5Fkey=``) too: the server takes only the plain name, but a key sent
+# under another spelling is as secret.
+_NAMES = "|".join(
+    "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in name)
+    for name in ("api_key", SESSION_QUERY)
+)
+_API_KEY = re.compile(rf"(?i)((?<!\w)(?:{_NAMES})=)[^&#\s\"]*")
 
 
 def failure_text(exc: BaseException, details: bool = False) -> str:
@@ -45,12 +50,15 @@ def failure_text(exc: BaseException, details: bool = False) -> str:
 
 
 class ApiKeyFilter(logging.Filter):
-    """Replaces the value of every ``api_key=`` in a log record's arguments with ``***``.
+    """Replaces the value of every ``api_key=`` and ``session_id=`` in a log
+    record's arguments with ``***``.
 
     >>> record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0,
     ...     '%s - "%s %s"', ("1.2.3.4:5", "GET", "/web?api_key=s3cret&x=1"), None)
     >>> ApiKeyFilter().filter(record), record.getMessage()
     (True, '1.2.3.4:5 - "GET /web?api_key=***&x=1"')
+    >>> _redacted("/ws?session_id=8d61a3&api_key=k")
+    '/ws?session_id=***&api_key=***'
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
