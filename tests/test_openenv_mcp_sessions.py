@@ -450,3 +450,27 @@ async def test_a_session_id_never_reaches_uvicorns_logs(capfd: pytest.CaptureFix
     logged = "".join(capfd.readouterr())
     assert '"WebSocket /ws?session_id=***" [accepted]' in logged
     assert sid not in logged
+
+
+async def test_run_server_answers_a_tool_call_still_running_past_shutdown_timeout() -> None:
+    """``run_server`` bounded only WebSocket sessions by ``shutdown_timeout``: a
+    blocking tool call in flight over HTTP held its exit, which raised
+    ``RuntimeError`` ten seconds past the deadline."""
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            with run_server(stuck_app(shutdown_timeout=0.5)) as url:
+                http.base_url = httpx.URL(url)
+                sid = await create(http)
+                call = asyncio.create_task(rpc(http, "tools/call", name="block", session_id=sid))
+
+                async def running() -> bool:
+                    return bool(Stuck.running)
+
+                await until(running, what="the call on its thread")
+            # The server has stopped (this loop was blocked meanwhile): its answer waits.
+            reply = await call
+        assert reply["error"]["message"] == "[SESSION_ERROR] the session has ended (shutdown)"
+        assert not Stuck.returned.is_set()
+        assert TrackedCounter.tracker.closed == []  # no close() beside the call
+    finally:
+        Stuck.release.set()
