@@ -474,3 +474,45 @@ async def test_run_server_answers_a_tool_call_still_running_past_shutdown_timeou
         assert TrackedCounter.tracker.closed == []  # no close() beside the call
     finally:
         Stuck.release.set()
+
+
+class SlowClose(TrackedCounter):
+    """A counter whose ``close()`` waits until the test lets it finish."""
+
+    closing = threading.Event()
+    finish = threading.Event()
+
+    def close(self) -> None:
+        SlowClose.closing.set()
+        SlowClose.finish.wait(30)
+        super().close()
+
+
+async def test_a_websocket_may_not_attach_to_a_session_being_closed() -> None:
+    """A session closed over HTTP while attached ends when its WebSocket leaves;
+    another WebSocket attaching meanwhile was let in, to a session whose close
+    was under way, and its frames waited behind that close."""
+    SlowClose.closing.clear()
+    SlowClose.finish.clear()
+    TrackedCounter.tracker = Tracker()
+    try:
+        with run_server(counter_app(env=SlowClose)) as url:
+            async with httpx.AsyncClient(base_url=url) as http:
+                sid = await create(http)
+                async with connect(ws_url(url, sid)) as first:
+                    await ask(first, "reset")
+                    closing = await rpc(http, "openenv/session/close", session_id=sid)
+                    assert closing["result"]["closing"] is True
+                await asyncio.to_thread(SlowClose.closing.wait, 10)  # its close() runs
+                # Refused at once (it was let in, and heard nothing until the close ended).
+                error, code = await asyncio.wait_for(refused(ws_url(url, sid)), 10)
+                assert error["data"] == {
+                    "code": "SESSION_ERROR",
+                    "message": f"session {sid!r} is closing; create a new one "
+                    f"(openenv/session/create)",
+                }
+                assert code == 1008
+                SlowClose.finish.set()
+                await slots_free(url)
+    finally:
+        SlowClose.finish.set()

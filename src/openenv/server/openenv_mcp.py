@@ -232,6 +232,12 @@ class OpenEnvSessions:
                 ErrorCode.SESSION_ERROR, self._unknown(sid), CloseCode.POLICY_VIOLATION
             )
         session = entry.session
+        if session.ending:  # closed while its last WebSocket left: not for another
+            raise SessionRefused(
+                ErrorCode.SESSION_ERROR,
+                f"session {sid[:64]!r} is closing; create a new one ({wire.CREATE})",
+                CloseCode.POLICY_VIOLATION,
+            )
         if session.attached:
             raise SessionRefused(
                 ErrorCode.SESSION_ERROR,

@@ -47,7 +47,7 @@ class SharedSession(Session):
         self.close_pending = False  # closed over HTTP while attached: ends when it leaves
         self.on_closed: Callable[[SharedSession, str], None] | None = None
         self._giving_up = False
-        self._ending = False  # aclose() has begun: every request is answered at once
+        self.ending = False  # its close has begun: every request is answered at once
 
     def _ended(self, request: dict[str, Any] | None) -> str:
         request_id = request.get("id") if request is not None else None
@@ -60,7 +60,7 @@ class SharedSession(Session):
     async def handle(
         self, frame: str | bytes | None, request: dict[str, Any] | None = None
     ) -> str | None:
-        if self._ending:  # not behind its close, which may wait for an overrunning call
+        if self.ending:  # not behind its close, which may wait for an overrunning call
             return self._ended(request)
         async with self.lock:
             if self.state is not SessionState.OPEN:  # it ended while this request waited
@@ -84,7 +84,7 @@ class SharedSession(Session):
             reason = "client_close"  # over HTTP, while it was attached
         if self.state is SessionState.CLOSED:
             return
-        self._ending = True
+        self.ending = True
         self._closing_because = f"closed: {reason.removeprefix('openenv_mcp_').replace('_', ' ')}"
         try:
             if self._giving_up:
