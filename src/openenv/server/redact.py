@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
+from typing import Any
 
 from openenv.errors import EnvError
 from openenv.protocol_mcp_sessions import SESSION_QUERY
 
-__all__ = ["ApiKeyFilter", "failure_text", "redact_api_keys"]
+__all__ = ["ApiKeyFilter", "failure_text", "log_failure", "redact_api_keys"]
 
 # uvicorn's request lines (access log) and WebSocket handshakes (error log, INFO).
 _LOGGERS = ("uvicorn.access", "uvicorn.error")
@@ -47,6 +48,18 @@ def failure_text(exc: BaseException, details: bool = False) -> str:
     if details or isinstance(exc, EnvError):
         return f"{name}: {exc}"
     return f"{name} (its message is in the server log; an EnvError message reaches clients)"
+
+
+def log_failure(
+    log: logging.Logger | logging.LoggerAdapter[Any], what: str, exc: BaseException
+) -> None:
+    """Log that ``what`` raised ``exc``: an ``EnvError``, the environment's word to
+    its client, as one INFO line (agents repeat a mistake by the thousand); any
+    other exception at ERROR, with its traceback."""
+    if isinstance(exc, EnvError):
+        log.info("%s raised %s", what, failure_text(exc))
+    else:
+        log.error("%s raised", what, exc_info=exc)
 
 
 class ApiKeyFilter(logging.Filter):
