@@ -8,6 +8,7 @@ storms past the cap, and the MCP SDK's own sessions beside these.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from servers import Tracker, health, slots_free, until
 from test_mcp import TrackedCounter
 from test_mcp_limits import INITIALIZE
@@ -516,3 +518,27 @@ async def test_a_websocket_may_not_attach_to_a_session_being_closed() -> None:
                 await slots_free(url)
     finally:
         SlowClose.finish.set()
+
+
+async def test_a_blocking_mcp_sdk_tool_call_does_not_hold_run_servers_exit() -> None:
+    """MCP's own sessions ended only once uvicorn had waited for every open
+    response, their calls' included: exiting ``run_server`` raised
+    ``RuntimeError`` ten seconds past ``shutdown_timeout``."""
+    stack = contextlib.ExitStack()
+    try:
+        url = stack.enter_context(run_server(stuck_app(shutdown_timeout=0.5)))
+        async with Client(f"{url}/mcp") as mcp:
+            call = asyncio.create_task(mcp.call_tool("block", {}))
+
+            async def running() -> bool:
+                return bool(Stuck.running)
+
+            await until(running, what="the call on its thread")
+            await asyncio.to_thread(stack.close)  # the server stops, the call unanswered
+            with pytest.raises(MCPError):
+                await call
+        assert not Stuck.returned.is_set()
+        assert TrackedCounter.tracker.closed == []  # no close() beside the call
+    finally:
+        Stuck.release.set()
+        stack.close()
