@@ -13,17 +13,25 @@ import signal
 import time
 from typing import Any, Literal
 
-from openenv import Action, Environment, Observation, State, TaskSpec
+from openenv import Action, EnvError, Environment, Observation, State, TaskSpec
 from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
 
 
 class Crash(Action):
-    how: Literal["no", "exit", "segfault", "kill", "raise", "hang", "unfit"] = "no"
+    how: Literal["no", "exit", "segfault", "kill", "raise", "hang", "unfit", "refuse"] = "no"
 
 
 class Sighting(Observation):
     pid: int
     steps: int = 0
+
+
+class Refused(EnvError):
+    """An error whose constructor takes what the message is made of, not the message."""
+
+    def __init__(self, move: str) -> None:
+        super().__init__(f"move {move!r} is not allowed")
+        self.move = move
 
 
 class Crashy(Environment[Crash, Sighting, State]):
@@ -49,6 +57,8 @@ class Crashy(Environment[Crash, Sighting, State]):
             time.sleep(3600)  # as stuck as C code that never returns
         if action.how == "raise":
             raise ValueError("asked to raise")
+        if action.how == "refuse":
+            raise Refused(action.how)
         if action.how == "unfit":
             return {"pid": os.getpid()}  # type: ignore[return-value]  # not an Observation
         self._state.step_count += 1

@@ -152,6 +152,26 @@ def test_state_and_errors_cross_the_process_boundary() -> None:
 
 
 @pytest.mark.parametrize("isolation", ["none", "process"])
+def test_an_env_errors_message_crosses_the_process_boundary_as_raised(isolation: str) -> None:
+    """Pickle rebuilt the exception by calling its class with its message, which an
+    ``EnvError`` whose ``__init__`` takes something else misread: the client got
+    "move "move 'refuse' is not allowed" is not allowed"."""
+    with run_server(app(isolation=isolation)) as url:
+
+        async def scenario() -> None:
+            async with CrashyClient(url) as env:
+                await env.reset()
+                with pytest.raises(EnvExecutionError) as refused:
+                    await env.step(Crash(how="refuse"))
+                assert refused.value.message == (
+                    "step() raised Refused: move 'refuse' is not allowed"
+                )
+                assert (await env.step(Crash())).observation.steps == 1  # it goes on
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
 def test_reset_arguments_are_checked_as_the_environments_own_reset_takes_them(
     isolation: str,
 ) -> None:

@@ -8,6 +8,7 @@ storms past the cap, and the MCP SDK's own sessions beside these.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from typing import Any
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from servers import Tracker, health, slots_free, until
 from test_mcp import TrackedCounter
 from test_mcp_limits import INITIALIZE
+from test_shutdown import graceful
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -343,3 +346,199 @@ async def test_a_shutdown_closes_attached_and_detached_sessions() -> None:
     await TrackedCounter.tracker.until_closed(2)
     with pytest.raises(ConnectionClosed):
         await ws.recv()
+
+
+class Stuck(TrackedCounter):
+    """A counter whose ``block`` tool blocks its thread until the test releases it."""
+
+    release = threading.Event()
+    returned = threading.Event()
+    running: list[int] = []
+
+    @tool
+    def block(self) -> int:
+        """Block until released."""
+        Stuck.running.append(1)
+        Stuck.release.wait(60)
+        Stuck.returned.set()
+        return 1
+
+
+def stuck_app(**settings: Any) -> Any:
+    Stuck.release.clear()
+    Stuck.returned.clear()
+    Stuck.running.clear()
+    TrackedCounter.tracker = Tracker()
+    return counter_app(env=Stuck, **settings)
+
+
+async def test_a_tool_call_past_step_timeout_is_answered_at_once_and_its_websocket_told() -> None:
+    """The TIMEOUT reply waited for the blocking call to return (for ever, for one
+    that never does), and the attached WebSocket's next step had its connection
+    dropped with no frame and no close code."""
+    try:
+        with run_server(stuck_app(step_timeout=0.2)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                sid = await create(http)
+                async with connect(ws_url(url, sid)) as ws:
+                    await ask(ws, "reset")
+                    timed_out = await rpc(http, "tools/call", name="block", session_id=sid)
+                    assert not Stuck.returned.is_set()  # answered while the call still runs
+                    assert timed_out["error"]["data"] == {"code": "TIMEOUT", "fatal": True}
+                    ended = await ask(ws, "step", {"amount": 1})
+                    assert ended["data"] == {
+                        "code": "SESSION_ERROR",
+                        "message": "the session has ended (closed: fatal error)",
+                    }
+                    with pytest.raises(ConnectionClosed):
+                        await ws.recv()
+                    assert ws.close_code == 1011
+                gone = await rpc(http, "tools/list", session_id=sid)
+                assert "has ended (fatal error)" in gone["error"]["message"]
+                error, code = await refused(ws_url(url, sid))
+                assert "has ended (fatal error)" in error["data"]["message"]
+                assert code == 1008
+                assert (await health(url))["active_sessions"] == 1  # until the thread returns
+                Stuck.release.set()
+                await slots_free(url)
+                await TrackedCounter.tracker.until_closed(1)  # close() after the call, not beside
+    finally:
+        Stuck.release.set()
+
+
+async def test_a_shutdown_answers_tool_calls_still_running_past_shutdown_timeout() -> None:
+    """A blocking tool call in flight held ``openenv serve``'s shutdown for as
+    long as it ran (for ever, for one that never returns): the drain waited for it
+    without a deadline, and its open response held uvicorn's."""
+    try:
+        with graceful(stuck_app(shutdown_timeout=0.5)) as (url, server):
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                idle = await create(http)
+                detached, attached = await create(http), await create(http)
+                ws = await connect(ws_url(url, attached))
+                await ask(ws, "reset")
+                calls = [
+                    asyncio.create_task(rpc(http, "tools/call", name="block", session_id=sid))
+                    for sid in (detached, attached)
+                ]
+
+                async def both_running() -> bool:
+                    return len(Stuck.running) == 2
+
+                await until(both_running, what="both calls on their threads")
+                server.should_exit = True
+                answered = await asyncio.gather(*calls)
+            assert idle
+            for reply in answered:
+                assert reply["error"]["message"] == (
+                    "[SESSION_ERROR] the session has ended (shutdown)"
+                )
+            assert not Stuck.returned.is_set()
+        # The idle session's environment was closed; those in a call were given up.
+        assert len(TrackedCounter.tracker.closed) == 1
+    finally:
+        Stuck.release.set()
+
+
+async def test_a_session_id_never_reaches_uvicorns_logs(capfd: pytest.CaptureFixture[str]) -> None:
+    """The id is the one key to its session (whoever has it may attach, call its
+    tools, close it), and uvicorn logged ``/ws?session_id=<id>`` whole."""
+    with run_server(counter_app(), log_level="info", access_log=True) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            sid = await create(http)
+            async with connect(ws_url(url, sid)) as ws:
+                await ask(ws, "reset")
+            await rpc(http, "openenv/session/close", session_id=sid)
+    logged = "".join(capfd.readouterr())
+    assert '"WebSocket /ws?session_id=***" [accepted]' in logged
+    assert sid not in logged
+
+
+async def test_run_server_answers_a_tool_call_still_running_past_shutdown_timeout() -> None:
+    """``run_server`` bounded only WebSocket sessions by ``shutdown_timeout``: a
+    blocking tool call in flight over HTTP held its exit, which raised
+    ``RuntimeError`` ten seconds past the deadline."""
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            with run_server(stuck_app(shutdown_timeout=0.5)) as url:
+                http.base_url = httpx.URL(url)
+                sid = await create(http)
+                call = asyncio.create_task(rpc(http, "tools/call", name="block", session_id=sid))
+
+                async def running() -> bool:
+                    return bool(Stuck.running)
+
+                await until(running, what="the call on its thread")
+            # The server has stopped (this loop was blocked meanwhile): its answer waits.
+            reply = await call
+        assert reply["error"]["message"] == "[SESSION_ERROR] the session has ended (shutdown)"
+        assert not Stuck.returned.is_set()
+        assert TrackedCounter.tracker.closed == []  # no close() beside the call
+    finally:
+        Stuck.release.set()
+
+
+class SlowClose(TrackedCounter):
+    """A counter whose ``close()`` waits until the test lets it finish."""
+
+    closing = threading.Event()
+    finish = threading.Event()
+
+    def close(self) -> None:
+        SlowClose.closing.set()
+        SlowClose.finish.wait(30)
+        super().close()
+
+
+async def test_a_websocket_may_not_attach_to_a_session_being_closed() -> None:
+    """A session closed over HTTP while attached ends when its WebSocket leaves;
+    another WebSocket attaching meanwhile was let in, to a session whose close
+    was under way, and its frames waited behind that close."""
+    SlowClose.closing.clear()
+    SlowClose.finish.clear()
+    TrackedCounter.tracker = Tracker()
+    try:
+        with run_server(counter_app(env=SlowClose)) as url:
+            async with httpx.AsyncClient(base_url=url) as http:
+                sid = await create(http)
+                async with connect(ws_url(url, sid)) as first:
+                    await ask(first, "reset")
+                    closing = await rpc(http, "openenv/session/close", session_id=sid)
+                    assert closing["result"]["closing"] is True
+                await asyncio.to_thread(SlowClose.closing.wait, 10)  # its close() runs
+                # Refused at once (it was let in, and heard nothing until the close ended).
+                error, code = await asyncio.wait_for(refused(ws_url(url, sid)), 10)
+                assert error["data"] == {
+                    "code": "SESSION_ERROR",
+                    "message": f"session {sid!r} is closing; create a new one "
+                    f"(openenv/session/create)",
+                }
+                assert code == 1008
+                SlowClose.finish.set()
+                await slots_free(url)
+    finally:
+        SlowClose.finish.set()
+
+
+async def test_a_blocking_mcp_sdk_tool_call_does_not_hold_run_servers_exit() -> None:
+    """MCP's own sessions ended only once uvicorn had waited for every open
+    response, their calls' included: exiting ``run_server`` raised
+    ``RuntimeError`` ten seconds past ``shutdown_timeout``."""
+    stack = contextlib.ExitStack()
+    try:
+        url = stack.enter_context(run_server(stuck_app(shutdown_timeout=0.5)))
+        async with Client(f"{url}/mcp") as mcp:
+            call = asyncio.create_task(mcp.call_tool("block", {}))
+
+            async def running() -> bool:
+                return bool(Stuck.running)
+
+            await until(running, what="the call on its thread")
+            await asyncio.to_thread(stack.close)  # the server stops, the call unanswered
+            with pytest.raises(MCPError):
+                await call
+        assert not Stuck.returned.is_set()
+        assert TrackedCounter.tracker.closed == []  # no close() beside the call
+    finally:
+        Stuck.release.set()
+        stack.close()

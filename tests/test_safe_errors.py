@@ -169,3 +169,42 @@ async def test_an_env_error_is_one_log_line_without_a_traceback(
     assert [r.levelno for r in bugs] == [logging.ERROR]
     assert bugs[0].exc_info is not None
     assert SECRET in str(bugs[0].exc_info[1])
+
+
+class NotReady(Vault):
+    """Says, as an ``EnvError``, why it cannot be made or list its tasks yet."""
+
+    def __init__(self) -> None:
+        raise EnvError("the dataset is still downloading; retry in a minute")
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[Any]:
+        raise EnvError("the dataset is still downloading; retry in a minute")
+
+
+async def test_an_env_error_from_a_factory_or_a_task_listing_is_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Steps and tools logged an ``EnvError`` as one INFO line, while the same
+    error from the factory or a task listing was an ERROR with a traceback."""
+    app = create_app(NotReady, Ping, Pong, ConcurrencyConfig(max_concurrent_envs=4))
+    with run_server(app) as url, caplog.at_level(logging.INFO, logger="openenv.server"):
+        async with httpx.AsyncClient(base_url=url) as http:
+            listed = await http.get("/tasks", params={"split": "train"})
+        async with connect(ws_url(url)) as ws:
+            refused = orjson.loads(await ws.recv())
+    assert listed.status_code == 500
+    assert listed.json()["detail"].endswith(
+        "EnvError: the dataset is still downloading; retry in a minute"
+    )
+    assert refused["data"]["code"] == "FACTORY_ERROR"
+    said = [r for r in caplog.records if "the dataset is still downloading" in r.getMessage()]
+    assert [(r.levelno, r.exc_info) for r in said] == [(logging.INFO, None)] * 2
+    assert [r.getMessage().split(" raised ")[0] for r in said] == [
+        "list_tasks('train')",
+        "environment factory",
+    ]

@@ -56,8 +56,12 @@ class _BoundedServer(uvicorn.Server):
             await super().shutdown(sockets)
             return
         late = asyncio.get_running_loop().call_later(self.deadline, self._abort_the_rest)
+        # Sessions driven over HTTP (OpenEnv's /mcp, OpenReward) end now, as under
+        # ``openenv serve``: uvicorn waits for their calls' open responses, and
+        # only their drain answers a call past the deadline.
+        hooks = [hook() for service in self._services for hook in service.drain_hooks]
         try:
-            await super().shutdown(sockets)
+            await asyncio.gather(super().shutdown(sockets), *hooks)
         finally:
             late.cancel()
 
@@ -84,7 +88,10 @@ def run_server(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str
     running ``shutdown_timeout`` seconds after that (a blocking ``def`` step
     that never returns) is aborted and its environment left on its thread
     without ``close()``; that thread is a daemon, so it does not hold the
-    interpreter's exit. If the server has still not stopped 10 s later, exit
+    interpreter's exit. Sessions driven over HTTP (OpenEnv's ``/mcp``
+    sessions, OpenReward's) end as the shutdown begins, as under ``openenv
+    serve``; a tool call of theirs still running at the deadline is answered
+    ``SESSION_ERROR``. If the server has still not stopped 10 s later, exit
     raises ``RuntimeError`` (this process is never ended from here).
     ``config`` goes to ``uvicorn.Config``; the WebSocket and HTTP protocols are
     openenv's own, as ``openenv serve`` runs them, unless ``ws`` or ``http``

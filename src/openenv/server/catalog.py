@@ -27,7 +27,7 @@ from fastapi import HTTPException, Query, Request
 from fastapi.routing import APIRoute
 
 from openenv.protocol import SplitList, TaskPage, ToolList
-from openenv.server.redact import failure_text
+from openenv.server.redact import failure_text, log_failure
 from openenv.server.service import EnvService
 from openenv.tasks import TaskSpec, unknown_split_message
 from openenv.tools import tools_of
@@ -88,7 +88,7 @@ def _task_call(service: EnvService, name: str, *args: Any) -> Any:
 
 
 def _failed(service: EnvService, call: str, exc: Exception) -> HTTPException:
-    logger.exception("%s raised", call)
+    log_failure(logger, call, exc)
     detail = f"the environment's {call} raised {failure_text(exc, service.settings.error_details)}"
     return HTTPException(status_code=500, detail=detail)
 

@@ -39,6 +39,7 @@ from openenv.server.security import route_path
 from openenv.server.service import EnvService, SessionRefused
 from openenv.server.session_host import OPEN
 from openenv.server.sessions import Session, SessionState
+from openenv.server.shared_session import SharedSession
 
 __all__ = ["PAGE_READS", "SUBPROTOCOL", "Connection", "SessionEndpoint"]
 
@@ -190,6 +191,13 @@ class Connection:
                         # A step started by _take ended the session; its error is sent.
                         reason = "internal_error"
                         await self._close_socket(session.close_code)
+                    elif self._expired_for is None and isinstance(session, SharedSession):
+                        # Ended over HTTP (a fatal tool call): its error, not a dropped socket.
+                        reason = "error"
+                        frame = message.get("text") or message.get("bytes") or b""
+                        ended = await session.handle(frame)
+                        assert ended is not None
+                        await self._send_and_close(ended, session.close_code)
                     break  # expired by the reaper or a shutdown while this frame was in flight
                 if kind == NOTIFY:
                     if session.suspended:
@@ -349,11 +357,14 @@ class Connection:
             await self.websocket.close(close_code)
 
     async def _close(self, code: ErrorCode, message: str, close_code: CloseCode) -> None:
+        await self._send_and_close(protocol.error_frame(code, message), close_code)
+
+    async def _send_and_close(self, frame: str, close_code: CloseCode) -> None:
         if self.websocket.application_state is WebSocketState.DISCONNECTED:
             return
         try:
             async with self._deadline():
-                await self.websocket.send_text(protocol.error_frame(code, message))
+                await self.websocket.send_text(frame)
                 await self.websocket.close(close_code)
         except _GONE:
             pass

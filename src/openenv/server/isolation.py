@@ -245,10 +245,34 @@ def _portable_state(env: Environment[Any, Any, Any]) -> Any:
         return None
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """The exception itself if it survives pickling, else a RuntimeError naming it."""
+def _portable(exc: BaseException) -> Any:
+    """The exception, pickled to come back as it is; a RuntimeError naming it if it cannot.
+
+    Not pickled as is: pickle rebuilds an exception by calling its class with
+    its ``args``, which one taking other arguments misreads (an ``EnvError``
+    whose ``__init__(move)`` makes its message from ``move`` came back as
+    ``"move move x is not allowed is not allowed"``)."""
+    portable = _Raised(exc)
     try:
-        pickle.loads(pickle.dumps(exc))
+        pickle.loads(pickle.dumps(portable))
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return portable
+
+
+class _Raised:
+    """Pickles as the exception it holds, rebuilt without its ``__init__``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        exc = self.exc
+        return _rebuilt, (type(exc), exc.args, dict(vars(exc)))
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(attrs)
     return exc

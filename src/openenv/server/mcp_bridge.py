@@ -112,6 +112,7 @@ class McpBridge:
         self.openenv = OpenEnvSessions(  # OpenEnv's own /mcp sessions, beside MCP's
             service, self._per_client, self.per_client, self.idle_timeout, self.open_timeout
         )
+        service.drain_hooks.append(self._drain)
         self.server: Server[Any] = Server(
             service.metadata.name,
             version=service.metadata.version or "",
@@ -143,11 +144,13 @@ class McpBridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             self._manager = None
-            timeout = self.service.settings.shutdown_timeout
-            await asyncio.gather(
-                *(self._end(sid, "shutdown", timeout) for sid in list(self.sessions))
-            )
-            await self._closed_within(timeout)
+            await self._drain()
+            await self._closed_within(self.service.settings.shutdown_timeout)
+
+    async def _drain(self) -> None:
+        """End every session, as a shutdown begins: their calls' open responses hold it."""
+        timeout = self.service.settings.shutdown_timeout
+        await asyncio.gather(*(self._end(sid, "shutdown", timeout) for sid in list(self.sessions)))
 
     # -- HTTP ------------------------------------------------------------------
 

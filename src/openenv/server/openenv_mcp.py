@@ -63,6 +63,9 @@ class _Entry:
     client: str  # the remote address, for the per-client limit
     used: bool = False  # asked something since its create: the idle timeout applies
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    # Its tool calls in flight: a shutdown past its deadline cancels them, as
+    # their open responses would hold the server's shutdown for as long as they run.
+    calls: set[asyncio.Task[str | None]] = field(default_factory=set)
 
 
 class OpenEnvSessions:
@@ -84,6 +87,8 @@ class OpenEnvSessions:
         self.ids = SessionIds()
         self.ended = EndedSessions()
         self.sessions: dict[str, _Entry] = {}
+        # Sessions a fatal error ended, closing once their call's thread returns.
+        self._closing: set[asyncio.Task[None]] = set()
         service.attach_session = self.attach
         service.drain_hooks.append(self.drain)
 
@@ -133,7 +138,7 @@ class OpenEnvSessions:
         session = entry.session
         session.last_active = time.monotonic()
         if isinstance(params, wire.CallParams):
-            return await self._call(rid, sid, session, params)
+            return await self._call(rid, sid, entry, params)
         return wire.result(rid, wire.tool_list([s.info for s in session.tools.values()]))
 
     async def _create(self, rid: Any, scope: Scope, receive: Receive) -> dict[str, Any]:
@@ -177,17 +182,32 @@ class OpenEnvSessions:
         return wire.result(rid, wire.Closed(session_id=sid, closed=True).model_dump())
 
     async def _call(
-        self, rid: Any, sid: str, session: SharedSession, params: wire.CallParams
+        self, rid: Any, sid: str, entry: _Entry, params: wire.CallParams
     ) -> dict[str, Any]:
+        session = entry.session
         frame = protocol.request_frame(
             "call_tool", {"name": params.name, "arguments": params.arguments}
         )
-        text = await session.handle(frame)  # waits for a step of its WebSocket in flight
+        # Waits for a step of its WebSocket in flight; a task, for drain() to cancel.
+        call = asyncio.ensure_future(session.handle(frame))
+        entry.calls.add(call)
+        call.add_done_callback(entry.calls.discard)
+        try:
+            text = await call
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not call.cancelled() or (current is not None and current.cancelling()):
+                raise
+            # A shutdown past its deadline gave up on the call (drain).
+            message = "[SESSION_ERROR] the session has ended (shutdown)"
+            return wire.error(rid, wire.SERVER_ERROR, message, {"code": "SESSION_ERROR"})
         session.last_active = time.monotonic()
         assert text is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(text)
-        if session.state is not SessionState.OPEN:  # a fatal error ended it
-            await self._end(sid, "fatal_error")
+        if session.state is not SessionState.OPEN:
+            # A fatal error ended it: its reply must not wait for close(), which
+            # waits for a call overrunning its deadline to return.
+            self._end_soon(sid, "fatal_error")
         if isinstance(reply, protocol.ToolResultReply):
             return wire.result(rid, wire.tool_call_result(reply.data))
         assert isinstance(reply, protocol.ErrorReply)
@@ -212,6 +232,12 @@ class OpenEnvSessions:
                 ErrorCode.SESSION_ERROR, self._unknown(sid), CloseCode.POLICY_VIOLATION
             )
         session = entry.session
+        if session.ending:  # closed while its last WebSocket left: not for another
+            raise SessionRefused(
+                ErrorCode.SESSION_ERROR,
+                f"session {sid[:64]!r} is closing; create a new one ({wire.CREATE})",
+                CloseCode.POLICY_VIOLATION,
+            )
         if session.attached:
             raise SessionRefused(
                 ErrorCode.SESSION_ERROR,
@@ -230,6 +256,17 @@ class OpenEnvSessions:
         entry = self.sessions.get(sid)
         if entry is not None:
             await entry.session.aclose(f"openenv_mcp_{reason}")
+
+    def _end_soon(self, sid: str, reason: str) -> None:
+        """``_end``, its close in a task; the session forgotten now."""
+        entry = self.sessions.pop(sid, None)
+        if entry is None:
+            return
+        self._release(entry.client)
+        self.ended.add(sid, reason)
+        task = asyncio.create_task(entry.session.aclose(f"openenv_mcp_{reason}"))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _closed(self, session: SharedSession, reason: str) -> None:
         """A session closed, whoever closed it: forget it."""
@@ -258,20 +295,31 @@ class OpenEnvSessions:
 
     async def drain(self) -> None:
         """End the sessions no WebSocket drives (the service drains those), within
-        ``shutdown_timeout``; past it, free their slots without waiting for a call."""
+        ``shutdown_timeout``; past it, free their slots without waiting for a call,
+        and answer the tool calls still running (their open responses hold the
+        server's shutdown), attached sessions' too."""
         loop = asyncio.get_running_loop()
-        mine = [
-            e.session for e in self.sessions.values() if not e.session.attached and e.loop is loop
+        entries = [e for e in self.sessions.values() if e.loop is loop]
+        closing = [
+            asyncio.ensure_future(e.session.aclose("openenv_mcp_shutdown"))
+            for e in entries
+            if not e.session.attached
         ]
-        if not mine:
+        ending = [t for t in self._closing if t.get_loop() is loop]
+        waited = [*closing, *ending, *(call for e in entries for call in e.calls)]
+        if not waited:
             return
-        closing = [asyncio.ensure_future(s.aclose("openenv_mcp_shutdown")) for s in mine]
-        _, pending = await asyncio.wait(closing, timeout=self.service.settings.shutdown_timeout)
-        for session in mine:
-            if session.state is not SessionState.CLOSED:
-                session.abandon()
-        if pending:
-            await asyncio.wait(pending)
+        _, pending = await asyncio.wait(waited, timeout=self.service.settings.shutdown_timeout)
+        if not pending:
+            return
+        for entry in entries:
+            if entry.session.state is not SessionState.CLOSED:
+                entry.session.abandon()  # before the cancel: no close() beside the thread
+            for call in list(entry.calls):
+                call.cancel()
+        for task in ending:
+            task.cancel()  # aclose() frees the slot as it unwinds, without close()
+        await asyncio.wait(pending)
 
     async def _reap(self) -> None:
         interval = min(max(self.open_timeout / 4, 0.01), 5.0)

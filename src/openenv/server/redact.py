@@ -7,8 +7,9 @@ exception's type, and its message only when the environment raised an
 keeps the full text and traceback.
 
 uvicorn writes each request's path and query to its logs, and a browser
-passes the API key as ``?api_key=``: ``redact_api_keys`` installs a filter on
-uvicorn's loggers that blanks it out.
+passes the API key as ``?api_key=``, OpenEnv's client a session's id (the one
+key to that session) as ``/ws?session_id=``: ``redact_api_keys`` installs a
+filter on uvicorn's loggers that blanks both out.
 """
 
 from __future__ import annotations
@@ -16,18 +17,23 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
+from typing import Any
 
 from openenv.errors import EnvError
+from openenv.protocol_mcp_sessions import SESSION_QUERY
 
-__all__ = ["ApiKeyFilter", "failure_text", "redact_api_keys"]
+__all__ = ["ApiKeyFilter", "failure_text", "log_failure", "redact_api_keys"]
 
 # uvicorn's request lines (access log) and WebSocket handshakes (error log, INFO).
 _LOGGERS = ("uvicorn.access", "uvicorn.error")
-# ``api_key=`` with any of its characters percent-encoded (``api%5Fkey=``) too:
-# the server takes only the plain name as a key, but a key sent under another
-# spelling is as secret.
-_NAME = "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in "api_key")
-_API_KEY = re.compile(rf"(?i)((?<!\w){_NAME}=)[^&#\s\"]*")
+# ``api_key=`` (and ``session_id=``) with any of its characters percent-encoded
+# (``api%5Fkey=``) too: the server takes only the plain name, but a key sent
+# under another spelling is as secret.
+_NAMES = "|".join(
+    "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in name)
+    for name in ("api_key", SESSION_QUERY)
+)
+_API_KEY = re.compile(rf"(?i)((?<!\w)(?:{_NAMES})=)[^&#\s\"]*")
 
 
 def failure_text(exc: BaseException, details: bool = False) -> str:
@@ -44,13 +50,28 @@ def failure_text(exc: BaseException, details: bool = False) -> str:
     return f"{name} (its message is in the server log; an EnvError message reaches clients)"
 
 
+def log_failure(
+    log: logging.Logger | logging.LoggerAdapter[Any], what: str, exc: BaseException
+) -> None:
+    """Log that ``what`` raised ``exc``: an ``EnvError``, the environment's word to
+    its client, as one INFO line (agents repeat a mistake by the thousand); any
+    other exception at ERROR, with its traceback."""
+    if isinstance(exc, EnvError):
+        log.info("%s raised %s", what, failure_text(exc))
+    else:
+        log.error("%s raised", what, exc_info=exc)
+
+
 class ApiKeyFilter(logging.Filter):
-    """Replaces the value of every ``api_key=`` in a log record's arguments with ``***``.
+    """Replaces the value of every ``api_key=`` and ``session_id=`` in a log
+    record's arguments with ``***``.
 
     >>> record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0,
     ...     '%s - "%s %s"', ("1.2.3.4:5", "GET", "/web?api_key=s3cret&x=1"), None)
     >>> ApiKeyFilter().filter(record), record.getMessage()
     (True, '1.2.3.4:5 - "GET /web?api_key=***&x=1"')
+    >>> _redacted("/ws?session_id=8d61a3&api_key=k")
+    '/ws?session_id=***&api_key=***'
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

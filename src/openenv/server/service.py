@@ -25,7 +25,7 @@ from openenv.server.isolation import isolated_factory
 from openenv.server.leaving import ClientLeft, acquire_unless_left
 from openenv.server.metrics import Metrics
 from openenv.server.recording import Recorder
-from openenv.server.redact import failure_text
+from openenv.server.redact import failure_text, log_failure
 from openenv.server.served import Served, ServedConnections
 from openenv.server.sessions import Session
 from openenv.server.slots import SessionRegistry, SlotBoard
@@ -199,7 +199,7 @@ class EnvService(ServedConnections):
                 raise
             # A SystemExit (sys.exit() in a constructor) too: the factory failed,
             # not the server, and its client is told so.
-            logger.exception("environment factory raised")
+            log_failure(logger, "environment factory", exc)
             text = failure_text(exc, self.settings.error_details)
             message = f"could not create the environment: {text}"
         self.metrics.errors[ErrorCode.FACTORY_ERROR.value] += 1

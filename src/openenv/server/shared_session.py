@@ -47,18 +47,24 @@ class SharedSession(Session):
         self.close_pending = False  # closed over HTTP while attached: ends when it leaves
         self.on_closed: Callable[[SharedSession, str], None] | None = None
         self._giving_up = False
+        self.ending = False  # its close has begun: every request is answered at once
+
+    def _ended(self, request: dict[str, Any] | None) -> str:
+        request_id = request.get("id") if request is not None else None
+        return protocol.error_frame(
+            ErrorCode.SESSION_ERROR,
+            f"the session has ended ({self._closing_because})",
+            request_id=request_id if isinstance(request_id, str | int) else None,
+        )
 
     async def handle(
         self, frame: str | bytes | None, request: dict[str, Any] | None = None
     ) -> str | None:
+        if self.ending:  # not behind its close, which may wait for an overrunning call
+            return self._ended(request)
         async with self.lock:
             if self.state is not SessionState.OPEN:  # it ended while this request waited
-                request_id = request.get("id") if request is not None else None
-                return protocol.error_frame(
-                    ErrorCode.SESSION_ERROR,
-                    f"the session has ended ({self._closing_because})",
-                    request_id=request_id if isinstance(request_id, str | int) else None,
-                )
+                return self._ended(request)
             reply = await super().handle(frame, request)
             if reply is None:  # a close frame ends the WebSocket (which detaches), not this
                 self.state = SessionState.OPEN
@@ -78,7 +84,8 @@ class SharedSession(Session):
             reason = "client_close"  # over HTTP, while it was attached
         if self.state is SessionState.CLOSED:
             return
-        self._closing_because = f"closed: {reason.replace('_', ' ')}"
+        self.ending = True
+        self._closing_because = f"closed: {reason.removeprefix('openenv_mcp_').replace('_', ' ')}"
         try:
             if self._giving_up:
                 await super().aclose(reason)
