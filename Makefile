@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test venvs test-min lint typecheck pytest bench bench-runtime bench-servers bench-churn bench-fuzz \
-	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-mux-turns bench-v2-path bench-callgrind clean chromium sandbox-python \
+	test-pythons bench-tools bench-coding bench-spawn bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-mux-turns bench-v2-path bench-handoff bench-callgrind clean chromium sandbox-python \
 	openreward-sdk openenv-peer
 
 $(STAMP): pyproject.toml envs/*/pyproject.toml
@@ -106,7 +106,7 @@ pytest: $(STAMP) chromium sandbox-python $(OR_STAMP) $(PEER_STAMP)
 # Benchmarks print their numbers; benchmarks/RESULTS.md records them with these commands.
 bench: bench-servers bench-runtime bench-churn bench-fuzz test-pythons bench-tools bench-coding bench-spawn \
 	bench-workers bench-pool bench-recording bench-fleet bench-straggler bench-multiplex bench-mux-turns \
-	bench-v2-path
+	bench-v2-path bench-handoff
 
 bench-churn: $(STAMP)
 	$(BIN)/python benchmarks/churn.py --sessions 100000 --concurrency 256
@@ -154,6 +154,10 @@ bench-mux-turns: $(STAMP)
 # The loop thread's CPU per v2 step without sockets, this tree against MUX_BASELINE.
 bench-v2-path: $(STAMP)
 	$(BIN)/python benchmarks/v2_path.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
+
+# Instructions per echo step through v2's thread hand-over (callgrind), this tree against MUX_BASELINE.
+bench-handoff: $(STAMP)
+	$(BIN)/python benchmarks/handoff_path.py $(if $(MUX_BASELINE),--baseline $(MUX_BASELINE))
 
 bench-coding: $(STAMP) sandbox-python
 	$(BIN)/python benchmarks/coding_sessions.py --sessions 200 --sleep 2
