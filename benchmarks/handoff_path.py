@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,23 +87,9 @@ def measure(rounds: int, inline: bool) -> None:
 
 def instructions(src: Path, rounds: int, inline: bool) -> float:
     """Instructions per step in ``src``'s tree, counted by callgrind."""
-    counts = []
-    for n in (rounds, 2 * rounds):
-        out = BENCH_DIR / f".callgrind-handoff-{os.getpid()}-{n}.out"
-        code = (
-            "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
-            "import handoff_path; handoff_path.measure(int(sys.argv[3]), sys.argv[4] == '1')"
-        )
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c",
-                code, str(src), str(ROOT / "envs"), str(n), "1" if inline else "0"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), "PYTHONHASHSEED": "0"}
-        subprocess.run(argv, capture_output=True, check=True, env=env)
-        try:
-            totals = [line for line in out.read_text().splitlines() if line.startswith("totals:")]
-            counts.append(int(totals[0].split()[1]))
-        finally:
-            out.unlink()
-    return (counts[1] - counts[0]) / (rounds * CONNECTIONS * PER_CONNECTION)
+    from v2_path import callgrind_per_step
+
+    return callgrind_per_step("handoff_path", src, rounds, inline, CONNECTIONS * PER_CONNECTION)
 
 
 def main() -> None:

@@ -116,15 +116,22 @@ def instructions(src: Path, rounds: int, with_env: bool) -> float:
     """Instructions per step in ``src``'s tree, counted by callgrind: the count of
     ``rounds`` more rounds than a run of ``rounds``, over their steps (start-up and
     warm-up cancel out). Steady to a few tenths of a percent on a busy machine."""
+    return callgrind_per_step("v2_path", src, rounds, with_env, 8 * 64)
+
+
+def callgrind_per_step(module: str, src: Path, rounds: int, flag: bool, steps: int) -> float:
+    """``module.measure(rounds, flag)``'s instructions per step (``steps`` a round) in
+    ``src``'s tree, all threads, by callgrind: a run of ``2 * rounds`` less one of ``rounds``."""
     counts = []
     for n in (rounds, 2 * rounds):
-        out = BENCH_DIR / f".callgrind-{os.getpid()}-{n}.out"
+        out = BENCH_DIR / f".callgrind-{module}-{os.getpid()}-{n}.out"
         code = (
-            "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
-            "import v2_path; v2_path.measure(int(sys.argv[3]), sys.argv[4] == '1')"
+            "import sys, importlib; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+            "importlib.import_module(sys.argv[5]).measure(int(sys.argv[3]), sys.argv[4] == '1')"
         )
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c",
-                code, str(src), str(ROOT / "envs"), str(n), "1" if with_env else "0"]  # fmt: skip
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+                "-c", code, str(src), str(ROOT / "envs"), str(n), "1" if flag else "0",
+                module]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), "PYTHONHASHSEED": "0"}
         subprocess.run(argv, capture_output=True, check=True, env=env)
         try:
@@ -132,7 +139,7 @@ def instructions(src: Path, rounds: int, with_env: bool) -> float:
             counts.append(int(totals[0].split()[1]))
         finally:
             out.unlink()
-    return (counts[1] - counts[0]) / (rounds * 8 * 64)
+    return (counts[1] - counts[0]) / (rounds * steps)
 
 
 def main() -> None:
