@@ -8,9 +8,9 @@ instance methods, which is asked of an environment the app's factory makes
 on the event loop, so the sessions' steps go on meanwhile; at most
 ``THREADS_PER_ENV`` at once per environment, so one whose listing hangs holds
 up only its own (not the other environments', nor whatever else runs on
-anyio's shared worker threads). One that raises
-is answered with a 500 naming the call (its message as the server's
-``error_details`` allows; the traceback in the server log).
+anyio's shared worker threads). One that raises is answered with a 500
+naming the call (its message as the server's ``error_details`` allows; the
+traceback in the server log).
 """
 
 from __future__ import annotations
