@@ -56,17 +56,26 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory, requirements: Path, ma
     return python
 
 
-def run_peer_script(python: Path, script: Path, *args: str) -> dict[str, Any]:
+def run_peer_script(
+    python: Path,
+    script: Path,
+    *args: str,
+    unset: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> dict[str, Any]:
     """Run ``script`` with a peer's ``python`` (this checkout's ``openenv`` kept off its
-    path) and return the JSON report it prints last; a failure shows its stderr."""
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    path, ``unset`` variables left out, ``env`` added) and return the JSON report it
+    prints last; a failure shows its stderr."""
+    environ = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", *unset}}
+    environ.update(env or {})
     played = subprocess.run(
         [str(python), str(script), *args],
         capture_output=True,
         text=True,
         env=environ,
         cwd=python.parent,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
     assert played.returncode == 0, played.stderr[-3000:]

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from peer_venvs import peer_python
+from peer_venvs import peer_python, run_peer_script
 
 from counter_env.models import CounterAction, CounterObservation
 from counter_env.server.environment import CounterEnvironment
@@ -69,22 +67,18 @@ def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_sdk(python: Path, mode: str, url: str, name: str, key: str, *extra: str) -> Any:
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    environ.pop("OPENREWARD_API_KEY", None)
-    environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"  # no PyPI look-up from the SDK
-    ran = subprocess.run(
-        [str(python), str(SCRIPT), mode, url, name, key, *extra],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=python.parent,
+    return run_peer_script(
+        python,
+        SCRIPT,
+        mode,
+        url,
+        name,
+        key,
+        *extra,
+        unset=("OPENREWARD_API_KEY",),
+        env={"OPENREWARD_DISABLE_UPDATE_CHECK": "1"},  # no PyPI look-up from the SDK
         timeout=240,
-        check=False,
     )
-    assert ran.returncode == 0, ran.stderr[-4000:]
-    report = json.loads(ran.stdout.splitlines()[-1])
-    assert Path(report["module"]).is_relative_to(python.parents[1])  # the SDK, not a copy
-    return report
 
 
 def counter_app(**settings: Any) -> Any:
