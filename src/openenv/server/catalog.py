@@ -105,7 +105,11 @@ def _call(service: EnvService, name: str, *args: Any) -> Any:
 
 
 def _page(service: EnvService, split: str, offset: int, limit: int) -> tuple[int, list[TaskSpec]]:
-    # On a worker thread: a split may be a Sequence that makes its items on demand.
+    # On a worker thread, the split's check and its listing in one hop: a split
+    # may also be a Sequence that makes its items on demand.
+    known = [] if service.env_cls is None else list(_task_call(service, "list_splits"))
+    if split not in known:
+        raise HTTPException(status_code=404, detail=unknown_split_message(split, known))
     every: Sequence[Any] = _task_call(service, "list_tasks", split)
     try:
         page = [TaskSpec.model_validate(task) for task in every[offset : offset + limit]]
@@ -143,9 +147,6 @@ async def tasks(
 ) -> TaskPage:
     """One page of a split's tasks; follow ``next_offset`` for the next page."""
     service = _service(request)
-    known = await splits_of(service)
-    if split not in known or service.env_cls is None:
-        raise HTTPException(status_code=404, detail=unknown_split_message(split, known))
     total, page = await in_thread(service, _page, service, split, offset, limit)
     end = offset + len(page)
     return TaskPage(
