@@ -174,16 +174,19 @@ async def test_origins_listed_in_the_environment_may_open_sessions_and_no_others
     comma-separated; a page from any other origin still gets 403."""
     monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "https://a.example, http://B.example:8080/")
     tracker = Tracker()
-    with run_server(ping_app(tracker)) as url, httpx.Client(base_url=url) as http:
-        host = url.removeprefix("http://")
-        for origin in ("https://a.example", "http://b.example:8080"):
-            assert (await open_ws(url, "/ws", host, origin))["type"] == "state"
-            assert http.post("/reset", json={}, headers={"Origin": origin}).status_code == 200
-        for origin in ("http://a.example", "https://a.example:8443", "http://c.example"):
-            with pytest.raises(InvalidStatus) as refused:
-                await open_ws(url, "/ws", host, origin)
-            assert refused.value.response.status_code == 403
-            assert http.post("/reset", json={}, headers={"Origin": origin}).status_code == 403
+    with run_server(ping_app(tracker)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            host = url.removeprefix("http://")
+            for origin in ("https://a.example", "http://b.example:8080"):
+                assert (await open_ws(url, "/ws", host, origin))["type"] == "state"
+                reset = await http.post("/reset", json={}, headers={"Origin": origin})
+                assert reset.status_code == 200
+            for origin in ("http://a.example", "https://a.example:8443", "http://c.example"):
+                with pytest.raises(InvalidStatus) as refused:
+                    await open_ws(url, "/ws", host, origin)
+                assert refused.value.response.status_code == 403
+                reset = await http.post("/reset", json={}, headers={"Origin": origin})
+                assert reset.status_code == 403
     assert len(tracker.created) == 4
 
 
