@@ -322,6 +322,22 @@ def test_forged_and_reused_session_ids(served: str) -> None:
         assert active(served) == 0
 
 
+def test_a_toolset_is_refused_before_any_slot_is_taken(served: str) -> None:
+    """compat.md: "built-in toolsets (``toolset=`` is 400)"; the id stays good for a
+    session without one."""
+    with httpx.Client(base_url=served) as http:
+        sid = {"X-Session-ID": open_sid(http)}
+        body = {"split": "train", "index": 0}
+        refused = http.post("/create", json={**body, "toolset_name": "bash"}, headers=sid)
+        assert refused.status_code == 400
+        assert refused.json()["detail"] == "unknown toolset 'bash': openenv serves no toolsets"
+        assert active(served) == 0
+        assert http.post("/create", json=body, headers=sid).status_code == 200
+        assert active(served) == 1
+        http.post("/delete", headers=sid)
+        assert active(served) == 0
+
+
 def test_a_broken_stream_resumes_without_running_the_tool_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -167,6 +167,29 @@ async def test_listed_host_names_are_served(monkeypatch: pytest.MonkeyPatch) -> 
         assert (await open_ws(url, "/ws", f"anything.example:{port}"))["type"] == "state"
 
 
+async def test_origins_listed_in_the_environment_may_open_sessions_and_no_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """security.md: ``allowed_origins`` defaults to ``OPENENV_ALLOWED_ORIGINS``,
+    comma-separated; a page from any other origin still gets 403."""
+    monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "https://a.example, http://B.example:8080/")
+    tracker = Tracker()
+    with run_server(ping_app(tracker)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            host = url.removeprefix("http://")
+            for origin in ("https://a.example", "http://b.example:8080"):
+                assert (await open_ws(url, "/ws", host, origin))["type"] == "state"
+                reset = await http.post("/reset", json={}, headers={"Origin": origin})
+                assert reset.status_code == 200
+            for origin in ("http://a.example", "https://a.example:8443", "http://c.example"):
+                with pytest.raises(InvalidStatus) as refused:
+                    await open_ws(url, "/ws", host, origin)
+                assert refused.value.response.status_code == 403
+                reset = await http.post("/reset", json={}, headers={"Origin": origin})
+                assert reset.status_code == 403
+    assert len(tracker.created) == 4
+
+
 def test_mounted_environments_check_hosts_and_origins_too() -> None:
     from openenv import EnvSpec, create_multi_app
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
+from websockets.asyncio.server import ServerConnection, serve
 
 from counter_env.models import CounterAction, CounterObservation, CounterTask
 from counter_env.server.environment import CounterEnvironment
@@ -397,3 +399,63 @@ def test_the_record_folder_may_be_a_path(tmp_path: Path) -> None:
     results = Runners.sync_run_task([Task(id="p0", env=EchoEnvironment, agent=say_hi)], config)
     assert results[0].ok, results[0].msg
     assert [(e.session, len(e.steps)) for e in load(tmp_path / "rec")] == [("p0", 2)]
+
+
+def _lying_server(step_reply: str | bytes) -> Any:
+    """A server of the v1 protocol (not openenv) that answers a reset pretty-printed,
+    as some JSON libraries write by default, and a step with ``step_reply``."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            kind = orjson.loads(frame)["type"]
+            if kind == "close":
+                return
+            if kind == "reset":
+                reset = {"type": "observation", "data": {"observation": {"n": 0}, "done": False}}
+                await ws.send(orjson.dumps(reset, option=orjson.OPT_INDENT_2).decode())
+            else:
+                await ws.send(step_reply)
+
+    return serve(handler, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize(
+    "step_reply",
+    [
+        '{"type": "observation",\n "data": {"observation": {"n": 1}, "reward": 1.0, "done": true}}',
+        "{not json, though it looks like an object}",
+        b"\xff\xfe not even text",
+    ],
+    ids=["pretty-printed", "braced-garbage", "binary-garbage"],
+)
+async def test_replies_that_span_lines_or_are_no_json_keep_the_recording_readable(
+    tmp_path: Path, step_reply: str | bytes
+) -> None:
+    """trajectories.md: each call holds the reply "exactly as it crossed the wire",
+    and ``load`` reads the file back. A reply embedded unchecked split its line at
+    each line break (or was no JSON at all), and ``load`` dropped the episode as
+    lines "cut short by a kill"."""
+
+    async def agent(session: EpisodeSession) -> None:
+        await session.reset()
+        await session.step({"message": "hi"})
+
+    async with _lying_server(step_reply) as server:
+        port = server.sockets[0].getsockname()[1]
+        task = Task(id="t", env=f"http://127.0.0.1:{port}", agent=agent)
+        config = RunConfig(record=str(tmp_path / "rec"), progress=False, retries=0)
+        (result,) = await Runners.run_task([task], config)
+    (file,) = (tmp_path / "rec").glob("runner-*.jsonl")
+    events = [orjson.loads(line) for line in file.read_bytes().splitlines()]
+    assert [e["event"] for e in events] == ["opened", "call", "call", "closed"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing skipped as unreadable
+        (episode,) = load(tmp_path / "rec")
+    assert [s.kind for s in episode.steps] == ["reset", "step"]
+    assert episode.steps[0].observation == {"n": 0}
+    if result.ok:  # the client reads pretty-printed JSON; the recording holds it as sent
+        assert episode.steps[1].reply["data"]["observation"] == {"n": 1}
+        assert episode.ended == "ok"
+    else:  # a reply that is no JSON ends the episode, and is kept as what it was
+        assert "invalid_frame" in episode.steps[1].reply
+        assert episode.ended == result.error.type

@@ -42,6 +42,31 @@ def _as_text(given: object) -> object:
 # named by a ``str`` or a ``pathlib.Path`` (pytest's ``tmp_path / "runs"``), kept as text.
 RecordFolder = Annotated[str, BeforeValidator(_as_text)]
 
+
+def embedded_frame(frame: str | bytes | Any) -> Any:
+    """A frame as a recording line holds it: JSON text verbatim, on one line.
+
+    Both writers (the server's and ``Runners``') embed what crossed the wire
+    with this, so a frame from a peer that pretty-prints or sends no JSON at
+    all cannot split or break the line its event is written on."""
+    if not isinstance(frame, str | bytes):
+        return frame
+    try:
+        value = orjson.loads(frame)  # only well-formed JSON may be embedded as is
+    except orjson.JSONDecodeError:
+        return {"invalid_frame": frame[:200] if isinstance(frame, str) else repr(frame[:200])}
+    # A line break in JSON text is whitespace between tokens (in a string it is
+    # escaped): a client's pretty-printed frame, or a trailing newline. Embedded
+    # as is, it would split the event over several lines of the file.
+    if isinstance(frame, bytes):
+        spans_lines = b"\n" in frame or b"\r" in frame
+    else:
+        spans_lines = "\n" in frame or "\r" in frame
+    if spans_lines:
+        return value  # the same JSON, encoded again on one line
+    return orjson.Fragment(frame)
+
+
 # The largest reply frame ``replay`` takes, in bytes: what the sync and
 # multiplexing clients take, so what they recorded can be replayed.
 _REPLY_LIMIT = 2**26

@@ -37,6 +37,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from openenv.trajectories import embedded_frame
+
 __all__ = ["EpisodeRecord", "check_folder", "ended_by", "flush"]
 
 
@@ -67,20 +69,15 @@ class EpisodeRecord:
         session, task = self.session, self.task_id
         lines = [_line({"session": session, "event": "opened", "at": self.opened, "task": task})]
         for request, reply, started, ended in self._calls:
-            text = reply.decode() if isinstance(reply, bytes) else reply
-            # orjson embeds a Fragment unchecked: only what looks like a JSON object goes in.
-            embedded = (
-                orjson.Fragment(text)
-                if text[:1] == "{" and text[-1:] == "}"
-                else {"invalid_frame": repr(text[:200])}
-            )
             event = {
                 "session": session,
                 "event": "call",
                 "started": started,
                 "ended": ended,
-                "request": orjson.Fragment(request),
-                "reply": embedded,
+                "request": orjson.Fragment(request),  # our own client's frame: one line of JSON
+                # The server's, checked: one that pretty-prints, or lies, must not
+                # split this line or break it.
+                "reply": embedded_frame(reply),
             }
             lines.append(_line(event))
         closed = {"session": session, "event": "closed", "at": time.time(), "task": task}

@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from openenv.trajectories import embedded_frame
+
 __all__ = ["Recorder"]
 
 logger = logging.getLogger("openenv.server")
@@ -60,8 +62,8 @@ class Recorder:
                 "event": "call",
                 "started": started,
                 "ended": time.time(),
-                "request": _embedded(request),
-                "reply": _embedded(reply),
+                "request": embedded_frame(request),
+                "reply": embedded_frame(reply),
             }
         )
 
@@ -94,22 +96,3 @@ class Recorder:
             if not self._failed:
                 self._failed = True
                 logger.error("cannot write the recording %s, events are lost: %s", self.path, exc)
-
-
-def _embedded(frame: str | bytes | Any) -> Any:
-    if not isinstance(frame, str | bytes):
-        return frame
-    try:
-        value = orjson.loads(frame)  # only well-formed JSON may be embedded as is
-    except orjson.JSONDecodeError:
-        return {"invalid_frame": frame[:200] if isinstance(frame, str) else repr(frame[:200])}
-    # A line break in JSON text is whitespace between tokens (in a string it is
-    # escaped): a client's pretty-printed frame, or a trailing newline. Embedded
-    # as is, it would split the event over several lines of the file.
-    if isinstance(frame, bytes):
-        spans_lines = b"\n" in frame or b"\r" in frame
-    else:
-        spans_lines = "\n" in frame or "\r" in frame
-    if spans_lines:
-        return value  # the same JSON, encoded again on one line
-    return orjson.Fragment(frame)
