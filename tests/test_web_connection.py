@@ -20,9 +20,11 @@ from web_page_kit import (
     no_horizontal_overflow,
     observation,
     reset,
+    reset_first_offered,
     state,
     step_echo,
     wait_for_sessions,
+    watch_reset,
 )
 
 from echo_env.models import EchoAction, EchoObservation
@@ -82,13 +84,17 @@ async def test_a_tab_queued_for_a_slot_says_so_until_it_has_one(
     with run_server(create_app(EchoEnvironment, EchoAction, EchoObservation, concurrency)) as url:
         first = await new_page(url)
         await reset(first)
-        second = await new_page(url)  # accepted, and in line for the one slot
+        # accepted, and in line for the one slot
+        second = await new_page(url, prepare=watch_reset)
         status = second.locator("#status")
         await expect(status).to_have_text(
             "Waiting for a free slot: all 1 sessions are in use. "
             "This tab gets the next one that frees up."
         )
         await expect(second.get_by_role("button", name="Reset")).to_be_disabled()
+        # Not even for the moment between its socket's open and /health's answer:
+        # a click then would land on a button that /health's answer disables.
+        assert await reset_first_offered(second) is None
         await expect(second.locator("#connection-banner")).to_be_hidden()
 
         await first.context.close()  # its slot frees: the queued tab's session opens

@@ -8,6 +8,7 @@ of 100,000 tasks; a tool with the same argument shapes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -15,9 +16,16 @@ from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal
 
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, Route, expect
 from pydantic import BaseModel, ConfigDict, Field
-from web_page_kit import idle, observation, reset
+from web_page_kit import (
+    idle,
+    observation,
+    reset,
+    reset_first_offered,
+    reset_position,
+    watch_reset,
+)
 
 from openenv import (
     Action,
@@ -434,3 +442,29 @@ async def test_any_of_100000_tasks_can_be_played(
     await expect(number).to_have_value("")
     await reset(page)
     assert (await observation(page))["task"] == "task-00007"
+
+
+async def test_reset_is_offered_only_once_the_task_list_has_stopped_moving_it(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    # The task list arriving grows the picker above Reset and moves the button
+    # (here to the next line): a click on its way to it as it moved was lost,
+    # the tab left at "Connected". The list is held until the session is open.
+    held: asyncio.Queue[Route] = asyncio.Queue()
+
+    async def prepare(page: Page) -> None:
+        await watch_reset(page)
+        await page.route(re.compile(r"/tasks\?split="), held.put)
+
+    page = await new_page(shapes_url, prepare=prepare)
+    await expect(page.locator("#status")).to_have_text(
+        "Connected: a new session. Press Reset to start an episode."
+    )
+    await (await held.get()).continue_()
+    await expect(page.locator("#task-count")).to_have_text(
+        "100000 tasks in all (the first 200 of 100000)"
+    )
+    await expect(page.get_by_label("Task number")).to_be_visible()
+    await idle(page)
+    assert await reset_first_offered(page) == await reset_position(page)
+    await reset(page)

@@ -146,11 +146,19 @@ async def page_opener(browser: Browser) -> AsyncIterator[Callable[..., Awaitable
     """Open ``/web`` of a server in a fresh browser context (a fresh tab, its own session)."""
     contexts = []
 
-    async def open_page(base_url: str, viewport: dict[str, int] = WIDE, query: str = "") -> Page:
+    async def open_page(
+        base_url: str,
+        viewport: dict[str, int] = WIDE,
+        query: str = "",
+        prepare: Callable[[Page], Awaitable[None]] | None = None,
+    ) -> Page:
+        """``prepare`` runs before the page loads: routes, init scripts."""
         context = await browser.new_context(viewport=viewport)
         context.set_default_timeout(15_000)
         contexts.append(context)
         page = await context.new_page()
+        if prepare is not None:
+            await prepare(page)
         await page.goto(f"{base_url}/web{query}")
         return page
 
@@ -180,6 +188,43 @@ async def reset(page: Page, episode_id: str | None = None) -> None:
     await expect(page.locator("#status")).to_have_text(
         "Episode started: fill in the action and press Step."
     )
+
+
+# Where the Reset button was the first time it was enabled (null until then), in
+# page coordinates. A button enabled and then disabled, or moved, loses a click
+# already on its way to it: the press lands on a disabled button, or the release
+# beside it.
+_WATCH_RESET = """
+window.resetFirstOffered = null;
+const watcher = new MutationObserver(() => {
+  const button = document.getElementById("reset");
+  if (!button || button.disabled) return;
+  const box = button.getBoundingClientRect();
+  window.resetFirstOffered = { x: box.x + scrollX, y: box.y + scrollY };
+  watcher.disconnect();
+});
+watcher.observe(document, {
+  subtree: true, childList: true, attributes: true, attributeFilter: ["disabled"],
+});
+"""
+
+
+async def watch_reset(page: Page) -> None:
+    """Record where Reset is first offered; a ``prepare`` for ``open_page``."""
+    await page.add_init_script(_WATCH_RESET)
+
+
+async def reset_first_offered(page: Page) -> dict[str, float] | None:
+    offered: dict[str, float] | None = await page.evaluate("window.resetFirstOffered")
+    return offered
+
+
+async def reset_position(page: Page) -> dict[str, float]:
+    position: dict[str, float] = await page.get_by_role("button", name="Reset").evaluate(
+        "(button) => { const box = button.getBoundingClientRect();"
+        " return { x: box.x + scrollX, y: box.y + scrollY }; }"
+    )
+    return position
 
 
 async def step_echo(page: Page, message: str) -> None:

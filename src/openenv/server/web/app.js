@@ -49,7 +49,10 @@ const page = {
   tools: null,
   tasks: null,
   busy: false,
-  waiting: false, // the socket is open, its session waiting in the server's queue for a slot
+  // From a new socket until the page knows its session holds a slot (the queue
+  // check), and for as long as it waits in the server's queue for one.
+  waiting: false,
+  greeted: false, // a new session's Reset has been offered (and given the focus)
   started: false,
   done: false,
   steps: 0,
@@ -81,9 +84,16 @@ function connected() {
   return Boolean(page.session && page.session.open) && !page.waiting;
 }
 
+// A button is enabled only once a click on it can be acted on as it is: a Reset
+// button enabled and then disabled, or moved by the task picker growing above it,
+// would lose a click already on its way to it.
 function updateButtons() {
   const idle = connected() && !page.busy;
-  ui.reset.disabled = !idle;
+  ui.reset.disabled = !idle || page.tasks.busy;
+  if (!ui.reset.disabled && !page.greeted) {
+    page.greeted = true;
+    if (document.activeElement === document.body) ui.reset.focus();
+  }
   ui.step.disabled = !idle || !page.started || page.done; // an ended episode needs a Reset
   ui.refreshState.disabled = !idle;
   ui.exportHistory.disabled = page.log.length === 0;
@@ -317,8 +327,6 @@ function connect() {
       if (page.session !== session) return;
       clearEpisode("Press Reset to start an episode.");
       setStatus("Connected: a new session. Press Reset to start an episode.");
-      updateButtons();
-      if (document.activeElement === document.body) ui.reset.focus();
       waitIfQueued(session);
     },
     onclose: (info) => {
@@ -353,40 +361,41 @@ function connect() {
     },
   });
   page.session = session;
-  page.waiting = false;
+  page.waiting = true;
+  page.greeted = false;
   updateButtons();
 }
 
 // A server at its cap with a queue accepts the socket at once, and opens its
 // session only when a slot frees: until then no request is answered. Seen full
 // from /health, the tab says it waits, and the first reply (to a request that
-// touches no environment) says its session is open.
+// touches no environment) says its session is open. The buttons stay disabled
+// until /health has answered: enabled at the socket's open and disabled on a
+// full /health, they would drop a click made in between.
 async function waitIfQueued(session) {
-  let health;
+  let health = null;
   try {
     health = await loadJSON("health");
   } catch {
-    return; // no word on the queue: the page works as it would anyway
+    // no word on the queue: the page works as it would anyway
   }
-  if (page.session !== session || !session.open || page.busy || page.started) return;
+  if (page.session !== session || !session.open) return;
   // Full with no line is this tab's own session in the last slot: not waiting.
-  if (!(health.active_sessions >= health.max_sessions && health.queued_sessions > 0)) return;
-  page.waiting = true;
-  updateButtons();
-  setStatus(
-    `Waiting for a free slot: all ${health.max_sessions} sessions are in use. ` +
-      "This tab gets the next one that frees up.",
-  );
-  try {
-    await session.request("list_tools");
-  } catch {
-    return; // closed while waiting (queue_timeout, say): onclose says why
+  if (health && health.active_sessions >= health.max_sessions && health.queued_sessions > 0) {
+    setStatus(
+      `Waiting for a free slot: all ${health.max_sessions} sessions are in use. ` +
+        "This tab gets the next one that frees up.",
+    );
+    try {
+      await session.request("list_tools");
+    } catch {
+      return; // closed while waiting (queue_timeout, say): onclose says why
+    }
+    if (page.session !== session) return;
+    setStatus("Connected: a new session. Press Reset to start an episode.");
   }
-  if (page.session !== session || !page.waiting) return;
   page.waiting = false;
-  setStatus("Connected: a new session. Press Reset to start an episode.");
   updateButtons();
-  if (document.activeElement === document.body) ui.reset.focus();
 }
 
 // -- wiring --------------------------------------------------------------------
@@ -459,6 +468,7 @@ function wire() {
       prompt: $("task-prompt"),
     },
     loadJSON,
+    updateButtons,
   );
   page.tools = new ToolsPanel(
     $("tools-panel"),

@@ -9,15 +9,17 @@ const PAGE = 200; // tasks listed per split; the rest are reachable by their num
 
 export class TaskPicker {
   // `ui`: the fieldset, its split and task selects, and the prompt's element;
-  // `load(path)`: a JSON GET relative to the page.
-  constructor(ui, load) {
+  // `load(path)`: a JSON GET relative to the page; `onBusy()`: called when `busy` changes.
+  constructor(ui, load, onBusy = () => {}) {
     this.ui = ui;
     this.load = load;
+    this.onBusy = onBusy;
     this.tasks = [];
     this.split = null; // the split whose tasks are listed, and how many it has
     this.total = 0;
     this.asked = 0; // lists asked for so far: only the latest may be shown
     this.pending = 0; // lists asked for and not yet answered
+    this.starting = true; // the splits, then the first split's list, not in yet
     ui.split.addEventListener("change", () => this.showSplit(ui.split.value));
     // A task is chosen by name or by number, not both: choosing one clears the other.
     ui.task.addEventListener("change", () => {
@@ -30,17 +32,29 @@ export class TaskPicker {
     });
   }
 
+  // Until a list is in, the picker may still grow (its fieldset, the number box)
+  // and move what follows it, the Reset button among them; a choice made meanwhile
+  // would be of the list being replaced.
+  get busy() {
+    return this.starting || this.pending > 0;
+  }
+
   async start() {
-    let splits;
     try {
-      splits = (await this.load("splits")).splits || [];
-    } catch {
-      splits = []; // no catalog routes: no tasks to pick
+      let splits;
+      try {
+        splits = (await this.load("splits")).splits || [];
+      } catch {
+        splits = []; // no catalog routes: no tasks to pick
+      }
+      this.ui.fieldset.hidden = splits.length === 0;
+      if (splits.length === 0) return;
+      this.ui.split.replaceChildren(...splits.map((name) => element("option", { value: name }, name)));
+      await this.showSplit(splits[0]);
+    } finally {
+      this.starting = false;
+      this.onBusy();
     }
-    this.ui.fieldset.hidden = splits.length === 0;
-    if (splits.length === 0) return;
-    this.ui.split.replaceChildren(...splits.map((name) => element("option", { value: name }, name)));
-    await this.showSplit(splits[0]);
   }
 
   // The lists of two splits chosen in quick succession may arrive in either
@@ -65,6 +79,7 @@ export class TaskPicker {
   setPending(change) {
     this.pending += change;
     this.ui.task.setAttribute("aria-busy", String(this.pending > 0));
+    this.onBusy();
   }
 
   // A split longer than the list also offers a number box: any of its tasks,
