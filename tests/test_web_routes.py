@@ -43,6 +43,7 @@ def test_page_and_every_file_it_loads_are_served(echo_url: str) -> None:
         imported = re.findall(r'from "\./([^"]+)"', scripts["app.js"])
         assert sorted(imported) == [
             "apikey.js",
+            "fetching.js",
             "form.js",
             "history.js",
             "metrics.js",

@@ -468,3 +468,28 @@ async def test_reset_is_offered_only_once_the_task_list_has_stopped_moving_it(
     await idle(page)
     assert await reset_first_offered(page) == await reset_position(page)
     await reset(page)
+
+
+async def test_a_task_list_that_never_comes_does_not_hold_reset(
+    shapes_url: str, new_page: Callable[..., Awaitable[Page]]
+) -> None:
+    # Reset waits for the task list; a listing the server never answers (user code
+    # that hangs) must end as a failed one, leaving Reset to play without a task.
+    held: asyncio.Queue[Route] = asyncio.Queue()
+
+    async def prepare(page: Page) -> None:
+        await page.clock.install()  # the page's timers run when the test says
+        await page.route(re.compile(r"/tasks\?split="), held.put)
+
+    page = await new_page(shapes_url, prepare=prepare)
+    await held.get()  # and never answered
+    await expect(page.locator("#status")).to_have_text(
+        "Connected: a new session. Press Reset to start an episode."
+    )
+    await expect(page.get_by_role("button", name="Reset")).to_be_disabled()
+    await page.clock.run_for(10_000)
+    await expect(page.locator("#task-count")).to_have_text(
+        re.compile(r"^Could not list the tasks of .*: GET tasks\?split=.* had no answer in 10 s$")
+    )
+    await reset(page)
+    assert (await observation(page))["task"] is None  # the environment chose

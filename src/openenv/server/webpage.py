@@ -31,6 +31,7 @@ ASSETS = {
     "app.css": "text/css; charset=utf-8",
     "apikey.js": "text/javascript; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "fetching.js": "text/javascript; charset=utf-8",
     "form.js": "text/javascript; charset=utf-8",
     "history.js": "text/javascript; charset=utf-8",
     "metrics.js": "text/javascript; charset=utf-8",

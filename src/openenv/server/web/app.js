@@ -4,6 +4,7 @@
 // own environment instance on the server.
 
 import { apiKey, keyIsToken } from "./apikey.js";
+import { endpoint, loadJSON, loadText } from "./fetching.js";
 import { ActionForm, choiceText, exactInteger } from "./form.js";
 import { addHistory, exportHistory, formatNumber, rewardOf } from "./history.js";
 import { MetricsPanel } from "./metrics.js";
@@ -61,12 +62,6 @@ const page = {
 };
 
 // Relative to the page (/web), so a path prefix added by a proxy is kept.
-function endpoint(path, websocket = false) {
-  const url = new URL(path, document.baseURI);
-  if (websocket) url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  return url.href;
-}
-
 const pretty = (value) => JSON.stringify(value, null, 2);
 const MESSAGE_TOO_BIG = 1009; // the WebSocket close code for a frame over the server's limit
 const SERVICE_RESTART = 1012; // plain uvicorn's close on shutdown, sent with no frame
@@ -399,25 +394,6 @@ async function waitIfQueued(session) {
 }
 
 // -- wiring --------------------------------------------------------------------
-
-async function loadText(path) {
-  const headers = {};
-  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
-  const response = await fetch(endpoint(path), { headers });
-  if (!response.ok) throw new Error(`GET ${path} answered ${response.status}`);
-  return response.text();
-}
-
-async function loadJSON(path) {
-  const headers = { Accept: "application/json" };
-  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
-  const response = await fetch(endpoint(path), { headers });
-  if (response.status === 401) {
-    throw new Error("this server needs an API key: open the page as /web?api_key=KEY");
-  }
-  if (!response.ok) throw new Error(`GET ${path} answered ${response.status}`);
-  return response.json();
-}
 
 function wire() {
   new MetricsPanel(
