@@ -273,6 +273,41 @@ async def test_blocked_threads_leave_the_fast_lane_until_both_lanes_are_full() -
         lane.shutdown()
 
 
+async def test_a_slow_call_queued_while_a_detached_thread_holds_the_cap_runs_once_it_ends() -> None:
+    """A thread that left the fast lane counts against the slow lane's cap; a slow
+    call submitted meanwhile got no worker, and when that thread's call returned
+    and it ended, nothing started one: the call waited forever. (A session whose
+    blocking step timed out queued its close() there, and kept its slot.)"""
+    lane = Handoff(max_threads=1, blocking_after=0.002, stuck_after=0.05)
+    first, second = threading.Event(), threading.Event()
+    try:
+        detached = lane.submit(LaneTicket(), first.wait, (30,), {})
+        behind = lane.submit(LaneTicket(), second.wait, (30,), {}, timed=True)
+        assert isinstance(behind, SubmittedCall)
+        # The one fast thread blocks; the second call gets a thread only once the
+        # first has left the fast lane (past stuck_after): then it holds the slow cap.
+        for _ in range(2000):
+            if behind.started() is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert behind.started() is not None
+        slow = LaneTicket()
+        slow.slow = 16
+        queued = lane.submit(slow, abs, (-3,), {})
+        assert lane.starved == 1  # no thread for it: the detached one holds the cap
+        first.set()
+        assert await detached is True
+        # That thread's call returned: the slow lane has room, and the queued call runs.
+        assert await asyncio.wait_for(queued, 10) == 3
+        assert lane.starved == 0
+        second.set()
+        assert await behind is True
+    finally:
+        first.set()
+        second.set()
+        lane.shutdown()
+
+
 async def test_dropped_calls_never_run_and_fail_at_once() -> None:
     lane = Handoff(max_threads=1, blocking_after=0.002, stuck_after=60)
     gate, ran = threading.Event(), []

@@ -438,6 +438,91 @@ async def test_a_step_waiting_for_a_thread_is_not_timed_out() -> None:
         await slots_free(url)
 
 
+class Held(PingEnvironment):
+    """Steps whose message names a gate block until the test opens it; a "nap"
+    step is merely slow (longer than the hand-over's slow_after), which sends
+    its session's later calls to the slow lane."""
+
+    gates: dict[str, threading.Event] = {}
+    began: list[str] = []
+
+    def step(self, action: Ping, **kwargs: Any) -> Pong:
+        type(self).began.append(action.message)
+        if action.message == "nap":
+            time.sleep(0.1)  # the call under test is slow, not a synchronisation
+        elif (gate := type(self).gates.get(action.message)) is not None:
+            gate.wait(60)
+        return super().step(Ping(message=action.message))
+
+
+@pytest.mark.parametrize("queued", ["step", "close"])
+@pytest.mark.parametrize("step_timeout", [None, 60])
+async def test_a_slow_session_is_served_once_a_thread_that_left_the_fast_lane_returns(
+    step_timeout: float | None, queued: str
+) -> None:
+    """With max_threads=1, a blocked thread that left the fast lane holds the slow
+    lane's one place; a slow session's step (or close(), which frees its slot)
+    queued meanwhile waited forever after that thread's call returned. So did
+    the close() of a session whose blocking step had timed out, when it was
+    queued in the moment before that step's thread ended: its slot stayed taken."""
+    Held.gates, Held.began = {"a": threading.Event(), "b": threading.Event()}, []
+    app = create_app(
+        Held,
+        Ping,
+        Pong,
+        ConcurrencyConfig(max_concurrent_envs=8),
+        max_threads=1,
+        step_timeout=step_timeout,
+    )
+
+    async def began(message: str) -> None:
+        async def check() -> bool:
+            return message in Held.began
+
+        await until(check, what=f"step {message!r} running")
+
+    with run_server(app) as url:
+        try:
+            first, second, slow = [await _session(url) for _ in range(3)]
+            await slow.send('{"type": "step", "data": {"message": "nap"}}')
+            assert (await _reply(slow))["data"]["observation"]["message"] == "nap"
+            await first.send('{"type": "step", "data": {"message": "a"}}')
+            await began("a")
+            # The one fast thread is blocked: the second step begins only once
+            # that thread has left the fast lane for another to take its place.
+            await second.send('{"type": "step", "data": {"message": "b"}}')
+            await began("b")
+            if queued == "step":
+                await slow.send('{"type": "step", "data": {"message": "c"}}')
+            else:
+                await slow.close()
+
+            async def no_thread_for_it() -> bool:
+                return "wait for a worker thread" in (await health(url)).get("reason", "")
+
+            await until(no_thread_for_it, what=f"the slow session's {queued} waiting for a thread")
+            Held.gates["a"].set()
+            assert (await _reply(first))["data"]["observation"]["message"] == "a"
+            # That thread is free of its call: the slow session's call gets it.
+            if queued == "step":
+                reply = await _reply(slow)
+                assert reply["type"] == "observation", reply
+                assert reply["data"]["observation"]["message"] == "c"
+            else:
+
+                async def slot_freed() -> bool:
+                    return (await health(url))["active_sessions"] == 2
+
+                await until(slot_freed, what="the closed session's slot freed")
+        finally:
+            for gate in Held.gates.values():
+                gate.set()
+        assert (await _reply(second))["data"]["observation"]["message"] == "b"
+        for ws in (first, second, slow):
+            await ws.close()
+        await slots_free(url)
+
+
 class LoopBlocker(PingEnvironment):
     async def step(self, action: Ping, **kwargs: Any) -> Pong:  # type: ignore[override]
         time.sleep(1.5)  # noqa: ASYNC251 - the bug under test: blocking inside async def

@@ -26,13 +26,14 @@ User code never runs on the event loop thread.
 
 Blocking calls never take the fast lane for good: when every fast thread is
 inside a call older than ``stuck_after`` and the lane is at ``max_threads``
-with work waiting, those threads leave the fast lane (they end once their
-call returns, and count against the slow lane's cap) and their sessions move
-to the slow lane, so resets, new environments and quick sessions keep
-getting threads. At most ``2 * max_threads`` threads run at once; when both
-lanes are full of blocked calls, ``starved`` says so (``/health`` reports
-"degraded"). A call whose ticket is ``closed`` before a thread takes it never
-runs: its receiver gets ``NotStarted``.
+with work waiting, those threads leave the fast lane (they count against the
+slow lane's cap, and once their call returns they end, or serve the slow
+calls that queued meanwhile) and their sessions move to the slow lane, so
+resets, new environments and quick sessions keep getting threads. At most
+``2 * max_threads`` threads run at once; when both lanes are full of blocked
+calls, ``starved`` says so (``/health`` reports "degraded"). A call whose
+ticket is ``closed`` before a thread takes it never runs: its receiver gets
+``NotStarted``.
 
 ``dispatch_batch`` hands over many calls at once (the steps of one v2 frame)
 as one entry of the fast lane, to save each call its own queue entry, receiver
@@ -422,9 +423,23 @@ class Handoff:
                         call.ticket.slow = _SLOW_CREDITS
                     self._finish(result)
                 if worker.detached:  # replaced in the fast lane while it was blocked
-                    with self._lock:
-                        self._detached -= 1
+                    self._leave_detached()
                     return
+
+    def _leave_detached(self) -> None:
+        """A detached thread's call returned, freeing its place under the slow cap.
+        Slow calls queued while it held that place got no worker, and nothing else
+        starts one (a timed-out session's close(), queued as soon as this thread
+        handed back its outcome): this thread becomes their worker."""
+        with self._lock:
+            self._detached -= 1
+            serve = self._slow_waiting < self._slow_queued and not self._stopped
+            if serve:
+                self._slow_workers.append(threading.current_thread())
+                self._slow_waiting += 1
+        if serve:
+            threading.current_thread().name = "openenv-env-slow"
+            self._work_slow()
 
     def _run_batch(self, worker: Worker, batch: Batch) -> None:
         """Run a batch's calls until none is left (or this thread left the fast lane)."""
