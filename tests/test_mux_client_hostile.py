@@ -155,6 +155,40 @@ async def test_an_opened_reply_without_its_session_id_fails_the_open_at_once() -
         await mux.close()
 
 
+@pytest.mark.parametrize("code", [1000, 1001])
+async def test_a_normal_close_with_a_reason_is_told_to_every_waiting_call(code: int) -> None:
+    # 1000 and 1001 (a server or a proxy going away) are the close codes that
+    # end the connection cleanly: the reason must reach the caller all the same.
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            requests = orjson.loads(frame)
+            if all(r["type"] == "open" for r in requests):
+                opened = [
+                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
+                    for r in requests
+                ]
+                await ws.send(orjson.dumps(opened).decode())
+            else:
+                await ws.close(code, "replica drained for maintenance")
+
+    async with fake_v2_server(handler) as url:
+        mux = client(url, message_timeout=None)  # only the close can end the waits
+        sessions = await mux.open(3)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                mux.step(sessions[:2], [Hold()] * 2),
+                sessions[2].step(Hold()),
+                return_exceptions=True,
+            )
+        for failure in results:
+            assert isinstance(failure, SessionClosedError)
+            assert failure.reason == "replica drained for maintenance"
+            assert failure.close_code == code
+        with pytest.raises(SessionClosedError, match="replica drained for maintenance"):
+            await mux.open(1)
+        await mux.close()
+
+
 async def test_replies_for_no_waiting_request_are_passed_over() -> None:
     def answer(requests: list[dict[str, Any]]) -> str:
         stray = [

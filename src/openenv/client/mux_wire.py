@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol, protocol_v2
 from openenv.client._base import error_from
+from openenv.client.sockets import closed_error
 from openenv.errors import SessionClosedError
 
 if TYPE_CHECKING:
@@ -181,11 +182,7 @@ class MuxWire:
     def lose(self, exc: BaseException | None) -> None:
         """The connection is gone (``exc`` why): every waiting call and session hears of it."""
         if isinstance(exc, ConnectionClosed):
-            close = exc.rcvd or exc.sent
-            lost = SessionClosedError(
-                (close.reason or "the connection closed") if close else "the connection dropped",
-                close_code=close.code if close else None,
-            )
+            lost = closed_error(exc)
         elif exc is None:
             lost = SessionClosedError("the connection closed")
         else:
@@ -205,7 +202,10 @@ async def _read(ws: ClientConnection, wire: weakref.ref[MuxWire]) -> None:
     # Holds its wire only while routing a frame, never while it waits for one.
     failure: BaseException | None = None
     try:
-        async for frame in ws:
+        while True:
+            # Not ``async for``: it ends silently on a normal close (1000, 1001),
+            # and the server's code and reason (shutting down, say) would be lost.
+            frame = await ws.recv()
             routing = wire()
             if routing is None:
                 return  # its client was dropped (and the connection cut)
