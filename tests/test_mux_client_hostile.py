@@ -189,6 +189,36 @@ async def test_a_normal_close_with_a_reason_is_told_to_every_waiting_call(code: 
         await mux.close()
 
 
+@pytest.mark.parametrize("kind", ["observation", "closed"])
+async def test_a_reply_naming_another_session_than_its_requests_fails_the_connection(
+    kind: str,
+) -> None:
+    data = {
+        "observation": {"observation": {"steps": 1}, "reward": 1.0, "done": False},
+        "closed": {"reason": "client_close", "code": 1000, "message": ""},
+    }[kind]
+
+    def answer(requests: list[dict[str, Any]]) -> str:
+        # Each reply carries its request's id but the next session's name.
+        replies = [
+            {"session": r["session"] + 1, "id": r["id"], "type": kind, "data": data}
+            for r in requests
+        ]
+        return orjson.dumps(replies).decode()
+
+    async with fake_v2_server(opens_then(answer)) as url:
+        mux = client(url, message_timeout=None)
+        sessions = await mux.open(3)
+        async with asyncio.timeout(30):
+            with pytest.raises(
+                SessionClosedError, match="a reply for session 1 to a request of session 0"
+            ):
+                await sessions[0].step(Hold())
+        assert mux.closed
+        assert all(s.closed for s in sessions)
+        await mux.close()
+
+
 async def test_replies_for_no_waiting_request_are_passed_over() -> None:
     def answer(requests: list[dict[str, Any]]) -> str:
         stray = [

@@ -161,6 +161,10 @@ class MuxWire:
                 self.close_unheard(key)
             return
         future, session = waiting
+        if key != session.key and not (key is None and item.get("type") == "error"):
+            # Routed by its id alone, it would hand one session's result to
+            # another's caller (and a "closed" would end the wrong session).
+            raise ValueError(f"a reply for session {key!r} to a request of session {session.key!r}")
         if item.get("type") == "opened":
             # Open from here, even if its caller gives up before it hears so.
             session.session_id = item["data"]["session_id"]
