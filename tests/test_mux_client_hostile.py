@@ -115,6 +115,24 @@ async def test_a_reply_frame_that_is_not_the_protocol_fails_every_waiting_call(
 
 
 @pytest.mark.parametrize(
+    "frame",
+    [
+        # A v1 reply: a server that took the v2 subprotocol but speaks v1.
+        '{"type": "observation", "data": {"observation": {}, "reward": 1.0, "done": false}}',
+        "[1, 2]",
+    ],
+)
+async def test_a_reply_frame_that_is_not_an_array_of_replies_is_named_so(frame: str) -> None:
+    async with fake_v2_server(opens_then(lambda _: frame)) as url:
+        mux = client(url, message_timeout=None)
+        sessions = await mux.open(2)
+        with pytest.raises(SessionClosedError, match="not a JSON array of objects") as caught:
+            await sessions[0].step(Hold())
+        assert frame[:40] in str(caught.value)
+        await mux.close()
+
+
+@pytest.mark.parametrize(
     ("kind", "data"),
     [
         ("error", {"code": "RATE_LIMITED", "message": "slow down"}),  # a code it does not know

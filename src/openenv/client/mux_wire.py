@@ -120,7 +120,14 @@ class MuxWire:
     # -- replies ----------------------------------------------------------------
 
     def received(self, frame: str | bytes) -> None:
-        for item in orjson.loads(frame):
+        items = orjson.loads(frame)
+        if type(items) is not list or not all(type(item) is dict for item in items):
+            # A lone object is what a v1 server answers: said so, rather than
+            # as the AttributeError that routing it would raise.
+            raise ValueError(
+                f"a frame of replies that is not a JSON array of objects: {frame!r:.80}"
+            )
+        for item in items:
             self._route(item)
 
     def _route(self, item: dict[str, Any]) -> None:
