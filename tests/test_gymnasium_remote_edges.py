@@ -16,8 +16,12 @@ from gymnasium import spaces
 from gymnasium.utils.env_match import check_environments_match
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from servers import slots_free
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
 
-from openenv import ConcurrencyConfig, EnvExecutionError
+from openenv import ConcurrencyConfig, ConnectionFailedError, EnvExecutionError
 from openenv.adapters.gymnasium import (
     RemoteGymnasiumEnv,
     RemoteVectorEnv,
@@ -212,3 +216,26 @@ def test_without_autoreset_a_step_before_resetting_ended_envs_steps_none(
             np.testing.assert_array_equal(truncations, [False, False])
         finally:
             envs.close()
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        HTMLResponse("<html>my dashboard</html>"),
+        JSONResponse({"status": "ok"}),
+        JSONResponse({"action_space": "Discrete(2)", "observation_space": None}),
+    ],
+    ids=["a web page", "another service's JSON", "not descriptions"],
+)
+def test_a_url_of_another_service_answering_every_path_is_a_connection_error_saying_so(
+    page: Response,
+) -> None:
+    # The wrong port, say: a web app there answers /gymnasium/spaces too, with 200.
+    async def anything(request: Request) -> Response:
+        return page
+
+    app = Starlette(routes=[Route("/{path:path}", anything)])
+    refused = pytest.raises(ConnectionFailedError, match="is this an openenv server")
+    with run_server(app) as url, refused as caught:
+        RemoteGymnasiumEnv(url)
+    assert url.removeprefix("http://") in str(caught.value)

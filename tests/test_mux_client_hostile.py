@@ -115,6 +115,24 @@ async def test_a_reply_frame_that_is_not_the_protocol_fails_every_waiting_call(
 
 
 @pytest.mark.parametrize(
+    "frame",
+    [
+        # A v1 reply: a server that took the v2 subprotocol but speaks v1.
+        '{"type": "observation", "data": {"observation": {}, "reward": 1.0, "done": false}}',
+        "[1, 2]",
+    ],
+)
+async def test_a_reply_frame_that_is_not_an_array_of_replies_is_named_so(frame: str) -> None:
+    async with fake_v2_server(opens_then(lambda _: frame)) as url:
+        mux = client(url, message_timeout=None)
+        sessions = await mux.open(2)
+        with pytest.raises(SessionClosedError, match="not a JSON array of objects") as caught:
+            await sessions[0].step(Hold())
+        assert frame[:40] in str(caught.value)
+        await mux.close()
+
+
+@pytest.mark.parametrize(
     ("kind", "data"),
     [
         ("error", {"code": "RATE_LIMITED", "message": "slow down"}),  # a code it does not know
@@ -152,6 +170,70 @@ async def test_an_opened_reply_without_its_session_id_fails_the_open_at_once() -
         async with asyncio.timeout(30):
             with pytest.raises(SessionClosedError, match="the connection failed"):
                 await mux.open(2)
+        await mux.close()
+
+
+@pytest.mark.parametrize("code", [1000, 1001])
+async def test_a_normal_close_with_a_reason_is_told_to_every_waiting_call(code: int) -> None:
+    # 1000 and 1001 (a server or a proxy going away) are the close codes that
+    # end the connection cleanly: the reason must reach the caller all the same.
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            requests = orjson.loads(frame)
+            if all(r["type"] == "open" for r in requests):
+                opened = [
+                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
+                    for r in requests
+                ]
+                await ws.send(orjson.dumps(opened).decode())
+            else:
+                await ws.close(code, "replica drained for maintenance")
+
+    async with fake_v2_server(handler) as url:
+        mux = client(url, message_timeout=None)  # only the close can end the waits
+        sessions = await mux.open(3)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                mux.step(sessions[:2], [Hold()] * 2),
+                sessions[2].step(Hold()),
+                return_exceptions=True,
+            )
+        for failure in results:
+            assert isinstance(failure, SessionClosedError)
+            assert failure.reason == "replica drained for maintenance"
+            assert failure.close_code == code
+        with pytest.raises(SessionClosedError, match="replica drained for maintenance"):
+            await mux.open(1)
+        await mux.close()
+
+
+@pytest.mark.parametrize("kind", ["observation", "closed"])
+async def test_a_reply_naming_another_session_than_its_requests_fails_the_connection(
+    kind: str,
+) -> None:
+    data = {
+        "observation": {"observation": {"steps": 1}, "reward": 1.0, "done": False},
+        "closed": {"reason": "client_close", "code": 1000, "message": ""},
+    }[kind]
+
+    def answer(requests: list[dict[str, Any]]) -> str:
+        # Each reply carries its request's id but the next session's name.
+        replies = [
+            {"session": r["session"] + 1, "id": r["id"], "type": kind, "data": data}
+            for r in requests
+        ]
+        return orjson.dumps(replies).decode()
+
+    async with fake_v2_server(opens_then(answer)) as url:
+        mux = client(url, message_timeout=None)
+        sessions = await mux.open(3)
+        async with asyncio.timeout(30):
+            with pytest.raises(
+                SessionClosedError, match="a reply for session 1 to a request of session 0"
+            ):
+                await sessions[0].step(Hold())
+        assert mux.closed
+        assert all(s.closed for s in sessions)
         await mux.close()
 
 

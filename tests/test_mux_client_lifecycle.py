@@ -91,6 +91,19 @@ async def test_every_close_returns_only_once_the_sessions_are_closed() -> None:
         assert mux.closed
 
 
+async def test_a_closed_client_says_so_to_every_later_call() -> None:
+    tracker = Tracker()
+    with run_server(ping_app(tracker, max_envs=3)) as url:
+        mux = client(url)
+        sessions = await mux.open(2)
+        await sessions[0].close()
+        await mux.close()
+        calls = [sessions[0].step(Ping()), sessions[1].step(Ping()), mux.open(1)]
+        for call in calls:
+            with pytest.raises(SessionClosedError, match="this client was closed"):
+                await call
+
+
 async def test_a_close_while_the_client_connects_leaves_nothing_open() -> None:
     handshaking, go_on, left = asyncio.Event(), asyncio.Event(), asyncio.Event()
 

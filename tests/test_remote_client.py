@@ -12,12 +12,17 @@ import threading
 
 import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
 
 from openenv import (
     CapacityError,
     ConcurrencyConfig,
     ConnectionFailedError,
     RemoteEnv,
+    ServerPool,
     SessionClosedError,
     create_app,
 )
@@ -85,6 +90,22 @@ async def test_nothing_listening_is_a_connection_error() -> None:
         port = sock.getsockname()[1]
     with pytest.raises(ConnectionFailedError, match=f"cannot connect to http://127.0.0.1:{port}"):
         await RemoteEnv(f"http://127.0.0.1:{port}").list_splits()
+
+
+async def test_a_web_app_at_the_url_is_a_connection_error_and_a_pool_reads_past_it() -> None:
+    # The wrong port, say: a web app there answers every path with a page.
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse("<html>my dashboard</html>")
+
+    web = Starlette(routes=[Route("/{path:path}", page)])
+    with run_server(web) as other, run_server(create_app(PingEnvironment, Ping, Pong)) as url:
+        env = RemoteEnv(other)
+        for call in (env.list_splits, env.list_tools, lambda: env.list_tasks("train")):
+            with pytest.raises(ConnectionFailedError, match="is this an openenv server") as caught:
+                await call()
+            assert other.removeprefix("http://") in str(caught.value)
+        # The pool's servers serve the same: the one that answers in JSON is read.
+        assert await RemoteEnv(ServerPool([other, url])).list_splits() == []
 
 
 async def test_the_session_keeps_score_over_steps() -> None:

@@ -378,6 +378,8 @@ class MuxClient(ClientCore[ActT, ObsT, StateT]):
         wire = self._wire
         if wire is None:  # never connected: no session of it can have opened
             raise SessionClosedError("this client is not connected")
+        if self._closed and kind != "close":  # else the connection's own end would be told
+            raise SessionClosedError("this client was closed; create a new one")
         if wire.loop is not asyncio.get_running_loop():
             if abandoned(wire.loop):
                 raise SessionClosedError(

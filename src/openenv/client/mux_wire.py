@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from openenv import protocol, protocol_v2
 from openenv.client._base import error_from
+from openenv.client.sockets import closed_error
 from openenv.errors import SessionClosedError
 
 if TYPE_CHECKING:
@@ -119,7 +120,14 @@ class MuxWire:
     # -- replies ----------------------------------------------------------------
 
     def received(self, frame: str | bytes) -> None:
-        for item in orjson.loads(frame):
+        items = orjson.loads(frame)
+        if type(items) is not list or not all(type(item) is dict for item in items):
+            # A lone object is what a v1 server answers: said so, rather than
+            # as the AttributeError that routing it would raise.
+            raise ValueError(
+                f"a frame of replies that is not a JSON array of objects: {frame!r:.80}"
+            )
+        for item in items:
             self._route(item)
 
     def _route(self, item: dict[str, Any]) -> None:
@@ -160,6 +168,10 @@ class MuxWire:
                 self.close_unheard(key)
             return
         future, session = waiting
+        if key != session.key and not (key is None and item.get("type") == "error"):
+            # Routed by its id alone, it would hand one session's result to
+            # another's caller (and a "closed" would end the wrong session).
+            raise ValueError(f"a reply for session {key!r} to a request of session {session.key!r}")
         if item.get("type") == "opened":
             # Open from here, even if its caller gives up before it hears so.
             session.session_id = item["data"]["session_id"]
@@ -181,11 +193,7 @@ class MuxWire:
     def lose(self, exc: BaseException | None) -> None:
         """The connection is gone (``exc`` why): every waiting call and session hears of it."""
         if isinstance(exc, ConnectionClosed):
-            close = exc.rcvd or exc.sent
-            lost = SessionClosedError(
-                (close.reason or "the connection closed") if close else "the connection dropped",
-                close_code=close.code if close else None,
-            )
+            lost = closed_error(exc)
         elif exc is None:
             lost = SessionClosedError("the connection closed")
         else:
@@ -205,7 +213,10 @@ async def _read(ws: ClientConnection, wire: weakref.ref[MuxWire]) -> None:
     # Holds its wire only while routing a frame, never while it waits for one.
     failure: BaseException | None = None
     try:
-        async for frame in ws:
+        while True:
+            # Not ``async for``: it ends silently on a normal close (1000, 1001),
+            # and the server's code and reason (shutting down, say) would be lost.
+            frame = await ws.recv()
             routing = wire()
             if routing is None:
                 return  # its client was dropped (and the connection cut)

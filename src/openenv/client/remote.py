@@ -479,7 +479,14 @@ async def _get_json(
         detail = http_detail(response)
         error = NotFoundError if response.status_code == 404 else RequestFailedError
         raise error(str(response.url), response.status_code, detail)
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:  # another service on that port: a web app answering every path
+        raise ConnectionFailedError(
+            str(response.url),
+            f"answered something other than JSON ({response.text[:80]!r}); "
+            f"is this an openenv server's URL?",
+        ) from None
 
 
 def _http_client(headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:

@@ -372,5 +372,18 @@ def _spaces(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any
         )
     if reply.status_code != 200:
         raise ConnectionFailedError(base, f"HTTP {reply.status_code}: {http_detail(reply)}")
-    described: dict[str, Any] = reply.json()
+    try:
+        described = reply.json()
+    except ValueError:  # another service on that port: a web app answering every path
+        described = None
+    if not (
+        isinstance(described, dict)
+        and isinstance(described.get("action_space"), dict)
+        and isinstance(described.get("observation_space"), dict)
+    ):
+        raise ConnectionFailedError(
+            base,
+            f"{SPACES_ROUTE} answered something other than Gymnasium spaces "
+            f"({reply.text[:80]!r}); is this an openenv server made by create_gymnasium_app?",
+        )
     return described
