@@ -10,9 +10,9 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from openenv import ConcurrencyConfig
+from openenv import ConcurrencyConfig, EnvExecutionError
 from openenv.adapters.gymnasium import (
     RemoteVectorEnv,
     create_gymnasium_app,
@@ -21,6 +21,81 @@ from openenv.adapters.gymnasium import (
 from openenv.testing import run_server
 
 MAKERS = [create_gymnasium_app, create_gymnasium_vector_app]
+
+
+class Fragile(gymnasium.Env[np.ndarray, np.int64]):
+    """Counts its steps; action 1 raises, and an episode lasts two steps."""
+
+    observation_space = spaces.Box(0.0, 10.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if action == 1:
+            raise RuntimeError("the simulator crashed")
+        self.steps += 1
+        return np.full(1, self.steps, np.float32), 1.0, self.steps >= 2, False, {}
+
+
+def play(envs: gymnasium.vector.VectorEnv[Any, Any, Any], rounds: list[list[int]]) -> list[Any]:
+    """Each round's observations and terminations, or the type of the error it raised."""
+    envs.reset(seed=0)
+    out: list[Any] = []
+    for actions in rounds:
+        try:
+            observations, _, terminations, _, _ = envs.step(np.array(actions))
+        except (RuntimeError, EnvExecutionError) as exc:
+            out.append(type(exc).__name__)
+        else:
+            out.append((observations.ravel().tolist(), terminations.tolist()))
+    return out
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+def test_after_one_environments_step_raises_the_others_go_on(
+    make_app: Callable[..., Any],
+) -> None:
+    # Environment 0's episode ends in the step where environment 1's raises. Its
+    # result is lost with the error, yet it must be reset by the next step (as
+    # SyncVectorEnv resets it) and not be refused a step for ever.
+    rounds = [[0, 0], [0, 1], [0, 0], [0, 0], [0, 0]]
+    mode = AutoresetMode.SAME_STEP
+    here = SyncVectorEnv([Fragile] * 2, autoreset_mode=mode)
+    with run_server(make_app(Fragile, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, num_envs=2, autoreset_mode=mode)
+        try:
+            want = play(here, rounds)
+            got = play(remote, rounds)
+        finally:
+            remote.close()
+            here.close()
+    assert want[1] == "RuntimeError"
+    assert got[1] == "EnvExecutionError"
+    ended_then_reset = [([1.0, 0.0], [False, True]), ([0.0, 1.0], [True, False])]
+    assert got[2:] == want[2:] == [*ended_then_reset, ([1.0, 0.0], [False, True])]
+
+
+@pytest.mark.parametrize("make_app", MAKERS)
+def test_after_one_environments_step_raises_the_next_step_autoresets_those_that_ended(
+    make_app: Callable[..., Any],
+) -> None:
+    rounds = [[0, 0], [0, 1], [0, 0], [0, 0], [0, 0]]
+    with run_server(make_app(Fragile, ConcurrencyConfig(max_concurrent_envs=4))) as url:
+        remote = RemoteVectorEnv(url, num_envs=2)
+        try:
+            got = play(remote, rounds)
+        finally:
+            remote.close()
+    assert got[1] == "EnvExecutionError"
+    # Every later step goes through, and environment 1 plays its episode on.
+    assert all(isinstance(result, tuple) for result in got[2:]), got
+    assert [observations[1] for observations, _ in got[2:]] == [2.0, 0.0, 1.0]
 
 
 class NonFinite(gymnasium.Env[np.ndarray, np.int64]):

@@ -88,6 +88,17 @@ class SessionsLink:
         """Send every environment's request; the replies in environment order
         (``None`` where nothing was asked). The first error is raised once all
         have answered."""
+        replies, error = self.answers(requests)
+        if error is not None:
+            raise error
+        return replies
+
+    def answers(
+        self, requests: Sequence[Request]
+    ) -> tuple[list[dict[str, Any] | None], Exception | None]:
+        """``exchange``'s replies (``None`` also where the request failed) and its
+        first error, returned rather than raised: the environments that did answer
+        have moved on, whatever another's failure. A lost connection still raises."""
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this vector env is closed")
@@ -123,9 +134,7 @@ class SessionsLink:
         except TimeoutError:
             self.broken = True
             raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
-        if error is not None:
-            raise error
-        return replies
+        return replies, error
 
     def close(self) -> None:
         """Close every session (freeing their slots) and the connection."""
