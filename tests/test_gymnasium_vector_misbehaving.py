@@ -3,6 +3,7 @@ environments in a ``SyncVectorEnv``: the spec for what the batch does."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -11,8 +12,10 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from servers import slots_free
+from test_gymnasium_vector_hostile import Gated
 
-from openenv import ConcurrencyConfig, EnvExecutionError
+from openenv import ConcurrencyConfig, DeadlineError, EnvExecutionError, SessionClosedError
 from openenv.adapters.gymnasium import (
     RemoteVectorEnv,
     create_gymnasium_app,
@@ -133,3 +136,29 @@ def test_info_arrays_holding_nan_or_infinities_are_float_arrays_as_in_sync_vecto
         finally:
             remote.close()
             here.close()
+
+
+async def test_an_environment_whose_session_the_server_ended_is_named_at_every_call() -> None:
+    # Its step overran the server's step_timeout, so the server ended its session;
+    # the calls after must say so, not ask the user to "send an 'open' request".
+    gate = threading.Event()
+    app = create_gymnasium_app(
+        lambda: Gated(gate), ConcurrencyConfig(max_concurrent_envs=4), step_timeout=0.5
+    )
+    with run_server(app) as url:
+        envs = RemoteVectorEnv(url, num_envs=3)
+        try:
+            envs.reset(seed=0)
+            with pytest.raises(DeadlineError) as caught:
+                envs.step(np.array([0, 1, 0]))
+            assert caught.value.fatal
+            ended = r"the server ended the session of environment 1 \(\[TIMEOUT\] step\(\)"
+            for _ in range(2):
+                with pytest.raises(SessionClosedError, match=ended):
+                    envs.step(np.array([0, 0, 0]))
+            with pytest.raises(SessionClosedError, match=ended):
+                envs.reset(seed=1)
+        finally:
+            gate.set()
+            envs.close()
+        await slots_free(url)
