@@ -212,12 +212,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 requests.append(("reset", {}))
             else:
                 requests.append(("step", {"action": value}))
-        replies = self._exchange(requests)
+        # An environment's failure is raised once the others' results are taken:
+        # they did step, and one whose episode ended then must be reset, or every
+        # later step would be refused for it ("the episode is over").
+        replies, error = self._answers(requests)
         infos: dict[str, Any] = {}
         observations: list[Any] = []
         again: list[int] = []
         for i, reply in enumerate(replies):
-            assert reply is not None
+            if reply is None:  # its call failed: it keeps its last observation
+                observations.append(None)
+                continue
             data = reply["data"]
             payload = data["observation"]
             observations.append(payload["observation"])
@@ -238,15 +243,20 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             else:
                 infos = self._add_info(infos, info, i)
         if again:  # SAME_STEP: reset the finished ones now, in one more frame
-            resets = self._exchange(
+            resets, failed = self._answers(
                 [("reset", {}) if i in again else None for i in range(self.num_envs)]
             )
+            error = error or failed
             for i in again:
-                payload = resets[i]["data"]["observation"]  # type: ignore[index]
+                if (reset := resets[i]) is None:
+                    continue
+                payload = reset["data"]["observation"]
                 observations[i] = payload["observation"]
                 infos = self._add_info(infos, payload.get("info") or {}, i)
         self._store(observations)
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        if error is not None:
+            raise error
         return (
             self._out(),
             np.copy(self._rewards),
@@ -266,9 +276,18 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _exchange(self, requests: Sequence[Request]) -> list[dict[str, Any] | None]:
         """Every environment's request (``None``: nothing for it); replies in env order."""
+        replies, error = self._answers(requests)
+        if error is not None:
+            raise error
+        return replies
+
+    def _answers(
+        self, requests: Sequence[Request]
+    ) -> tuple[list[dict[str, Any] | None], Exception | None]:
+        """``_exchange``'s replies (``None`` where a request failed) and first error."""
         if self._sessions is None:
             raise SessionClosedError("this vector env is closed")
-        return self._sessions.exchange(requests)
+        return self._sessions.answers(requests)
 
     def _checked(self, actions: Any) -> list[Any]:
         """Every environment's action as JSON, each checked as the server will check it:

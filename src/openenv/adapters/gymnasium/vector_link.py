@@ -216,45 +216,60 @@ def decode_infos(value: Any) -> Any:
     (array([ True, False]), array([0.5, 1. ]), None)
     >>> decode_infos({"energy": [1.5, "-Infinity"], "names": ["NaN", "ok"]})
     {'energy': array([ 1.5, -inf]), 'names': array(['NaN', 'ok'], dtype=object)}
+    >>> decode_infos({"dist": [[1.0, "Infinity"], [2.0, 3.0]]})["dist"]
+    array([[ 1., inf],
+           [ 2.,  3.]])
     """
     if isinstance(value, dict):
         return {key: decode_infos(item) for key, item in value.items()}
     if not isinstance(value, list):
         return value
-    with contextlib.suppress(ValueError):
-        array = np.asarray(value)
-        # Numbers and flags only: numpy would make [1, "a"] the strings ["1", "a"],
-        # and a batch of texts is an object array in SyncVectorEnv, not "<U".
-        if array.dtype.kind in "biuf":
-            return array
-        if array.dtype.kind == "U" and _non_finite(value):
-            return np.asarray([protocol.reward_from(item) for item in value], dtype=np.float64)
+    if (array := _numeric(value)) is not None:
+        return array
     out = np.empty(len(value), dtype=object)
     for i, item in enumerate(value):
         out[i] = _decode_item(item)
     return out
 
 
-def _non_finite(items: list[Any]) -> bool:
-    """Whether a batch of numbers has some written as JSON lacks them ("NaN",
-    "Infinity", "-Infinity"), and no other text."""
-    return all(
-        item in ("NaN", "Infinity", "-Infinity")
-        if isinstance(item, str)
-        else isinstance(item, int | float) and not isinstance(item, bool)
-        for item in items
-    )
+def _numeric(value: list[Any]) -> np.ndarray[Any, Any] | None:
+    """``value`` as the numeric array it came from, if it holds numbers and flags
+    only, some floats perhaps written as JSON lacks them ("NaN", "Infinity",
+    "-Infinity"); else ``None``: numpy would make [1, "a"] the strings ["1", "a"],
+    and a batch of texts is an object array in ``SyncVectorEnv``, not "<U"."""
+    try:
+        array = np.asarray(value)
+    except ValueError:  # ragged
+        return None
+    if array.dtype.kind in "biuf":
+        return array
+    if array.dtype.kind == "U" and _non_finite(value):
+        return np.asarray(_floats(value), dtype=np.float64)
+    return None
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether every number nested in ``value`` is a number or one JSON lacks
+    ("NaN", "Infinity", "-Infinity"), with no other text and no flag."""
+    if isinstance(value, list):
+        return all(_non_finite(item) for item in value)
+    if isinstance(value, str):
+        return value in ("NaN", "Infinity", "-Infinity")
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _floats(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_floats(item) for item in value]
+    return protocol.reward_from(value)
 
 
 def _decode_item(item: Any) -> Any:
     """One environment's entry of a batch: numbers as an array, other lists as they came."""
     if not isinstance(item, list):
         return decode_infos(item)
-    with contextlib.suppress(ValueError):
-        array = np.asarray(item)
-        if array.dtype.kind in "biuf":
-            return array
-    return item
+    array = _numeric(item)
+    return item if array is None else array
 
 
 def final_observations(infos: dict[str, Any], space: gymnasium.Space[Any]) -> dict[str, Any]:
@@ -304,18 +319,12 @@ def _stacked(values: Any, present: Any) -> Any:
     if not isinstance(values, np.ndarray) or values.dtype != object:
         return values
     given = [values[i] for i in np.flatnonzero(present)]
-    if given and any(isinstance(item, str) for item in given) and _non_finite(given):
-        # Numbers, some NaN or infinite (written as text): SyncVectorEnv's floats.
-        numbers = np.zeros(len(values), dtype=np.float64)
-        numbers[np.asarray(present, dtype=np.bool_)] = [protocol.reward_from(i) for i in given]
-        return numbers
-    if not given or not all(isinstance(item, list) for item in given):
+    # Arrays (lists here) and numbers some of which are NaN or infinite (written
+    # as text); a ragged or not numeric lot stays as Gymnasium keeps it.
+    if not given or not all(isinstance(item, list | str | int | float) for item in given):
         return values
-    try:
-        stacked = np.asarray(given)
-    except ValueError:  # ragged: as Gymnasium keeps them
-        return values
-    if stacked.dtype.kind not in "biuf":
+    stacked = _numeric(given)
+    if stacked is None:
         return values
     batch = np.zeros((len(values), *stacked.shape[1:]), dtype=stacked.dtype)
     batch[np.asarray(present, dtype=np.bool_)] = stacked

@@ -34,6 +34,7 @@ from openenv.errors import (
     OpenEnvError,
     SessionClosedError,
 )
+from openenv.protocol import FATAL_CODES
 
 __all__ = ["Request", "SessionsLink"]
 
@@ -59,6 +60,9 @@ class SessionsLink:
         self.timeout = timeout
         self.num_envs = num_envs
         self.broken = False  # a call failed midway (timeout, connection lost)
+        # Environments whose sessions the server ended (a fatal error, an idle
+        # timeout), and why: asked nothing more, as the server knows them no more.
+        self.ended: dict[int, str] = {}
         self._ids = itertools.count()
         url = ws_url(base_url)
         try:
@@ -88,20 +92,37 @@ class SessionsLink:
         """Send every environment's request; the replies in environment order
         (``None`` where nothing was asked). The first error is raised once all
         have answered."""
+        replies, error = self.answers(requests)
+        if error is not None:
+            raise error
+        return replies
+
+    def answers(
+        self, requests: Sequence[Request]
+    ) -> tuple[list[dict[str, Any] | None], Exception | None]:
+        """``exchange``'s replies (``None`` also where the request failed) and its
+        first error, returned rather than raised: the environments that did answer
+        have moved on, whatever another's failure. A lost connection still raises."""
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this vector env is closed")
         call = next(self._ids)
         items = []
+        error: Exception | None = None
         for i, request in enumerate(requests):
-            if request is not None:
+            if request is not None and i in self.ended:
+                if request[0] != "close":
+                    error = error or SessionClosedError(
+                        f"the server ended the session of environment {i} ({self.ended[i]}); "
+                        "it cannot step or reset again: close() this vector env and make another"
+                    )
+            elif request is not None:
                 kind, data = request
                 item: dict[str, Any] = {"session": i, "type": kind, "id": call}
                 if data is not None:
                     item["data"] = data
                 items.append(item)
         replies: list[dict[str, Any] | None] = [None] * len(requests)
-        error: Exception | None = None
         # One bound for the whole call: frames for nobody (late replies, notices)
         # must not put it off, however often they come.
         deadline = time.monotonic() + self.timeout
@@ -123,9 +144,7 @@ class SessionsLink:
         except TimeoutError:
             self.broken = True
             raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
-        if error is not None:
-            raise error
-        return replies
+        return replies, error
 
     def close(self) -> None:
         """Close every session (freeing their slots) and the connection."""
@@ -156,7 +175,7 @@ class SessionsLink:
             ws.send(orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY).decode())
         while unanswered:
             frame = ws.recv(timeout=seconds_until(deadline))
-            error = _read(frame, call, unanswered, replies, error)
+            error = _read(frame, call, unanswered, replies, error, self.ended)
         return error
 
 
@@ -166,9 +185,11 @@ def _read(
     unanswered: dict[int, str],
     replies: list[dict[str, Any] | None],
     error: Exception | None,
+    ended: dict[int, str],
 ) -> Exception | None:
     """Take one frame of replies to the call ``call`` (``unanswered``: each
-    session still owed a reply, and what it asked); the first error. Raises
+    session still owed a reply, and what it asked); the first error. Sessions
+    the server ends go in ``ended``, with why. Raises
     one of ``UNREADABLE`` if the frame is not the protocol, ``_Refused`` if it
     refuses the frame sent."""
     items = orjson.loads(frame)
@@ -180,6 +201,7 @@ def _read(
                 # Whose requests it held is not said, and none of them will run.
                 raise _Refused(f"the server refused a frame: {error_from(reply['data'])}")
             if reply.get("type") == "closed":
+                _ended(ended, reply)
                 error = error or SessionClosedError(str(reply["data"].get("message")))
             continue  # a notice, or a reply the caller gave up on
         session = reply.get("session")
@@ -189,8 +211,12 @@ def _read(
             raise LookupError(f"a reply for session {session!r}, which is owed none")
         reply_type, data = reply.get("type"), reply["data"]
         if reply_type == "error":
-            error = error or error_from(data)
+            failure = error_from(data)
+            if data["code"] in FATAL_CODES or failure.details.get("fatal"):
+                ended.setdefault(session, str(failure))
+            error = error or failure
         elif reply_type == "closed" and kind != "close":  # ended before it answered
+            _ended(ended, reply)
             error = error or SessionClosedError(str(data.get("message") or data["reason"]))
         elif reply_type != _ANSWERS[kind]:
             raise ValueError(f"a {reply_type!r} in reply to {kind!r}")
@@ -198,6 +224,15 @@ def _read(
             _check_fields(kind, data)
             replies[session] = reply
     return error
+
+
+def _ended(ended: dict[int, str], reply: dict[str, Any]) -> None:
+    """Note the session a ``closed`` reply or notice ends (its fatal error, if
+    one came first, says more than the notice's "after the error above")."""
+    session = reply.get("session")
+    if type(session) is int:
+        data = reply["data"]
+        ended.setdefault(session, str(data.get("message") or data.get("reason")))
 
 
 # The reply each request is answered with (else an error, or a session's end).
