@@ -75,7 +75,7 @@ class FrameSteps(StepBatch):
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         connection = self.connection
-        connection.outbox.encoded(protocol_v2.replies_text(replies), len(replies))
+        connection.outbox.encoded(protocol_v2.replies_frame(replies), len(replies))
         connection._answered(len(replies))
 
     def replied(self, owner: Lane, frame: str) -> None:
