@@ -314,14 +314,18 @@ def decode_frame(frame: str | bytes) -> dict[str, Any]:
     return obj
 
 
-def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] | None:
+def plain_step(
+    obj: dict[str, Any], keys: int = 2
+) -> tuple[dict[str, Any], RequestId | None] | None:
     """``(data, id)`` of a decoded frame that is a well-formed ``step``, else ``None``.
 
     Steps are nearly every frame a server sees. This accepts only frames that
     ``StepRequest`` would take unchanged (a ``data`` object; an ``id`` that is
     an int, a string or absent; no other keys), at a fraction of a
     validation's cost; anything else goes to ``validate_client_message``,
-    which decides it and names what is wrong.
+    which decides it and names what is wrong. ``keys``: how many keys it has
+    besides ``id``, 3 for a v2 request whose ``session`` (checked by the
+    caller) is still in it.
 
     >>> plain_step({"type": "step", "data": {"message": "hi"}, "id": 7})
     ({'message': 'hi'}, 7)
@@ -329,6 +333,8 @@ def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] |
     True
     >>> plain_step({"type": "step", "data": {}, "extra": 1}) is None
     True
+    >>> plain_step({"session": 0, "type": "step", "data": {}, "id": 7}, 3)
+    ({}, 7)
     """
     if obj.get("type") != "step":
         return None
@@ -339,7 +345,7 @@ def plain_step(obj: dict[str, Any]) -> tuple[dict[str, Any], RequestId | None] |
         and (request_id is None or type(request_id) is int or type(request_id) is str)
         # No key but "type", "data" and "id" (the first two are there by now),
         # counted: a third of the cost of comparing the keys with a set.
-        and (len(obj) == 2 or (len(obj) == 3 and "id" in obj))
+        and (len(obj) == keys or (len(obj) == keys + 1 and "id" in obj))
     ):
         return data, request_id
     return None

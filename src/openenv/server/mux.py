@@ -224,7 +224,6 @@ class MuxConnection(ConnectionEnding):
                     bad += 1
                     self._error_untagged(exc)
                     continue
-            del item["session"]
             lane = lanes.get(key)
             if (
                 lane is not None
@@ -233,6 +232,7 @@ class MuxConnection(ConnectionEnding):
                 and steps.take(session, item, {"session": key}, lane)
             ):
                 continue  # a plain step of a plain def: it joins the batch
+            del item["session"]
             self._start(key, item, lane)
         if steps.calls:
             self._in_flight += len(steps.calls)
