@@ -86,7 +86,10 @@ class StepBatch:
         bad = 0
         steps, calls, started = self.steps, self.calls, self.started
         for request in requests:
-            key = request.get("session") if type(request) is dict else None
+            try:  # a subscript: dict.get's method call is dearer
+                key = request["session"] if type(request) is dict else None
+            except KeyError:
+                key = None
             if type(key) is not int:  # protocol_v2.session_key's common case, inline
                 try:
                     key = protocol_v2.session_key(request)
@@ -137,7 +140,6 @@ class StepBatch:
         """The ``BatchReceiver`` of ``Handoff.dispatch_batch``."""
         steps = self.steps
         encoded: list[dict[str, Any]] = []
-        which: list[int] = []  # the index of each of them
         now = time.monotonic()
         dumped: type[Observation] | None = None  # the class ``to_python`` dumps
         to_python: Any = None
@@ -147,9 +149,10 @@ class StepBatch:
             if ok and session.state is OPEN and session._settled is None:
                 # A batch's observations are mostly of one class: it is checked,
                 # and its serializer looked up, once for each run of them.
-                if type(value) is not dumped and isinstance(value, Observation):
-                    dumped, to_python = type(value), None
-                if type(value) is dumped:
+                cls = type(value)
+                if cls is not dumped and isinstance(value, Observation):
+                    dumped, to_python = cls, None
+                if cls is dumped:
                     try:
                         if to_python is None:
                             to_python, mode = protocol.observation_serializer(dumped)
@@ -160,7 +163,6 @@ class StepBatch:
                     else:
                         # SessionCore.finish and Session._step_reply, for this case, written out.
                         encoded.append(reply)
-                        which.append(index)
                         session._bad_frames = 0
                         session.busy = False
                         session.last_active = now
@@ -173,21 +175,24 @@ class StepBatch:
         if encoded:
             # Planned together (``started``) and answered together: one time for
             # all, in the one metric of the one service all the sessions are of.
-            steps[which[0]][0].count_steps(time.perf_counter() - self.started, len(encoded))
+            steps[0][0].count_steps(time.perf_counter() - self.started, len(encoded))
             try:
                 self.encoded(encoded)
             except Exception:  # one of them cannot be encoded (an int past 64 bits)
-                self._one_by_one(encoded, which)
+                self._one_by_one(encoded)
 
-    def _one_by_one(self, replies: list[dict[str, Any]], which: list[int]) -> None:
+    def _one_by_one(self, replies: list[dict[str, Any]]) -> None:
         """Encode each reply alone; one that cannot be encoded ends its session
         with an internal error, as it would have on the single step's path."""
-        for reply, index in zip(replies, which, strict=True):
-            try:
-                self.encoded([reply])
-            except Exception as exc:
-                session, _, _, owner = self.steps[index]
-                self.replied(owner, session.internal_error(exc, reply.get("id")))
+        # A reply is the head its step was taken with (observation_reply fills
+        # it in), so its step is found here, not noted for every reply.
+        replied = {id(reply) for reply in replies}
+        for session, _, head, owner in self.steps:
+            if id(head) in replied:
+                try:
+                    self.encoded([head])
+                except Exception as exc:
+                    self.replied(owner, session.internal_error(exc, head.get("id")))
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         """Observation replies, to encode together (each begun with its ``head``)."""
