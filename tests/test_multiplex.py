@@ -355,6 +355,36 @@ async def test_bad_requests_get_precise_errors_and_the_rest_goes_on() -> None:
         await slots_free(url)
 
 
+async def test_a_step_with_a_key_it_does_not_know_is_refused_and_its_neighbours_batched() -> None:
+    # A batched step's request keeps its "session" while it is checked: the
+    # check counts it, so one key more is still caught, with or without an id.
+    with run_server(ping_app(Tracker())) as url:
+        ws = await raw_v2(url)
+        try:
+            await send(ws, [{"session": k, "type": "open", "id": k} for k in (0, 1)])
+            await replies(ws, 2)
+            await send(
+                ws,
+                [
+                    {"session": 0, "type": "step", "data": {"message": "a"}, "extra": 1},
+                    {"session": 1, "type": "step", "data": {"message": "b"}, "id": 2, "x": 0},
+                    {"session": 1, "type": "step", "data": {"message": "c"}},
+                    {"session": 0, "type": "step", "data": {"message": "d"}, "id": 4},
+                ],
+            )
+            got = await replies(ws, 4)
+            errors = [r for r in got if r["type"] == "error"]
+            assert sorted(r["session"] for r in errors) == [0, 1]
+            assert {r["data"]["code"] for r in errors} == {"VALIDATION_ERROR"}
+            stepped = {r["session"]: r for r in got if r["type"] == "observation"}
+            assert stepped[1]["data"]["observation"]["message"] == "c"
+            assert "id" not in stepped[1]
+            assert stepped[0]["data"]["observation"]["message"] == "d"
+            assert stepped[0]["id"] == 4
+        finally:
+            await ws.close()
+
+
 async def test_too_many_bad_frames_close_the_connection_and_free_its_slots() -> None:
     tracker = Tracker()
     with run_server(ping_app(tracker, max_bad_frames=3)) as url:

@@ -75,7 +75,7 @@ class FrameSteps(StepBatch):
 
     def encoded(self, replies: list[dict[str, Any]]) -> None:
         connection = self.connection
-        connection.outbox.encoded(protocol_v2.replies_text(replies), len(replies))
+        connection.outbox.encoded(protocol_v2.replies_frame(replies), len(replies))
         connection._answered(len(replies))
 
     def replied(self, owner: Lane, frame: str) -> None:
@@ -212,28 +212,8 @@ class MuxConnection(ConnectionEnding):
             items = protocol_v2.split_frame(frame, self._max_in_flight)
         except FrameError as exc:
             return self._refuse_frame(exc)
-        bad = 0
         steps = FrameSteps(self)
-        lanes = self.lanes
-        for item in items:
-            key = item.get("session") if type(item) is dict else None
-            if type(key) is not int:  # protocol_v2.session_key's common case, inline
-                try:
-                    key = protocol_v2.session_key(item)
-                except FrameError as exc:
-                    bad += 1
-                    self._error_untagged(exc)
-                    continue
-            del item["session"]
-            lane = lanes.get(key)
-            if (
-                lane is not None
-                and lane.task is None
-                and (session := lane.session) is not None
-                and steps.take(session, item, {"session": key}, lane)
-            ):
-                continue  # a plain step of a plain def: it joins the batch
-            self._start(key, item, lane)
+        bad = steps.take_frame(items, self.lanes, self._start, self._error_untagged)
         if steps.calls:
             self._in_flight += len(steps.calls)
             self._service.handoff.dispatch_batch(steps.calls, steps)

@@ -40,7 +40,7 @@ class Outbox:
         self._on_gone = on_gone
         self._on_sent = on_sent
         # Tagged with their sessions, or about a whole frame; each item one reply,
-        # or several encoded together (comma-separated, as in the frame's array).
+        # or several encoded together (an array: ``protocol_v2.frame_of``).
         self._replies: list[str] = []
         # Replies queued and not yet handed to the socket: the reader counts them
         # as in flight, so a client that reads nothing stops being read.
@@ -60,7 +60,7 @@ class Outbox:
         self._wake_writer()
 
     def encoded(self, replies: str, count: int) -> None:
-        """Queue ``count`` replies encoded together (``protocol_v2.replies_text``)."""
+        """Queue ``count`` replies encoded together (``protocol_v2.replies_frame``)."""
         self._replies.append(replies)
         self.unsent += count
         self._wake_writer()
@@ -81,7 +81,7 @@ class Outbox:
         if not replies:
             return None
         self._replies = []
-        return "[" + ",".join(replies) + "]"
+        return protocol_v2.frame_of(replies)
 
     async def _write(self) -> None:
         channel = self._channel
