@@ -94,6 +94,7 @@ class _McpSession:
     calls: set[asyncio.Task[Any]] = field(default_factory=set)  # tool calls not yet done
     running: asyncio.Task[Any] | None = None  # the one of them that holds the lock
     last_active: float = field(default_factory=time.monotonic)
+    ended: str | None = None  # why, once it is ending: calls still waiting their turn refuse
 
 
 class McpBridge:
@@ -289,6 +290,7 @@ class McpBridge:
     async def _end(self, sid: str, reason: str, wait: float | None = None) -> None:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
+            entry.ended = reason.replace("_", " ")
             self._release_client(entry.client)
             await self._close(entry, reason, wait)
 
@@ -315,6 +317,7 @@ class McpBridge:
         entry = self.sessions.pop(sid, None)
         if entry is None:
             return
+        entry.ended = reason.replace("_", " ")
         self._release_client(entry.client)
         task = asyncio.create_task(self._close(entry, reason))
         self._closing.add(task)
@@ -449,6 +452,14 @@ class McpBridge:
         self, entry: _McpSession, sid: str, params: mcp.CallToolRequestParams
     ) -> mcp.CallToolResult:
         async with entry.lock:  # calls of one session never overlap
+            if entry.ended is not None:
+                # It ended while this call waited its turn: a call before it may
+                # still run on its thread, with the environment.
+                raise MCPError(
+                    code=mcp.INVALID_REQUEST,
+                    message=f"[SESSION_ERROR] the session has ended ({entry.ended}) while "
+                    "this call waited its turn; open a new session (initialize)",
+                )
             entry.running = asyncio.current_task()
             entry.session.last_active = time.monotonic()
             started = time.time()

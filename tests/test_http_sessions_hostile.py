@@ -1,0 +1,116 @@
+"""Sessions held over HTTP at ``/mcp`` (the MCP SDK's and OpenEnv's own) against
+clients that vanish mid-request and calls that race one another: no slot is
+held for a client that has gone, and an environment is never called beside a
+call still running on its thread."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any, ClassVar
+
+import httpx
+from servers import Tracker, health, slots_free
+from test_mcp import TrackedCounter
+from test_mcp_limits import INITIALIZE
+
+from counter_env.models import CounterAction, CounterObservation
+from openenv import ConcurrencyConfig, create_app, tool
+from openenv.testing import run_server
+
+_MCP_HEADERS = {"accept": "application/json, text/event-stream"}
+
+
+class Overrunning(TrackedCounter):
+    """``block`` holds its thread until the test opens ``gate``; ``poke`` notes
+    whether it ran while a ``block`` still did."""
+
+    gate: ClassVar[threading.Event] = threading.Event()
+    entered: ClassVar[threading.Semaphore] = threading.Semaphore(0)
+    blocking: ClassVar[int] = 0
+    pokes_beside_block: ClassVar[list[bool]] = []
+
+    @tool
+    def block(self) -> str:
+        """Block until the gate opens."""
+        Overrunning.blocking += 1
+        Overrunning.entered.release()
+        try:
+            Overrunning.gate.wait(60)
+        finally:
+            Overrunning.blocking -= 1
+        return "through"
+
+    @tool
+    def poke(self) -> str:
+        """Return at once."""
+        Overrunning.pokes_beside_block.append(Overrunning.blocking > 0)
+        return "poked"
+
+
+def _overrunning_app(**settings: Any) -> Any:
+    Overrunning.tracker = Tracker()
+    Overrunning.gate.clear()
+    Overrunning.entered = threading.Semaphore(0)
+    Overrunning.pokes_beside_block = []
+    return create_app(
+        Overrunning,
+        CounterAction,
+        CounterObservation,
+        ConcurrencyConfig(max_concurrent_envs=2),
+        mcp=True,
+        mcp_sessions_per_client=2,
+        **settings,
+    )
+
+
+def _sse_reply(text: str) -> dict[str, Any]:
+    (data,) = [line for line in text.splitlines() if line.startswith("data: ")]
+    reply: dict[str, Any] = json.loads(data.removeprefix("data: "))
+    return reply
+
+
+def _tool_call(rid: int, name: str) -> dict[str, Any]:
+    params = {"name": name, "arguments": {}}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+async def test_a_tool_call_queued_behind_one_past_its_deadline_never_runs_beside_it() -> None:
+    """An MCP client may send tool calls in parallel; a session's run one at a time.
+    The first overruns ``step_timeout``: its session ends, and its thread runs on
+    with the environment. The call waiting its turn must be refused, not run on
+    that environment from a second thread."""
+    app = _overrunning_app(step_timeout=2)
+    with run_server(app) as url:
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                opened = await http.post("/mcp", json=INITIALIZE, headers=_MCP_HEADERS)
+                headers = {
+                    **_MCP_HEADERS,
+                    "mcp-session-id": opened.headers["mcp-session-id"],
+                    "mcp-protocol-version": "2025-06-18",
+                }
+                initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                await http.post("/mcp", json=initialized, headers=headers)
+                first = asyncio.create_task(
+                    http.post("/mcp", json=_tool_call(2, "block"), headers=headers)
+                )
+                assert await asyncio.to_thread(Overrunning.entered.acquire, True, 30)
+                # The second call's stream opens once the server has taken it.
+                async with http.stream(
+                    "POST", "/mcp", json=_tool_call(3, "poke"), headers=headers
+                ) as second:
+                    assert second.status_code == 200
+                    queued = _sse_reply((await second.aread()).decode())
+                timed_out = _sse_reply((await first).text)
+                assert "did not return within 2s" in timed_out["result"]["content"][0]["text"]
+                assert Overrunning.pokes_beside_block == []
+                assert "the session has ended (fatal error)" in queued["error"]["message"]
+                # Its slot is held while the thread runs on, and freed once it returns.
+                assert (await health(url))["active_sessions"] == 1
+        finally:
+            Overrunning.gate.set()
+        await Overrunning.tracker.until_closed(1)
+        await slots_free(url)
+        assert len(Overrunning.tracker.closed) == 1
