@@ -11,6 +11,7 @@ import threading
 from typing import Any, ClassVar
 
 import httpx
+import pytest
 from servers import Tracker, health, slots_free
 from test_mcp import TrackedCounter
 from test_mcp_limits import INITIALIZE
@@ -114,3 +115,82 @@ async def test_a_tool_call_queued_behind_one_past_its_deadline_never_runs_beside
         await Overrunning.tracker.until_closed(1)
         await slots_free(url)
         assert len(Overrunning.tracker.closed) == 1
+
+
+class Slow(TrackedCounter):
+    """Its making (``__init__``) or its reset, as ``hold_in`` says, waits for ``gate``."""
+
+    hold_in: ClassVar[str] = ""
+    gate: ClassVar[threading.Event] = threading.Event()
+    entered: ClassVar[threading.Semaphore] = threading.Semaphore(0)
+
+    def __init__(self) -> None:
+        super().__init__()
+        if Slow.hold_in == "__init__":
+            self._hold()
+
+    def reset(self, *args: Any, **kwargs: Any) -> CounterObservation:
+        if Slow.hold_in == "reset":
+            self._hold()
+        return super().reset(*args, **kwargs)
+
+    def _hold(self) -> None:
+        Slow.entered.release()
+        assert Slow.gate.wait(60)
+
+
+_OPENING = {
+    # OpenEnv's MCPToolClient: its create makes the environment (no reset).
+    "openenv/session/create": (
+        {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}},
+        "__init__",
+    ),
+    # The MCP SDK: its initialize makes the environment and resets it.
+    "initialize": (INITIALIZE, "reset"),
+}
+
+
+@pytest.mark.parametrize("method", list(_OPENING))
+async def test_a_client_gone_while_its_session_opens_holds_no_slot(method: str) -> None:
+    """A client that gives up (its timeout, a crash) while a slow environment is made
+    never learns its session's id, so nobody can use or close that session: it
+    must not hold its slot (and its address's share) until mcp_open_timeout."""
+    body, hold_in = _OPENING[method]
+    Slow.tracker, Slow.hold_in = Tracker(), hold_in
+    Slow.gate.clear()
+    Slow.entered = threading.Semaphore(0)
+    app = create_app(
+        Slow,
+        CounterAction,
+        CounterObservation,
+        ConcurrencyConfig(max_concurrent_envs=2),
+        mcp=True,
+        mcp_sessions_per_client=1,
+    )
+    with run_server(app) as url:
+        try:
+            host, port = url.removeprefix("http://").split(":")
+            payload = json.dumps(body).encode()
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /mcp HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+                b"accept: application/json, text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                % (host.encode(), len(payload), payload)
+            )
+            await writer.drain()
+            assert await asyncio.to_thread(Slow.entered.acquire, True, 30)
+            writer.close()
+            await writer.wait_closed()
+            # A request after the hang-up: the server has read the hang-up by its answer.
+            assert (await health(url))["active_sessions"] == 1
+        finally:
+            Slow.gate.set()
+        await Slow.tracker.until_closed(1)
+        await slots_free(url)
+        # And the address's one session (mcp_sessions_per_client=1) is free again.
+        Slow.hold_in = ""
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            opened = await http.post("/mcp", json=body, headers=_MCP_HEADERS)
+            assert opened.status_code == 200
+            assert "error" not in opened.text
+        assert (await health(url))["active_sessions"] == 1

@@ -245,15 +245,20 @@ class McpBridge:
     ) -> None:
         """``_open`` once the client may open one; a bound session's id goes in ``opened``."""
         service = self.service
-        try:
-            async with client_gone(receive) as left:  # one that leaves the line: no session
+        async with client_gone(receive) as left:  # one that leaves the line: no session
+            try:
                 session = await service.open_session(left)
-        except SessionRefused as refused:
-            # Full or shutting down: try again later (503); a broken factory: 500.
-            status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
-            await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+            except SessionRefused as refused:
+                # Full or shutting down: try again later (503); a broken factory: 500.
+                status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
+                await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+                return
+            frame = await session.handle(protocol.request_frame("reset"))
+        if left.is_set():
+            # Gone while its environment was made: nobody will learn the session's
+            # id, which would hold a slot until mcp_open_timeout.
+            await session.aclose("mcp_client_gone")
             return
-        frame = await session.handle(protocol.request_frame("reset"))
         assert frame is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(frame)
         if isinstance(reply, protocol.ErrorReply):

@@ -163,6 +163,12 @@ class OpenEnvSessions:
             self._release(client)
             raise
         assert isinstance(session, SharedSession)
+        if left.is_set():
+            # Gone while its environment was made: nobody will learn the session's
+            # id, which would hold a slot until mcp_open_timeout.
+            self._release(client)
+            await session.aclose("openenv_mcp_client_gone")
+            return wire.error(rid, wire.SERVER_ERROR, "the client left before its session opened")
         sid = self.ids.new()
         session.on_closed = self._closed
         self.sessions[sid] = _Entry(session, client)
