@@ -194,3 +194,56 @@ async def test_a_client_gone_while_its_session_opens_holds_no_slot(method: str) 
             assert opened.status_code == 200
             assert "error" not in opened.text
         assert (await health(url))["active_sessions"] == 1
+
+
+async def _rpc(http: httpx.AsyncClient, method: str, **params: Any) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+    reply: dict[str, Any] = (await http.post("/mcp", json=body)).json()
+    return reply
+
+
+async def _sent(
+    url: str, body: dict[str, Any]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST to ``/mcp`` written whole to the server; its answer to be read."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps(body).encode()
+    writer.write(
+        b"POST /mcp HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (host.encode(), len(payload), payload)
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_closes_racing_a_tool_call_close_once_and_say_why() -> None:
+    """OpenEnv's ``/mcp`` session closed (twice, at once) while a tool call runs: the
+    call finishes, the environment is closed once, and later requests are told
+    the session was closed by its client, not that it failed."""
+    app = _overrunning_app()
+    with run_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            sid = (await _rpc(http, "openenv/session/create"))["result"]["session_id"]
+            running = asyncio.create_task(
+                _rpc(http, "tools/call", session_id=sid, name="block", arguments={})
+            )
+            try:
+                assert await asyncio.to_thread(Overrunning.entered.acquire, True, 30)
+                close = {"jsonrpc": "2.0", "id": 7, "method": "openenv/session/close"}
+                closes = [await _sent(url, {**close, "params": {"session_id": sid}}) for _ in "ab"]
+                # Answered after them: the server has begun both closes, which wait
+                # for the call in flight.
+                await health(url)
+            finally:
+                Overrunning.gate.set()
+            assert (await running)["result"]["data"] == "through"
+            for answer, writer in closes:
+                assert b'"closed":true' in await answer.read()
+                writer.close()
+            after = await _rpc(http, "tools/call", session_id=sid, name="poke", arguments={})
+            assert "has ended (client close)" in after["error"]["message"]
+        await slots_free(url)
+        assert len(Overrunning.tracker.closed) == 1
+        assert Overrunning.pokes_beside_block == []

@@ -210,9 +210,10 @@ class OpenEnvSessions:
         session.last_active = time.monotonic()
         assert text is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(text)
-        if session.state is not SessionState.OPEN:
-            # A fatal error ended it: its reply must not wait for close(), which
-            # waits for a call overrunning its deadline to return.
+        if session.state is not SessionState.OPEN and not session.ending:
+            # A fatal error ended it (not a close, which has begun and says why):
+            # its reply must not wait for close(), which waits for a call
+            # overrunning its deadline to return.
             self._end_soon(sid, "fatal_error")
         if isinstance(reply, protocol.ToolResultReply):
             return wire.result(rid, wire.tool_call_result(reply.data))
