@@ -247,3 +247,22 @@ async def test_closes_racing_a_tool_call_close_once_and_say_why() -> None:
         await slots_free(url)
         assert len(Overrunning.tracker.closed) == 1
         assert Overrunning.pokes_beside_block == []
+
+
+async def test_an_initialize_at_a_full_server_is_a_503_to_retry_after() -> None:
+    """A full server tells every HTTP caller when to come back (compat.md: OpenEnv's
+    ``/reset`` and OpenReward's ``/create`` say ``Retry-After: 1``), MCP's too."""
+    Slow.tracker, Slow.hold_in = Tracker(), ""
+    concurrency = ConcurrencyConfig(max_concurrent_envs=1, queue_timeout=0.2)
+    app = create_app(
+        Slow, CounterAction, CounterObservation, concurrency, mcp=True, mcp_sessions_per_client=2
+    )
+    with run_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            held = await http.post("/mcp", json=INITIALIZE, headers=_MCP_HEADERS)
+            assert "mcp-session-id" in held.headers
+            refused = await http.post("/mcp", json=INITIALIZE, headers=_MCP_HEADERS)
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "1"
+            assert "at capacity (1 sessions)" in refused.json()["error"]["message"]
+            assert (await health(url))["active_sessions"] == 1

@@ -249,9 +249,12 @@ class McpBridge:
             try:
                 session = await service.open_session(left)
             except SessionRefused as refused:
-                # Full or shutting down: try again later (503); a broken factory: 500.
+                # Full or shutting down: try again later (503, as /ws and /reset say
+                # it); a broken factory: 500.
                 status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
-                await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+                later = {"Retry-After": "1"} if status == 503 else None
+                refusal = rpc_error(status, mcp.INTERNAL_ERROR, refused.message, later)
+                await refusal(scope, receive, send)
                 return
             frame = await session.handle(protocol.request_frame("reset"))
         if left.is_set():

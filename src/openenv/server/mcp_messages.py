@@ -54,7 +54,9 @@ def to_mcp(output: ToolOutput) -> mcp.CallToolResult:
     return mcp.CallToolResult.model_validate(result)
 
 
-def rpc_error(status: int, code: int, message: str) -> JSONResponse:
+def rpc_error(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """A JSON-RPC error with no request id, as the MCP SDK answers transport-level refusals."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
