@@ -249,12 +249,9 @@ class McpBridge:
             try:
                 session = await service.open_session(left)
             except SessionRefused as refused:
-                # Full or shutting down: try again later (503, as /ws and /reset say
-                # it); a broken factory: 500.
+                # Full or shutting down: try again later (503); a broken factory: 500.
                 status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
-                later = {"Retry-After": "1"} if status == 503 else None
-                refusal = rpc_error(status, mcp.INTERNAL_ERROR, refused.message, later)
-                await refusal(scope, receive, send)
+                await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
                 return
             frame = await session.handle(protocol.request_frame("reset"))
         if left.is_set():
@@ -463,11 +460,8 @@ class McpBridge:
             if entry.ended is not None:
                 # It ended while this call waited its turn: a call before it may
                 # still run on its thread, with the environment.
-                raise MCPError(
-                    code=mcp.INVALID_REQUEST,
-                    message=f"[SESSION_ERROR] the session has ended ({entry.ended}) while "
-                    "this call waited its turn; open a new session (initialize)",
-                )
+                ended = f"[SESSION_ERROR] the session has ended ({entry.ended}); open a new one"
+                raise MCPError(code=mcp.INVALID_REQUEST, message=ended)
             entry.running = asyncio.current_task()
             entry.session.last_active = time.monotonic()
             started = time.time()
