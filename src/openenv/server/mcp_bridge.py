@@ -94,6 +94,7 @@ class _McpSession:
     calls: set[asyncio.Task[Any]] = field(default_factory=set)  # tool calls not yet done
     running: asyncio.Task[Any] | None = None  # the one of them that holds the lock
     last_active: float = field(default_factory=time.monotonic)
+    ended: str | None = None  # why, once it is ending: calls still waiting their turn refuse
 
 
 class McpBridge:
@@ -244,15 +245,20 @@ class McpBridge:
     ) -> None:
         """``_open`` once the client may open one; a bound session's id goes in ``opened``."""
         service = self.service
-        try:
-            async with client_gone(receive) as left:  # one that leaves the line: no session
+        async with client_gone(receive) as left:  # one that leaves the line: no session
+            try:
                 session = await service.open_session(left)
-        except SessionRefused as refused:
-            # Full or shutting down: try again later (503); a broken factory: 500.
-            status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
-            await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+            except SessionRefused as refused:
+                # Full or shutting down: try again later (503); a broken factory: 500.
+                status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
+                await rpc_error(status, mcp.INTERNAL_ERROR, refused.message)(scope, receive, send)
+                return
+            frame = await session.handle(protocol.request_frame("reset"))
+        if left.is_set():
+            # Gone while its environment was made: nobody will learn the session's
+            # id, which would hold a slot until mcp_open_timeout.
+            await session.aclose("mcp_client_gone")
             return
-        frame = await session.handle(protocol.request_frame("reset"))
         assert frame is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(frame)
         if isinstance(reply, protocol.ErrorReply):
@@ -289,6 +295,7 @@ class McpBridge:
     async def _end(self, sid: str, reason: str, wait: float | None = None) -> None:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
+            entry.ended = reason.replace("_", " ")
             self._release_client(entry.client)
             await self._close(entry, reason, wait)
 
@@ -315,6 +322,7 @@ class McpBridge:
         entry = self.sessions.pop(sid, None)
         if entry is None:
             return
+        entry.ended = reason.replace("_", " ")
         self._release_client(entry.client)
         task = asyncio.create_task(self._close(entry, reason))
         self._closing.add(task)
@@ -449,6 +457,11 @@ class McpBridge:
         self, entry: _McpSession, sid: str, params: mcp.CallToolRequestParams
     ) -> mcp.CallToolResult:
         async with entry.lock:  # calls of one session never overlap
+            if entry.ended is not None:
+                # It ended while this call waited its turn: a call before it may
+                # still run on its thread, with the environment.
+                ended = f"[SESSION_ERROR] the session has ended ({entry.ended}); open a new one"
+                raise MCPError(code=mcp.INVALID_REQUEST, message=ended)
             entry.running = asyncio.current_task()
             entry.session.last_active = time.monotonic()
             started = time.time()

@@ -55,6 +55,9 @@ def to_mcp(output: ToolOutput) -> mcp.CallToolResult:
 
 
 def rpc_error(status: int, code: int, message: str) -> JSONResponse:
-    """A JSON-RPC error with no request id, as the MCP SDK answers transport-level refusals."""
+    """A JSON-RPC error with no request id, as the MCP SDK answers transport-level refusals.
+
+    A 503 (full, shutting down) says when to retry, as ``/ws`` and ``/reset`` do."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return JSONResponse(body, status_code=status)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(body, status_code=status, headers=headers)

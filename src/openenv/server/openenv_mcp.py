@@ -163,6 +163,12 @@ class OpenEnvSessions:
             self._release(client)
             raise
         assert isinstance(session, SharedSession)
+        if left.is_set():
+            # Gone while its environment was made: nobody will learn the session's
+            # id, which would hold a slot until mcp_open_timeout.
+            self._release(client)
+            await session.aclose("openenv_mcp_client_gone")
+            return wire.error(rid, wire.SERVER_ERROR, "the client left before its session opened")
         sid = self.ids.new()
         session.on_closed = self._closed
         self.sessions[sid] = _Entry(session, client)
@@ -204,9 +210,10 @@ class OpenEnvSessions:
         session.last_active = time.monotonic()
         assert text is not None, "only a close request has no reply"
         reply = protocol.parse_server_message(text)
-        if session.state is not SessionState.OPEN:
-            # A fatal error ended it: its reply must not wait for close(), which
-            # waits for a call overrunning its deadline to return.
+        if session.state is not SessionState.OPEN and not session.ending:
+            # A fatal error ended it (not a close, which has begun and says why):
+            # its reply must not wait for close(), which waits for a call
+            # overrunning its deadline to return.
             self._end_soon(sid, "fatal_error")
         if isinstance(reply, protocol.ToolResultReply):
             return wire.result(rid, wire.tool_call_result(reply.data))
