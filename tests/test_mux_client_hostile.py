@@ -70,6 +70,16 @@ async def fake_v2_server(handler: Handler) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+def opened(requests: list[dict[str, Any]]) -> str | None:
+    """The reply to a frame that only opens sessions: each opened; else ``None``."""
+    if not all(r["type"] == "open" for r in requests):
+        return None
+    replies = [
+        {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}} for r in requests
+    ]
+    return orjson.dumps(replies).decode()
+
+
 def opens_then(answer: Callable[[list[dict[str, Any]]], str | None]) -> Handler:
     """A handler that opens every session asked for, then sends ``answer(requests)``
     for each later frame (``None``: no answer), reading on until the client leaves."""
@@ -77,14 +87,7 @@ def opens_then(answer: Callable[[list[dict[str, Any]]], str | None]) -> Handler:
     async def handler(ws: ServerConnection) -> None:
         async for frame in ws:
             requests = orjson.loads(frame)
-            if all(r["type"] == "open" for r in requests):
-                opened = [
-                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
-                    for r in requests
-                ]
-                await ws.send(orjson.dumps(opened).decode())
-                continue
-            reply = answer(requests)
+            reply = opened(requests) or answer(requests)
             if reply is not None:
                 await ws.send(reply)
 
@@ -179,13 +182,9 @@ async def test_a_normal_close_with_a_reason_is_told_to_every_waiting_call(code: 
     # end the connection cleanly: the reason must reach the caller all the same.
     async def handler(ws: ServerConnection) -> None:
         async for frame in ws:
-            requests = orjson.loads(frame)
-            if all(r["type"] == "open" for r in requests):
-                opened = [
-                    {**r, "type": "opened", "data": {"session_id": f"s{r['session']}"}}
-                    for r in requests
-                ]
-                await ws.send(orjson.dumps(opened).decode())
+            reply = opened(orjson.loads(frame))
+            if reply is not None:
+                await ws.send(reply)
             else:
                 await ws.close(code, "replica drained for maintenance")
 
