@@ -165,8 +165,8 @@ async def test_a_malformed_reply_to_a_waiting_call_fails_it_at_once(
 async def test_an_opened_reply_without_its_session_id_fails_the_open_at_once() -> None:
     async def handler(ws: ServerConnection) -> None:
         async for frame in ws:
-            opened = [{**r, "type": "opened", "data": {}} for r in orjson.loads(frame)]
-            await ws.send(orjson.dumps(opened).decode())
+            replies = [{**r, "type": "opened", "data": {}} for r in orjson.loads(frame)]
+            await ws.send(orjson.dumps(replies).decode())
 
     async with fake_v2_server(handler) as url:
         mux = client(url, message_timeout=None)
