@@ -83,6 +83,11 @@ class _Entry:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
+@dataclass
+class _Claim:
+    """An id whose ``/create`` is under way."""
+
+
 class _SessionOnly(Route):
     """A route only for requests that carry an OpenReward session id.
 
@@ -118,6 +123,7 @@ class OpenRewardBridge:
             for name, s in self.services.items()
         }
         self.sessions: dict[str, _Entry] = {}
+        self.creating: dict[str, _Claim] = {}  # ids whose /create is under way
         self.ended = EndedSessions()  # to answer 410 rather than 404
         self.ids = SessionIds()
         for name, service in self.services.items():
@@ -269,9 +275,17 @@ class OpenRewardBridge:
         sid = req.session_id(request)
         if not self.ids.issued(sid):
             req.fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
-        if sid in self.sessions:
+        if sid in self.sessions or sid in self.creating:
             req.fail(400, "Session already exists")
         self._check(request, None, "/create")  # before reading the body
+        # Claimed before any slot or factory: a second /create at once takes neither.
+        claim = self.creating[sid] = _Claim()
+        try:
+            return await self._create(request, sid, claim)
+        finally:
+            del self.creating[sid]
+
+    async def _create(self, request: Request, sid: str, claim: _Claim) -> Response:
         body = await req.body(request, wire.CreateRequest, next(iter(self.services.values())))
         env = self._env_of(request, body.env_name)
         self._check(request, env, "/create")
@@ -296,8 +310,6 @@ class OpenRewardBridge:
             if isinstance(reply, protocol.ErrorReply):
                 status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
                 req.fail(status, f"could not reset the environment: {reply.data.message}")
-            if sid in self.sessions:  # the same id created twice at once
-                req.fail(400, "Session already exists")
         except BaseException:
             await session.aclose("openreward_create_failed")
             raise
