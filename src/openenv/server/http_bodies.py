@@ -81,14 +81,18 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 @contextlib.asynccontextmanager
-async def client_gone(receive: Receive) -> AsyncIterator[asyncio.Event]:
+async def client_gone(
+    receive: Receive, left: asyncio.Event | None = None
+) -> AsyncIterator[asyncio.Event]:
     """Set once the client of a request has left: for ``open_session``, so that a
     caller who gives up while it waits in line for a slot leaves the line at once.
 
+    ``left``, when given, is the event to set: one that something else (a
+    ``/delete`` of the session being opened) may set as well.
     For a request whose body has been read whole, or is not wanted: what is
     left of it is read and dropped.
     """
-    left = asyncio.Event()
+    left = asyncio.Event() if left is None else left
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":

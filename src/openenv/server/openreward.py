@@ -83,6 +83,15 @@ class _Entry:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
+@dataclass
+class _Claim:
+    """An id whose ``/create`` is under way, and whether a ``/delete`` came meanwhile."""
+
+    env: str | None = None  # once the body names it, for the delete's key check
+    deleted: bool = False
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # deleted, or its client left
+
+
 class _SessionOnly(Route):
     """A route only for requests that carry an OpenReward session id.
 
@@ -118,6 +127,7 @@ class OpenRewardBridge:
             for name, s in self.services.items()
         }
         self.sessions: dict[str, _Entry] = {}
+        self.creating: dict[str, _Claim] = {}  # ids whose /create is under way
         self.ended = EndedSessions()  # to answer 410 rather than 404
         self.ids = SessionIds()
         for name, service in self.services.items():
@@ -269,11 +279,19 @@ class OpenRewardBridge:
         sid = req.session_id(request)
         if not self.ids.issued(sid):
             req.fail(404, f"unknown session id {sid[:64]!r}: open one with POST /create_session")
-        if sid in self.sessions:
+        if sid in self.sessions or sid in self.creating:
             req.fail(400, "Session already exists")
         self._check(request, None, "/create")  # before reading the body
+        # Claimed before any slot or factory: a second /create at once takes neither.
+        claim = self.creating[sid] = _Claim()
+        try:
+            return await self._create(request, sid, claim)
+        finally:
+            del self.creating[sid]
+
+    async def _create(self, request: Request, sid: str, claim: _Claim) -> Response:
         body = await req.body(request, wire.CreateRequest, next(iter(self.services.values())))
-        env = self._env_of(request, body.env_name)
+        env = claim.env = self._env_of(request, body.env_name)
         self._check(request, env, "/create")
         service = self.services[env]
         if body.toolset_name is not None:
@@ -283,37 +301,48 @@ class OpenRewardBridge:
         else:
             task = await req.task_at(service, body.split or "", body.index or 0)  # both set
         try:
-            async with client_gone(request.receive) as left:
+            # A /delete meanwhile takes it out of the line as a client leaving does.
+            async with client_gone(request.receive, claim.stop) as left:
                 session = await service.open_session(left)
         except SessionRefused as refused:
+            if claim.deleted:  # as if made and then deleted, with nothing made
+                self.ended.add(sid, "client_close")
+                return req.json_response({"sid": sid})
             status = 500 if refused.code is ErrorCode.FACTORY_ERROR else 503
             headers = {"Retry-After": "1"} if status == 503 else None
             raise HTTPException(status, refused.message, headers=headers) from None
         session.play_again = _PLAY_AGAIN
         entry = _Entry(sid, env, service, session)
         try:
-            reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))
-            if isinstance(reply, protocol.ErrorReply):
-                status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
-                req.fail(status, f"could not reset the environment: {reply.data.message}")
-            if sid in self.sessions:  # the same id created twice at once
-                req.fail(400, "Session already exists")
+            if not claim.deleted:  # no reset for a session that is to close at once
+                reply = await self._handle(entry, protocol.request_frame("reset", {"task": task}))
+                if isinstance(reply, protocol.ErrorReply):
+                    status = 400 if reply.data.code is ErrorCode.VALIDATION_ERROR else 500
+                    req.fail(status, f"could not reset the environment: {reply.data.message}")
         except BaseException:
             await session.aclose("openreward_create_failed")
             raise
         self.sessions[sid] = entry
         self.ended.forget(sid)
-        if await request.is_disconnected():  # nobody will use or delete it
+        if claim.deleted:  # deleted while it was made: the delete is carried out now
+            await self._end(sid, "client_close")
+        elif await request.is_disconnected():  # nobody will use or delete it
             await self._end(sid, "client_gone")
         return req.json_response({"sid": sid})
 
     async def delete(self, request: Request) -> Response:
-        """End the session and free its slot; an id with no session is a no-op."""
+        """End the session and free its slot; an id with no session is a no-op. One
+        still being made is ended by its ``/create`` once made, answered now."""
         sid = req.session_id(request)
         entry = self.sessions.get(sid)
-        self._check(request, entry.env if entry is not None else None, "/delete")
+        claim = self.creating.get(sid) if entry is None else None
+        env = entry.env if entry is not None else claim.env if claim is not None else None
+        self._check(request, env, "/delete")
         if entry is not None:
             await self._end(sid, "client_close")
+        elif claim is not None:
+            claim.deleted = True
+            claim.stop.set()
         return req.json_response({"sid": sid})
 
     async def ping(self, request: Request) -> Response:
