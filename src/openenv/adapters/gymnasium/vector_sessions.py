@@ -193,31 +193,35 @@ def _read(
     one of ``UNREADABLE`` if the frame is not the protocol, ``_Refused`` if it
     refuses the frame sent."""
     items = orjson.loads(frame)
-    if not isinstance(items, list):
-        raise TypeError(f"a frame of replies that is not a list: {items!r:.80}")
+    if type(items) is not list or not all(type(item) is dict for item in items):
+        raise TypeError(f"a frame of replies that is not a JSON array of objects: {frame!r:.80}")
     for reply in items:
         if reply.get("id") != call:
             if reply.get("type") == "error" and "id" not in reply and "session" not in reply:
                 # Whose requests it held is not said, and none of them will run.
                 raise _Refused(f"the server refused a frame: {error_from(reply['data'])}")
             if reply.get("type") == "closed":
-                _ended(ended, reply)
-                error = error or SessionClosedError(str(reply["data"].get("message")))
+                because = protocol_v2.closed_because(reply)
+                _ended(ended, reply, because)
+                error = error or SessionClosedError(because)
             continue  # a notice, or a reply the caller gave up on
         session = reply.get("session")
         # (An int, not a bool: True would pass for session 1.)
         kind = unanswered.pop(session, None) if type(session) is int else None
         if kind is None:
             raise LookupError(f"a reply for session {session!r}, which is owed none")
-        reply_type, data = reply.get("type"), reply["data"]
+        reply_type = reply.get("type")
+        if reply_type == "closed" and kind != "close":  # ended before it answered
+            because = protocol_v2.closed_because(reply)
+            _ended(ended, reply, because)
+            error = error or SessionClosedError(because)
+            continue
+        data = reply["data"]
         if reply_type == "error":
             failure = error_from(data)
             if data["code"] in FATAL_CODES or failure.details.get("fatal"):
                 ended.setdefault(session, str(failure))
             error = error or failure
-        elif reply_type == "closed" and kind != "close":  # ended before it answered
-            _ended(ended, reply)
-            error = error or SessionClosedError(str(data.get("message") or data["reason"]))
         elif reply_type != _ANSWERS[kind]:
             raise ValueError(f"a {reply_type!r} in reply to {kind!r}")
         else:
@@ -226,13 +230,12 @@ def _read(
     return error
 
 
-def _ended(ended: dict[int, str], reply: dict[str, Any]) -> None:
+def _ended(ended: dict[int, str], reply: dict[str, Any], because: str) -> None:
     """Note the session a ``closed`` reply or notice ends (its fatal error, if
     one came first, says more than the notice's "after the error above")."""
     session = reply.get("session")
     if type(session) is int:
-        data = reply["data"]
-        ended.setdefault(session, str(data.get("message") or data.get("reason")))
+        ended.setdefault(session, because)
 
 
 # The reply each request is answered with (else an error, or a session's end).
