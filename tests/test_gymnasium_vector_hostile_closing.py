@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 from test_gymnasium_vector_hostile import fake_gymnasium_server, serves_until_a_step
-from test_mux_client_hostile import CLOSED_WITHOUT_WHY
+from test_mux_client_hostile import CLOSED_WITHOUT_WHY, opened
 from websockets.asyncio.server import ServerConnection
 
 from openenv import SessionClosedError
@@ -52,3 +52,31 @@ async def test_a_frame_of_items_that_are_not_replies_is_named_so(frame: str) -> 
             assert frame in str(caught.value)
         finally:
             await asyncio.to_thread(envs.close)
+
+
+async def test_closing_against_a_server_that_never_answers_is_bounded_by_connect_timeout() -> None:
+    closes_came, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def opens_only(ws: ServerConnection) -> None:
+        try:
+            async for frame in ws:
+                requests = orjson.loads(frame)
+                reply = opened(requests)
+                if reply is not None:
+                    await ws.send(reply)
+                elif all(r["type"] == "close" for r in requests):
+                    closes_came.set()  # and never answered
+        finally:
+            hung_up.set()
+
+    async with fake_gymnasium_server(False, opens_only) as url:
+        # Calls may wait ten minutes; closing may not.
+        envs = await asyncio.to_thread(
+            RemoteVectorEnv, url, num_envs=2, timeout=600, connect_timeout=0.5
+        )
+        # A bound for the test, far below the call timeout: not the behaviour's.
+        await asyncio.wait_for(asyncio.to_thread(envs.close), 60)
+        assert closes_came.is_set()  # it did ask, and the server never answered
+        await asyncio.wait_for(hung_up.wait(), 60)  # and it hung up: the server frees the slots
+        with pytest.raises(SessionClosedError, match="closed"):
+            envs.step(np.array([0, 1]))

@@ -56,8 +56,10 @@ class SessionsLink:
         timeout: float,
         num_envs: int,
         busy_poll: float,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.num_envs = num_envs
         self.broken = False  # a call failed midway (timeout, connection lost)
         # Environments whose sessions the server ended (a fatal error, an idle
@@ -69,13 +71,13 @@ class SessionsLink:
             ws = BlockingWebSocket(
                 url,
                 headers=headers,
-                open_timeout=timeout,
+                open_timeout=connect_timeout,
                 send_timeout=timeout,
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
             )
         except CONNECT_FAILURES as exc:
-            raise connect_error(url, exc, timeout) from None
+            raise connect_error(url, exc, connect_timeout) from None
         if ws.subprotocol != protocol_v2.SUBPROTOCOL:
             ws.close()
             raise ConnectionFailedError(url, "the server does not speak protocol v2")
@@ -98,11 +100,13 @@ class SessionsLink:
         return replies
 
     def answers(
-        self, requests: Sequence[Request]
+        self, requests: Sequence[Request], timeout: float | None = None
     ) -> tuple[list[dict[str, Any] | None], Exception | None]:
         """``exchange``'s replies (``None`` also where the request failed) and its
         first error, returned rather than raised: the environments that did answer
-        have moved on, whatever another's failure. A lost connection still raises."""
+        have moved on, whatever another's failure. A lost connection still raises;
+        no reply within ``timeout`` (default: ``self.timeout``) is ``EnvTimeoutError``."""
+        timeout = self.timeout if timeout is None else timeout
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this vector env is closed")
@@ -125,7 +129,7 @@ class SessionsLink:
         replies: list[dict[str, Any] | None] = [None] * len(requests)
         # One bound for the whole call: frames for nobody (late replies, notices)
         # must not put it off, however often they come.
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + timeout
         try:
             for start in range(0, len(items), MOST_A_FRAME):
                 frame = items[start : start + MOST_A_FRAME]
@@ -143,17 +147,19 @@ class SessionsLink:
             raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
         except TimeoutError:
             self.broken = True
-            raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
+            raise EnvTimeoutError(f"no reply within {timeout}s") from None
         return replies, error
 
     def close(self) -> None:
-        """Close every session (freeing their slots) and the connection."""
+        """Close every session (freeing their slots) and the connection; waits for
+        the server to close them at most ``connect_timeout``, as ``MuxClient`` does
+        (a hung server's slots are freed once the connection is gone)."""
         ws = self._ws
         if ws is None:
             return
         try:
             if not self.broken:  # else the replies may never come: just hang up
-                self.exchange([("close", None)] * self.num_envs)
+                self.answers([("close", None)] * self.num_envs, self.connect_timeout)
         except OpenEnvError:
             pass  # a dead server or a session already gone: hanging up closes the rest
         finally:
