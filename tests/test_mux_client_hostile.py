@@ -135,6 +135,34 @@ async def test_a_reply_frame_that_is_not_an_array_of_replies_is_named_so(frame: 
         await mux.close()
 
 
+CLOSED_WITHOUT_WHY = {
+    "no data": {},
+    "data not an object": {"data": "idle"},
+    "no message nor reason": {"data": {"code": 1000}},
+}
+
+
+@pytest.mark.parametrize("notice", [True, False], ids=["a notice", "a reply"])
+@pytest.mark.parametrize("bad", CLOSED_WITHOUT_WHY.values(), ids=CLOSED_WITHOUT_WHY.keys())
+async def test_a_closed_that_says_no_reason_is_named_so(notice: bool, bad: dict[str, Any]) -> None:
+    # A hostile or broken server: the session's end, without why.
+    def answer(requests: list[dict[str, Any]]) -> str:
+        first = requests[0]
+        closed = {"session": first["session"], "type": "closed", **bad}
+        return orjson.dumps([closed if notice else {**closed, "id": first["id"]}]).decode()
+
+    async with fake_v2_server(opens_then(answer)) as url:
+        mux = client(url, message_timeout=None)  # only the reply can end the wait
+        sessions = await mux.open(2)
+        async with asyncio.timeout(30):
+            with pytest.raises(SessionClosedError, match="the connection failed") as caught:
+                await mux.step(sessions, [Hold()] * 2)
+        assert "a 'closed' without a message or reason in its data" in str(caught.value)
+        assert "'type': 'closed'" in str(caught.value)  # the reply itself, to look into
+        assert mux.closed
+        await mux.close()
+
+
 @pytest.mark.parametrize(
     ("kind", "data"),
     [

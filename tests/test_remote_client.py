@@ -14,7 +14,7 @@ import pytest
 from servers import Ping, PingEnvironment, Pong, Tracker, ping_app, slots_free
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from openenv import (
@@ -106,6 +106,40 @@ async def test_a_web_app_at_the_url_is_a_connection_error_and_a_pool_reads_past_
             assert other.removeprefix("http://") in str(caught.value)
         # The pool's servers serve the same: the one that answers in JSON is read.
         assert await RemoteEnv(ServerPool([other, url])).list_splits() == []
+
+
+WRONG_SHAPES = {
+    "/splits": {"splits": "train"},  # a string, not a list of names
+    "/tools": [{"name": "add"}],  # a list, not an object
+    "/tasks": {
+        "split": "train",
+        "offset": 0,
+        "limit": 1,
+        "total": 1,
+        "tasks": 5,
+        "next_offset": None,
+    },
+}
+
+
+async def test_json_of_the_wrong_shape_is_a_connection_error_naming_the_url_and_field() -> None:
+    # Another service's JSON API on that port: JSON at every route, never openenv's.
+    async def document(request: Request) -> JSONResponse:
+        return JSONResponse(WRONG_SHAPES[request.url.path])
+
+    api = Starlette(routes=[Route(path, document) for path in WRONG_SHAPES])
+    with run_server(api) as other:
+        env = RemoteEnv(other)
+        calls = {
+            "/splits": (env.list_splits, "SplitList (splits: "),
+            "/tools": (env.list_tools, "ToolList (it: "),
+            "/tasks": (lambda: env.list_tasks("train"), "TaskPage (tasks: "),
+        }
+        for path, (call, said) in calls.items():
+            with pytest.raises(ConnectionFailedError, match="is this an openenv server") as caught:
+                await call()
+            assert f"{other.removeprefix('http://')}{path}" in str(caught.value)
+            assert f"answered JSON that is not a {said}" in str(caught.value)
 
 
 async def test_the_session_keeps_score_over_steps() -> None:

@@ -65,6 +65,7 @@ from openenv.protocol_json import frame_text
 __all__ = [
     "SUBPROTOCOL",
     "SessionKey",
+    "closed_because",
     "closed_frame",
     "frame_of",
     "opened_frame",
@@ -192,6 +193,17 @@ def closed_frame(
 ) -> str:
     """The reply to ``close``, or (without ``request_id``) the server's notice."""
     return _frame("closed", {"reason": reason, "code": int(code), "message": message}, request_id)
+
+
+def closed_because(reply: dict[str, Any]) -> str:
+    """Why a ``closed`` reply or notice ended its session: its message, else its
+    reason. ``ValueError`` naming the reply if it says neither (a server that
+    does not speak this protocol), rather than whatever reading it would raise."""
+    data = reply.get("data")
+    because = (data.get("message") or data.get("reason")) if type(data) is dict else None
+    if not because or not isinstance(because, str):
+        raise ValueError(f"a 'closed' without a message or reason in its data: {reply!r:.120}")
+    return because
 
 
 def _frame(kind: str, data: dict[str, Any], request_id: RequestId | None) -> str:

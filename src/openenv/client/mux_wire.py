@@ -131,7 +131,7 @@ class MuxWire:
             self._route(item)
 
     def _route(self, item: dict[str, Any]) -> None:
-        key = item.pop("session", None)
+        key = item.get("session")
         request_id = item.get("id")
         waiting = self._waiting.pop(request_id, None) if request_id is not None else None
         try:
@@ -155,10 +155,11 @@ class MuxWire:
             # one): whose calls it held is not said, and they never run.
             raise error_from(item["data"])
         if item.get("type") == "closed":
+            because = protocol_v2.closed_because(item)
             session = self.sessions.pop(key, None) if key is not None else None
             if session is not None:
                 session.closed = True
-                session.closed_because = item["data"].get("message") or item["data"]["reason"]
+                session.closed_because = because
                 if request_id is None:  # the server ended it: what it still awaits never comes
                     self._fail_pending(session)
         if waiting is None:
@@ -181,6 +182,7 @@ class MuxWire:
         if item.get("type") == "error":
             future.set_exception(error_from(item["data"]))
         else:
+            item.pop("session", None)  # handed on (and recorded) as the v1 reply it stands for
             future.set_result(item)
 
     def _fail_pending(self, session: MuxSession) -> None:

@@ -20,22 +20,15 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import BaseModel
 
 from openenv import protocol
-from openenv.client._base import (
-    AnyObservation,
-    auth_headers,
-    http_detail,
-    http_url,
-    ssl_context,
-    url_key,
-)
+from openenv.client._base import AnyObservation, http_url, url_key
 from openenv.client.async_ import WebSocketEnvClient
 from openenv.client.pool import ServerPool, as_pool
+from openenv.client.remote_http import Doc, get_document, http_client, http_headers
 from openenv.errors import (
     CapacityError,
     ConnectionFailedError,
     NotFoundError,
     OpenEnvError,
-    RequestFailedError,
     SessionClosedError,
 )
 from openenv.tasks import TaskSpec
@@ -43,10 +36,6 @@ from openenv.tools import ToolInfo, ToolOutput
 from openenv.types import Action, Observation, State, StepResult
 
 if TYPE_CHECKING:
-    # Imported on first use instead: importing httpx also imports its CLI (rich,
-    # click, pygments) when those are installed, which driving sessions never needs.
-    import httpx
-
     from openenv.client.remote_sync import SyncEnvSession, SyncMultiEnvClient, SyncRemoteEnv
 
 __all__ = ["EnvSession", "Environments", "MultiEnvClient", "RemoteEnv"]
@@ -105,7 +94,7 @@ class MultiEnvClient:
         self.capacity_timeout = capacity_timeout
         in_url = url_key(base_url)  # a ?api_key=, which self.url drops
         self.options = {"api_key": in_url, **options} if in_url else options
-        self.headers = _http_headers(self.options)
+        self.headers = http_headers(self.options)
         self.environments = Environments(self)
 
     def sync(self) -> SyncMultiEnvClient:
@@ -147,8 +136,8 @@ class Environments:
 
     async def list(self) -> list[protocol.EnvInfo]:
         """Every environment on the server, with its sessions, splits and tools."""
-        data = await _get_json(f"{self._client.url}/envs", headers=self._client.headers)
-        return protocol.EnvListing.model_validate(data).envs
+        url = f"{self._client.url}/envs"
+        return (await get_document(url, protocol.EnvListing, headers=self._client.headers)).envs
 
 
 class RemoteEnv:
@@ -199,7 +188,7 @@ class RemoteEnv:
         # Sessions send the key on their handshake; HTTP calls send it here
         # (a pool's key, as its sessions do, unless given one of its own).
         key = self.options.get("api_key") or (self.pool.api_key if self.pool is not None else None)
-        self.headers = _http_headers({**options, "api_key": key})
+        self.headers = http_headers({**options, "api_key": key})
         # On a multi-environment server: its listing and this environment's name.
         self.listed_at: tuple[str, str] | None = None
 
@@ -209,9 +198,7 @@ class RemoteEnv:
             return None
         listing_url, name = self.listed_at
         try:
-            listing = protocol.EnvListing.model_validate(
-                await _get_json(listing_url, headers=self.headers)
-            )
+            listing = await get_document(listing_url, protocol.EnvListing, headers=self.headers)
         except OpenEnvError:
             return None  # the original error says more than this one would
         names = sorted(env.name for env in listing.envs)
@@ -222,21 +209,27 @@ class RemoteEnv:
         )
 
     async def _read(
-        self, path: str, params: Mapping[str, Any] | None = None, http: Any = None
-    ) -> Any:
-        """GET ``path`` as JSON from this environment's server; with a pool, from the
-        first of its servers that can be reached (every one serves the same)."""
+        self,
+        path: str,
+        model: type[Doc],
+        params: Mapping[str, Any] | None = None,
+        http: Any = None,
+    ) -> Doc:
+        """GET ``path`` as a ``model`` from this environment's server; with a pool, from
+        the first of its servers that can be reached (every one serves the same)."""
         roots = [self.url] if self.pool is None else list(self.pool.urls)
         for root in roots[:-1]:
             try:
-                return await _get_json(f"{root}{path}", params, http, headers=self.headers)
+                return await get_document(
+                    f"{root}{path}", model, params, http, headers=self.headers
+                )
             except ConnectionFailedError:
                 continue
-        return await _get_json(f"{roots[-1]}{path}", params, http, headers=self.headers)
+        return await get_document(f"{roots[-1]}{path}", model, params, http, headers=self.headers)
 
-    async def _get(self, path: str) -> Any:
+    async def _get(self, path: str, model: type[Doc]) -> Doc:
         try:
-            return await self._read(path)
+            return await self._read(path, model)
         except NotFoundError:
             unknown = await self._unknown()
             if unknown is not None:
@@ -245,7 +238,7 @@ class RemoteEnv:
 
     async def list_splits(self) -> list[str]:
         """The names of the environment's task splits."""
-        return protocol.SplitList.model_validate(await self._get("/splits")).splits
+        return (await self._get("/splits", protocol.SplitList)).splits
 
     async def list_tasks(
         self, split: str, *, offset: int = 0, limit: int | None = None
@@ -258,16 +251,17 @@ class RemoteEnv:
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError(f"offset and limit must not be negative, got {offset}, {limit}")
         if self.listed_at is not None:
-            await self._get("/splits")  # an unknown environment is named as such
+            await self._get(
+                "/splits", protocol.SplitList
+            )  # an unknown environment is named as such
         tasks: list[TaskSpec] = []
-        async with _http_client(self.headers) as http:
+        async with http_client(self.headers) as http:
             while limit is None or len(tasks) < limit:
                 size = _PAGE if limit is None else min(_PAGE, limit - len(tasks))
                 if size == 0:
                     break
                 params: dict[str, Any] = {"split": split, "offset": offset, "limit": size}
-                data = await self._read("/tasks", params, http)
-                page = protocol.TaskPage.model_validate(data)
+                page = await self._read("/tasks", protocol.TaskPage, params, http)
                 tasks.extend(self.task_cls.model_validate(t.model_dump()) for t in page.tasks)
                 if page.next_offset is None:
                     break
@@ -276,7 +270,7 @@ class RemoteEnv:
 
     async def list_tools(self) -> list[ToolInfo]:
         """The environment's tools, without opening a session."""
-        return protocol.ToolList.model_validate(await self._get("/tools")).tools
+        return (await self._get("/tools", protocol.ToolList)).tools
 
     def session(
         self,
@@ -455,46 +449,3 @@ class EnvSession:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-async def _get_json(
-    url: str,
-    params: Mapping[str, Any] | None = None,
-    http: httpx.AsyncClient | None = None,
-    *,
-    headers: Mapping[str, str] | None = None,
-) -> Any:
-    """GET a JSON document; HTTP errors become ``NotFoundError`` / ``RequestFailedError``."""
-    import httpx
-
-    try:
-        if http is None:
-            async with _http_client(headers) as own:
-                response = await own.get(url, params=params)
-        else:
-            response = await http.get(url, params=params)
-    except httpx.HTTPError as exc:
-        raise ConnectionFailedError(url, f"{type(exc).__name__}: {exc}") from None
-    if response.status_code >= 400:
-        detail = http_detail(response)
-        error = NotFoundError if response.status_code == 404 else RequestFailedError
-        raise error(str(response.url), response.status_code, detail)
-    try:
-        return response.json()
-    except ValueError:  # another service on that port: a web app answering every path
-        raise ConnectionFailedError(
-            str(response.url),
-            f"answered something other than JSON ({response.text[:80]!r}); "
-            f"is this an openenv server's URL?",
-        ) from None
-
-
-def _http_client(headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
-    import httpx
-
-    return httpx.AsyncClient(verify=ssl_context(), headers=dict(headers or {}))
-
-
-def _http_headers(options: Mapping[str, Any]) -> dict[str, str]:
-    """The HTTP headers a session's handshake would carry: ``headers=``, then the API key."""
-    return auth_headers(options.get("headers"), options.get("api_key"))

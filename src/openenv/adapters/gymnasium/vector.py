@@ -83,6 +83,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         autoreset_mode: As ``SyncVectorEnv``'s (default: ``NEXT_STEP``).
         copy: Return copies of the observation arrays (as ``SyncVectorEnv``).
         timeout: Seconds to wait for the replies of one call (then ``EnvTimeoutError``).
+        connect_timeout: Seconds to open the connection; also the most ``close()``
+            waits for the server to close the sessions before it hangs up (the
+            server frees their slots all the same), as for the other clients.
         api_key: Sent as a Bearer token (default: ``$OPENENV_API_KEY``).
         busy_poll: Seconds to wait for a reply without sleeping, while replies
             usually come that soon (0: always sleep). A quick environment's
@@ -99,6 +102,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         timeout: float = 60.0,
+        connect_timeout: float = 10.0,
         api_key: str | None = None,
         busy_poll: float = DEFAULT_BUSY_POLL,
     ) -> None:
@@ -142,9 +146,12 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 self.autoreset_mode,
                 vector["max_envs"],
                 busy_poll,
+                connect_timeout,
             )
             return
-        self._sessions = SessionsLink(base_url, headers, timeout, num_envs, busy_poll)
+        self._sessions = SessionsLink(
+            base_url, headers, timeout, num_envs, busy_poll, connect_timeout
+        )
 
     # -- the vector API ----------------------------------------------------------
 

@@ -52,6 +52,7 @@ class VectorLink:
         autoreset_mode: AutoresetMode,
         max_envs: int,
         busy_poll: float = 0.0,
+        connect_timeout: float = 10.0,
     ) -> None:
         if num_envs > max_envs:
             raise ValueError(
@@ -68,12 +69,12 @@ class VectorLink:
             self._ws: BlockingWebSocket | None = BlockingWebSocket(
                 url,
                 headers=headers,
-                open_timeout=timeout,
+                open_timeout=connect_timeout,
                 send_timeout=timeout,
                 busy_poll=busy_poll,
             )
         except CONNECT_FAILURES as exc:
-            raise connect_error(url, exc, timeout) from None
+            raise connect_error(url, exc, connect_timeout) from None
         try:
             self._call("state", None)  # a server at capacity says so now, not at reset
         except BaseException:

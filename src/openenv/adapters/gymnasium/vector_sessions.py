@@ -56,8 +56,10 @@ class SessionsLink:
         timeout: float,
         num_envs: int,
         busy_poll: float,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.num_envs = num_envs
         self.broken = False  # a call failed midway (timeout, connection lost)
         # Environments whose sessions the server ended (a fatal error, an idle
@@ -69,13 +71,13 @@ class SessionsLink:
             ws = BlockingWebSocket(
                 url,
                 headers=headers,
-                open_timeout=timeout,
+                open_timeout=connect_timeout,
                 send_timeout=timeout,
                 subprotocols=[protocol_v2.SUBPROTOCOL],
                 busy_poll=busy_poll,
             )
         except CONNECT_FAILURES as exc:
-            raise connect_error(url, exc, timeout) from None
+            raise connect_error(url, exc, connect_timeout) from None
         if ws.subprotocol != protocol_v2.SUBPROTOCOL:
             ws.close()
             raise ConnectionFailedError(url, "the server does not speak protocol v2")
@@ -98,11 +100,13 @@ class SessionsLink:
         return replies
 
     def answers(
-        self, requests: Sequence[Request]
+        self, requests: Sequence[Request], timeout: float | None = None
     ) -> tuple[list[dict[str, Any] | None], Exception | None]:
         """``exchange``'s replies (``None`` also where the request failed) and its
         first error, returned rather than raised: the environments that did answer
-        have moved on, whatever another's failure. A lost connection still raises."""
+        have moved on, whatever another's failure. A lost connection still raises;
+        no reply within ``timeout`` (default: ``self.timeout``) is ``EnvTimeoutError``."""
+        timeout = self.timeout if timeout is None else timeout
         ws = self._ws
         if ws is None:
             raise SessionClosedError("this vector env is closed")
@@ -125,7 +129,7 @@ class SessionsLink:
         replies: list[dict[str, Any] | None] = [None] * len(requests)
         # One bound for the whole call: frames for nobody (late replies, notices)
         # must not put it off, however often they come.
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + timeout
         try:
             for start in range(0, len(items), MOST_A_FRAME):
                 frame = items[start : start + MOST_A_FRAME]
@@ -143,17 +147,19 @@ class SessionsLink:
             raise SessionClosedError(f"the server closed the connection ({_why(exc)})") from None
         except TimeoutError:
             self.broken = True
-            raise EnvTimeoutError(f"no reply within {self.timeout}s") from None
+            raise EnvTimeoutError(f"no reply within {timeout}s") from None
         return replies, error
 
     def close(self) -> None:
-        """Close every session (freeing their slots) and the connection."""
+        """Close every session (freeing their slots) and the connection; waits for
+        the server to close them at most ``connect_timeout``, as ``MuxClient`` does
+        (a hung server's slots are freed once the connection is gone)."""
         ws = self._ws
         if ws is None:
             return
         try:
             if not self.broken:  # else the replies may never come: just hang up
-                self.exchange([("close", None)] * self.num_envs)
+                self.answers([("close", None)] * self.num_envs, self.connect_timeout)
         except OpenEnvError:
             pass  # a dead server or a session already gone: hanging up closes the rest
         finally:
@@ -193,31 +199,35 @@ def _read(
     one of ``UNREADABLE`` if the frame is not the protocol, ``_Refused`` if it
     refuses the frame sent."""
     items = orjson.loads(frame)
-    if not isinstance(items, list):
-        raise TypeError(f"a frame of replies that is not a list: {items!r:.80}")
+    if type(items) is not list or not all(type(item) is dict for item in items):
+        raise TypeError(f"a frame of replies that is not a JSON array of objects: {frame!r:.80}")
     for reply in items:
         if reply.get("id") != call:
             if reply.get("type") == "error" and "id" not in reply and "session" not in reply:
                 # Whose requests it held is not said, and none of them will run.
                 raise _Refused(f"the server refused a frame: {error_from(reply['data'])}")
             if reply.get("type") == "closed":
-                _ended(ended, reply)
-                error = error or SessionClosedError(str(reply["data"].get("message")))
+                because = protocol_v2.closed_because(reply)
+                _ended(ended, reply, because)
+                error = error or SessionClosedError(because)
             continue  # a notice, or a reply the caller gave up on
         session = reply.get("session")
         # (An int, not a bool: True would pass for session 1.)
         kind = unanswered.pop(session, None) if type(session) is int else None
         if kind is None:
             raise LookupError(f"a reply for session {session!r}, which is owed none")
-        reply_type, data = reply.get("type"), reply["data"]
+        reply_type = reply.get("type")
+        if reply_type == "closed" and kind != "close":  # ended before it answered
+            because = protocol_v2.closed_because(reply)
+            _ended(ended, reply, because)
+            error = error or SessionClosedError(because)
+            continue
+        data = reply["data"]
         if reply_type == "error":
             failure = error_from(data)
             if data["code"] in FATAL_CODES or failure.details.get("fatal"):
                 ended.setdefault(session, str(failure))
             error = error or failure
-        elif reply_type == "closed" and kind != "close":  # ended before it answered
-            _ended(ended, reply)
-            error = error or SessionClosedError(str(data.get("message") or data["reason"]))
         elif reply_type != _ANSWERS[kind]:
             raise ValueError(f"a {reply_type!r} in reply to {kind!r}")
         else:
@@ -226,13 +236,12 @@ def _read(
     return error
 
 
-def _ended(ended: dict[int, str], reply: dict[str, Any]) -> None:
+def _ended(ended: dict[int, str], reply: dict[str, Any], because: str) -> None:
     """Note the session a ``closed`` reply or notice ends (its fatal error, if
     one came first, says more than the notice's "after the error above")."""
     session = reply.get("session")
     if type(session) is int:
-        data = reply["data"]
-        ended.setdefault(session, str(data.get("message") or data.get("reason")))
+        ended.setdefault(session, because)
 
 
 # The reply each request is answered with (else an error, or a session's end).
