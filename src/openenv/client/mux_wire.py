@@ -149,12 +149,12 @@ class MuxWire:
         key: protocol_v2.SessionKey | None,
         waiting: tuple[asyncio.Future[dict[str, Any]], MuxSession] | None,
     ) -> None:
-        request_id = item.get("id")
-        if key is None and request_id is None and item.get("type") == "error":
+        request_id, kind = item.get("id"), item.get("type")
+        if key is None and request_id is None and kind == "error":
             # A frame refused whole (more requests than this server takes in
             # one): whose calls it held is not said, and they never run.
             raise error_from(item["data"])
-        if item.get("type") == "closed":
+        if kind == "closed":
             because = protocol_v2.closed_because(item)
             session = self.sessions.pop(key, None) if key is not None else None
             if session is not None:
@@ -163,23 +163,23 @@ class MuxWire:
                 if request_id is None:  # the server ended it: what it still awaits never comes
                     self._fail_pending(session)
         if waiting is None:
-            if item.get("type") == "opened" and key is not None and key not in self.sessions:
+            if kind == "opened" and key is not None and key not in self.sessions:
                 # Opened after its caller gave up (a timeout while it waited in line
                 # for a slot): nobody will use or close it, so close it now.
                 self.close_unheard(key)
             return
         future, session = waiting
-        if key != session.key and not (key is None and item.get("type") == "error"):
+        if key != session.key and not (key is None and kind == "error"):
             # Routed by its id alone, it would hand one session's result to
             # another's caller (and a "closed" would end the wrong session).
             raise ValueError(f"a reply for session {key!r} to a request of session {session.key!r}")
-        if item.get("type") == "opened":
+        if kind == "opened":
             # Open from here, even if its caller gives up before it hears so.
             session.session_id = item["data"]["session_id"]
             self.sessions[session.key] = session
         if future.done():
             return
-        if item.get("type") == "error":
+        if kind == "error":
             future.set_exception(error_from(item["data"]))
         else:
             item.pop("session", None)  # handed on (and recorded) as the v1 reply it stands for

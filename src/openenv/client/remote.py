@@ -251,9 +251,8 @@ class RemoteEnv:
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError(f"offset and limit must not be negative, got {offset}, {limit}")
         if self.listed_at is not None:
-            await self._get(
-                "/splits", protocol.SplitList
-            )  # an unknown environment is named as such
+            # An unknown environment is named as such.
+            await self._get("/splits", protocol.SplitList)
         tasks: list[TaskSpec] = []
         async with http_client(self.headers) as http:
             while limit is None or len(tasks) < limit:
